@@ -1,0 +1,39 @@
+"""Errors that reach the user: a message, a hint saying how to fix it, and an exit code.
+
+Lower layers raise these with the reason; only the CLI entry point catches them and prints ``error: ...`` and the
+hint to stderr, with no traceback unless ``-v``. Exit codes: 2 usage, 3 environment, 4 target or library,
+5 store.
+"""
+
+from __future__ import annotations
+
+
+class TracerError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(TracerError):
+    exit_code = 2
+
+
+class EnvironmentProblem(TracerError):
+    """The machine cannot trace: not root, no bcc, no kernel headers, no BPF."""
+
+    exit_code = 3
+
+
+class TargetError(TracerError):
+    """The target process or a library is missing."""
+
+    exit_code = 4
+
+
+class StoreError(TracerError):
+    """The DB is missing, not ours, from a newer schema, locked, or unwritable."""
+
+    exit_code = 5

@@ -1,0 +1,249 @@
+"""The DuckDB schema: one declaration that yields the DDL, the docs served as an MCP resource, and the checks
+that tell a trace DB from any other file.
+
+Timestamps are nanoseconds since the session start (``ts_ns``), so ``ts_ns // 10_000_000_000`` buckets by 10 s.
+Bump :data:`SCHEMA_VERSION` on any incompatible change; readers refuse a DB from a newer schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+APP_ID = "cuda-host-tracer"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    def ddl(self) -> str:
+        cols = ",\n  ".join(f"{c.name} {c.type}" for c in self.columns)
+        return f"CREATE TABLE IF NOT EXISTS {self.name} (\n  {cols}\n)"
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+def _t(name: str, doc: str, *cols: tuple[str, str, str]) -> Table:
+    return Table(name, doc, tuple(Column(*c) for c in cols))
+
+
+TABLES: tuple[Table, ...] = (
+    _t(
+        "meta",
+        "Identifies the file as a cuda-host-tracer DB: key/value rows (app, schema_version).",
+        ("key", "VARCHAR", "app | schema_version"),
+        ("value", "VARCHAR", "value"),
+    ),
+    _t(
+        "session",
+        "One row per recording session: environment, target, and how many events were traced/stored/lost.",
+        ("session_id", "INTEGER", "1 for the first recording in the file"),
+        ("started_at", "TIMESTAMPTZ", "wall-clock start (UTC)"),
+        ("start_mono_ns", "BIGINT", "CLOCK_MONOTONIC at start; ts_ns columns are relative to it"),
+        ("duration_s", "DOUBLE", "recording length in seconds"),
+        ("status", "VARCHAR", "recording | complete | interrupted (Ctrl-C) | target_exited | failed"),
+        ("host", "VARCHAR", "hostname"),
+        ("kernel", "VARCHAR", "uname -r"),
+        ("cpu_model", "VARCHAR", "CPU model name"),
+        ("cpu_cores", "INTEGER", "logical CPUs"),
+        ("mem_bytes", "BIGINT", "physical memory"),
+        ("gpus", "VARCHAR", "GPU names (NVML/nvidia-smi when present), comma-separated, empty if none"),
+        ("driver", "VARCHAR", "NVIDIA driver version, empty if none"),
+        ("python_version", "VARCHAR", "target's Python version when known"),
+        ("tracer_version", "VARCHAR", "cuda-host-tracer version"),
+        ("target", "VARCHAR", "pid N or the launched command"),
+        ("libraries", "VARCHAR", "CUDA library files probed, comma-separated"),
+        ("events_traced", "BIGINT", "CUDA calls counted in kernel (every call, exact)"),
+        ("events_stored", "BIGINT", "cuda_calls rows written"),
+        ("events_lost", "BIGINT", "events dropped because a ring buffer was full (kernel-side count)"),
+        ("overhead_pct", "DOUBLE", "estimated tracing overhead on the target, percent of its CPU time"),
+        ("notes", "VARCHAR", "warnings raised during recording (skipped symbols, late attaches)"),
+    ),
+    _t(
+        "processes",
+        "Every process of the traced tree: the target and each descendant seen.",
+        ("pid", "INTEGER", "process id (tgid)"),
+        ("ppid", "INTEGER", "parent pid"),
+        ("comm", "VARCHAR", "last process name (DataLoader workers rename themselves pt_data_worker)"),
+        ("cmdline", "VARCHAR", "command line"),
+        ("first_ns", "BIGINT", "first seen (ts_ns); 0 for processes alive at attach"),
+        ("exit_ns", "BIGINT", "exit time (ts_ns), NULL if still alive at the end"),
+        ("exit_code", "INTEGER", "exit status (code << 8 | signal, as wait(2)); NULL if unknown"),
+    ),
+    _t(
+        "cuda_calls",
+        "Individual CUDA API calls (sampled within a budget; slow calls always kept). Counts: use op_stats.",
+        ("ts_ns", "BIGINT", "call entry, ns since session start"),
+        ("dur_ns", "BIGINT", "call latency in ns (entry to return)"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("op", "VARCHAR", "API function, e.g. cudaMalloc, cudaStreamSynchronize, cuLaunchKernel"),
+        ("layer", "VARCHAR", "runtime (libcudart) | driver (libcuda)"),
+        ("bytes", "BIGINT", "bytes allocated / copied / set, NULL when not applicable"),
+        ("kind", "VARCHAR", "memcpy direction HtoD | DtoH | DtoD | HtoH | default, NULL otherwise"),
+        ("stream", "UBIGINT", "CUDA stream handle (0 = legacy default stream), NULL when not applicable"),
+        ("kernel", "VARCHAR", "launched kernel's demangled name (launches only), NULL if unresolved"),
+        ("ret", "INTEGER", "return code (0 = cudaSuccess / CUDA_SUCCESS)"),
+        ("stack_id", "BIGINT", "stacks.stack_id of the call's stack, NULL if not captured"),
+        ("off_cpu_ns", "BIGINT", "time the calling thread was off CPU during the call"),
+        ("runq_ns", "BIGINT", "part of off_cpu_ns spent runnable, waiting for a CPU"),
+    ),
+    _t(
+        "op_stats",
+        "Exact per-(pid, op) aggregates over every call, counted in kernel. Histogram buckets are log-linear "
+        "(16 per power of two, <= 3.1% error at the bucket midpoint).",
+        ("pid", "INTEGER", "process id"),
+        ("op", "VARCHAR", "API function"),
+        ("layer", "VARCHAR", "runtime | driver"),
+        ("calls", "BIGINT", "number of calls (scaled up when sampled_fraction < 1)"),
+        ("total_ns", "BIGINT", "sum of latencies"),
+        ("min_ns", "BIGINT", "fastest call"),
+        ("max_ns", "BIGINT", "slowest call"),
+        ("p50_ns", "BIGINT", "median latency from the histogram"),
+        ("p95_ns", "BIGINT", "95th percentile"),
+        ("p99_ns", "BIGINT", "99th percentile"),
+        ("bytes", "BIGINT", "total bytes moved / allocated"),
+        ("sampled_fraction", "DOUBLE", "1.0 = every call counted; < 1 = probe duty-cycled, counts scaled"),
+        ("hist", "STRUCT(lo_ns BIGINT, hi_ns BIGINT, count BIGINT)[]", "latency histogram buckets"),
+    ),
+    _t(
+        "sched",
+        "Off-CPU intervals of target threads (within a budget that always keeps intervals >= 1 ms and those "
+        "overlapping a stored CUDA call). Totals for every interval: sched_stats.",
+        ("ts_ns", "BIGINT", "when the thread left the CPU"),
+        ("dur_ns", "BIGINT", "how long it was off CPU"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("comm", "VARCHAR", "thread name"),
+        ("cpu", "INTEGER", "CPU it left"),
+        ("reason", "VARCHAR", "preempted (switched out while runnable) | sleep (blocked) | io (uninterruptible)"),
+        ("runq_ns", "BIGINT", "of dur_ns, time runnable but waiting for a CPU"),
+        ("preempted_by_pid", "INTEGER", "task that took the CPU (preempted) or held it until the thread ran"),
+        ("preempted_by_comm", "VARCHAR", "its name"),
+    ),
+    _t(
+        "sched_stats",
+        "Exact per-(tid, second) scheduling aggregates for every target thread.",
+        ("sec", "BIGINT", "second since session start (ts_ns // 1e9)"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("switches", "BIGINT", "times switched out"),
+        ("preemptions", "BIGINT", "of those, while runnable"),
+        ("off_cpu_ns", "BIGINT", "total off-CPU time"),
+        ("runq_ns", "BIGINT", "total run-queue wait"),
+        ("max_off_cpu_ns", "BIGINT", "worst single off-CPU interval"),
+    ),
+    _t(
+        "preemptors",
+        "Per-second CPU time taken from target threads by each other task, by (pid, comm).",
+        ("sec", "BIGINT", "second since session start"),
+        ("pid", "INTEGER", "preempting task's process id"),
+        ("comm", "VARCHAR", "its name"),
+        ("is_target", "BOOLEAN", "true when the preemptor is itself in the traced tree"),
+        ("preemptions", "BIGINT", "times it took the CPU from a target thread"),
+        ("runq_ns", "BIGINT", "run-queue wait it caused to target threads"),
+    ),
+    _t(
+        "process_events",
+        "Process lifecycle of the traced tree: never sampled or dropped.",
+        ("ts_ns", "BIGINT", "when"),
+        ("kind", "VARCHAR", "fork | exec | exit | rename | oom_kill"),
+        ("pid", "INTEGER", "process id"),
+        ("ppid", "INTEGER", "parent (fork), NULL otherwise"),
+        ("child", "INTEGER", "new child pid (fork), NULL otherwise"),
+        ("comm", "VARCHAR", "process name (after exec/rename: the new one)"),
+        ("filename", "VARCHAR", "exec'd file (exec)"),
+        ("exit_code", "INTEGER", "exit status (exit)"),
+    ),
+    _t(
+        "host_samples",
+        "About 1 Hz host samples: /proc plus BPF counters.",
+        ("ts_ns", "BIGINT", "when"),
+        ("load1", "DOUBLE", "1-minute load average"),
+        ("cpu_busy_pct", "DOUBLE", "CPU busy percent over the last interval, all CPUs"),
+        ("runnable", "INTEGER", "runnable tasks (procs_running)"),
+        ("mem_available_bytes", "BIGINT", "MemAvailable"),
+        ("swap_used_bytes", "BIGINT", "SwapTotal - SwapFree"),
+        ("page_alloc_bytes", "BIGINT", "bytes of pages allocated host-wide in the interval (mm_page_alloc)"),
+        ("target_page_alloc_bytes", "BIGINT", "of those, by the traced tree"),
+        ("page_faults", "BIGINT", "user page faults in the traced tree in the interval"),
+        ("ctx_switches", "BIGINT", "context switches host-wide in the interval"),
+    ),
+    _t(
+        "stacks",
+        "Deduplicated call stacks: one row per frame, outermost first (depth 0). Python frames carry the "
+        "executing line.",
+        ("stack_id", "BIGINT", "id referenced by cuda_calls.stack_id"),
+        ("depth", "INTEGER", "0 = outermost"),
+        ("kind", "VARCHAR", "python | native | cuda"),
+        ("module", "VARCHAR", "shared object (native) or module file (python)"),
+        ("function", "VARCHAR", "demangled function / Python qualname"),
+        ("file", "VARCHAR", "source file when known"),
+        ("line", "INTEGER", "source line when known"),
+    ),
+    _t(
+        "causal_chains",
+        "Diagnoses with severity, evidence and fixes. Append-only history (computed_at).",
+        ("id", "VARCHAR", "stable id of the chain"),
+        ("computed_at", "TIMESTAMPTZ", "when the analysis ran"),
+        ("severity", "VARCHAR", "HIGH | MEDIUM | LOW"),
+        ("category", "VARCHAR", "cpu_contention | process_churn | memory_pressure | allocation_churn | sync_stall"),
+        ("start_ns", "BIGINT", "start of the affected time range"),
+        ("end_ns", "BIGINT", "end"),
+        ("pids", "INTEGER[]", "affected processes"),
+        ("op", "VARCHAR", "affected CUDA op"),
+        ("summary", "VARCHAR", "one-sentence diagnosis"),
+        ("evidence", "JSON", "measured numbers behind it"),
+        ("recommendations", "JSON", "fixes specific to this trace"),
+    ),
+    _t(
+        "kernel_names",
+        "Launch targets resolved to names: (pid, function pointer or CUfunction) -> demangled symbol.",
+        ("pid", "INTEGER", "process id"),
+        ("func", "UBIGINT", "host stub address (cudaLaunchKernel) or CUfunction handle (cuLaunchKernel)"),
+        ("name", "VARCHAR", "demangled kernel name"),
+    ),
+)
+
+TABLE_BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
+
+
+def schema_markdown() -> str:
+    """Return the schema as Markdown: every table and column with its meaning, plus example queries."""
+    out = [
+        "# cuda-host-tracer trace DB schema",
+        "",
+        "Timestamps `ts_ns` are ns since session start; `ts_ns // 10_000_000_000` buckets by 10 s.",
+        "",
+    ]
+    for t in TABLES:
+        out += [f"## {t.name}", t.doc, "", "| column | type | meaning |", "|---|---|---|"]
+        out += [f"| {c.name} | {c.type} | {c.doc} |" for c in t.columns]
+        out.append("")
+    out += [
+        "## Example queries",
+        "```sql",
+        "-- slowest syncs and how much of each was spent off CPU",
+        "SELECT ts_ns, pid, tid, dur_ns/1e3 AS us, off_cpu_ns/1e3 AS off_us FROM cuda_calls",
+        "WHERE op LIKE '%Synchronize' ORDER BY dur_ns DESC LIMIT 20;",
+        "-- 10 s buckets",
+        "SELECT ts_ns // 10000000000 * 10 AS t_s, op, count(*), quantile_cont(dur_ns, 0.99)/1e3 AS p99_us",
+        "FROM cuda_calls GROUP BY ALL ORDER BY ALL;",
+        "-- who preempted the traced threads",
+        "SELECT comm, pid, sum(preemptions), sum(runq_ns)/1e6 AS runq_ms FROM preemptors GROUP BY ALL",
+        "ORDER BY runq_ms DESC;",
+        "```",
+    ]
+    return "\n".join(out)
