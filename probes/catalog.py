@@ -154,3 +154,7 @@ LIBRARY_PATTERNS: dict[str, str] = {
 def specs_for(library: str) -> list[tuple[int, ProbeSpec]]:
     """Return (op_id, spec) for every catalog entry probed in ``library`` ("cudart" or "cuda")."""
     return [(i, s) for i, s in enumerate(CATALOG) if s.library == library]
+
+# OP_COUNT in common.h: the size of the per-op BPF arrays. Room to grow without touching the C.
+OP_COUNT_MAX = 32
+assert len(CATALOG) <= OP_COUNT_MAX

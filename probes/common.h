@@ -69,7 +69,7 @@ struct stack_event {
 #define SCHED_SLEEP 1
 #define SCHED_IO 2
 
-/* One off-CPU interval of a target thread, sent when it runs again. 80 bytes. */
+/* One off-CPU interval of a target thread, sent when it runs again. 72 bytes. */
 struct sched_event {
     u64 ts_ns;      /* switched out */
     u64 dur_ns;     /* off CPU until switched in */

@@ -41,6 +41,10 @@ def _register() -> None:
 
     record_cmds.register(app)
 
+    from tracer.commands import analysis as analysis_cmds
+
+    analysis_cmds.register(app)
+
 
 _register()
 

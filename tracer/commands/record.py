@@ -1,9 +1,128 @@
-"""`tracer record`, `tracer doctor`, `tracer demo` (registered on the app by tracer.cli)."""
+"""`tracer record`, `tracer doctor` and `tracer demo`: the commands that run BPF (registered by tracer.cli)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from tracer.record import Recorder, RecordOptions, RecordSummary
+
+err = Console(stderr=True)
+out = Console()
+
+
+def print_summary(s: RecordSummary) -> None:
+    """Render the closing summary of a recording: per op calls, p50/p99, tail ratio; then the next commands."""
+    how = {"complete": "duration reached", "interrupted": "stopped by Ctrl-C", "target_exited": "target exited"}
+    err.print(
+        f"[bold]recorded {s.duration_s:.1f} s[/] ({how.get(s.status, s.status)}): {s.events_traced:,} CUDA calls "
+        f"traced, {s.events_stored:,} stored, {s.events_lost:,} lost, {s.processes} processes"
+    )
+    t = Table(title="CUDA calls (exact, every call)", title_justify="left")
+    for c in ("op", "layer", "calls", "p50 µs", "p99 µs", "max µs", "p99/p50"):
+        t.add_column(c, justify="left" if c in ("op", "layer") else "right")
+    for o in s.ops:
+        t.add_row(o.op, o.layer, f"{o.calls:,}", f"{o.p50_ns / 1e3:.1f}", f"{o.p99_ns / 1e3:.1f}",
+                  f"{o.max_ns / 1e3:.1f}", f"{o.tail_ratio:.1f}x")
+    if s.ops:
+        out.print(t)
+    else:
+        out.print("no CUDA calls were traced" + ("" if s.libraries else ": no CUDA library was loaded"))
+    for n in s.notes:
+        err.print(f"[yellow]note:[/] {n}", highlight=False)
+    err.print(f"\nnext: tracer stats --db {s.db}   ·   tracer chains --db {s.db}   ·   "
+              f"tracer mcp serve --db {s.db} --http :8090", highlight=False)
+
+
+def record(
+    ctx: typer.Context,
+    pid: Annotated[int | None, typer.Option("--pid", "-p", help="Attach to this running process and its children.")]
+    = None,
+    db: Annotated[Path, typer.Option("--db", help="DuckDB file to write.")] = Path("trace.duckdb"),
+    duration: Annotated[float | None, typer.Option("--duration", "-d", help="Stop after S seconds.")] = None,
+    lib: Annotated[list[str] | None, typer.Option("--lib", help="Extra libcudart/libcuda file to probe "
+                                                  "(repeatable).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --db file.")] = False,
+    max_events: Annotated[int, typer.Option("--max-events", help="Stored call rows per second before the busiest "
+                                            "ops are sampled (counts stay exact).")] = 20_000,
+    no_python: Annotated[bool, typer.Option("--no-python-stacks", help="Do not walk Python frames.")] = False,
+) -> None:
+    """Record CUDA calls and host activity of a process tree into a DuckDB file.
+
+    Attach to a running job (no restart, no code change):  sudo tracer record --pid 1234 --duration 60
+
+    Or launch and trace a command:  sudo tracer record --db run.duckdb -- python train.py --epochs 2
+
+    Stops on Ctrl-C, at --duration, or when every traced process has exited; each way writes the same final
+    summary. One recording per file: an existing --db is refused unless --force.
+    """
+    command = list(ctx.args) or None
+    opts = RecordOptions(db=db, pid=pid, command=command, duration=duration, libs=lib or [], force=force,
+                         max_events_per_s=max_events, python_stacks=not no_python)
+    live = sys.stderr.isatty()
+
+    def status(msg: str) -> None:
+        if live:
+            err.print(f"[dim]{msg}[/]", end="\r", highlight=False)
+        elif "waiting" in msg:
+            err.print(msg, highlight=False)
+
+    err.print(f"recording into {db} … (Ctrl-C to stop)", highlight=False)
+    print_summary(Recorder(opts, on_status=status).run())
+    # The DB is closed and the probes' slow teardown was handed to a background child (program.py); a normal
+    # interpreter exit would still release each probe with a grace period, seconds in all.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def doctor() -> None:
+    """Check whether this machine can trace, and say what is missing and how to fix it.
+
+    Example: sudo tracer doctor
+    """
+    from tracer.record import check_environment
+
+    ok = True
+    checks: list[tuple[str, bool, str]] = []
+    checks.append(("running as root", os.geteuid() == 0, "run with sudo"))
+    try:
+        import bcc  # noqa: F401
+
+        checks.append(("bcc importable", True, ""))
+    except ImportError:
+        checks.append(("bcc importable", False, "run ./setup.sh"))
+    rel = os.uname().release
+    checks.append((f"kernel headers for {rel}", os.path.exists(f"/lib/modules/{rel}/build"), "run ./setup.sh"))
+    checks.append(("kernel BTF (/sys/kernel/btf/vmlinux)", os.path.exists("/sys/kernel/btf/vmlinux"),
+                   "needed for Python frames and exit codes; use a kernel built with CONFIG_DEBUG_INFO_BTF"))
+    for name, good, fix in checks:
+        ok &= good
+        err.print(f"  {'[green]ok[/]' if good else '[red]missing[/]'}  {name}" + ("" if good else f"  → {fix}"))
+    if ok:
+        check_environment()
+        from tracer.program import ProgramOptions, compile_program
+
+        try:
+            compile_program(ProgramOptions())
+            err.print("  [green]ok[/]  BPF program compiles and loads")
+        except Exception as e:
+            ok = False
+            err.print(f"  [red]failed[/]  BPF program load: {e}")
+    from tracer import targets
+
+    libs = targets.resolve_libraries(targets.usual_library_paths())
+    err.print(f"  CUDA libraries in the usual places: {', '.join(x.path for x in libs) or 'none'}")
+    raise typer.Exit(0 if ok else 3)
 
 
 def register(app: typer.Typer) -> None:
     """Add the recording commands to ``app``."""
+    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(record)
+    app.command()(doctor)

@@ -1,0 +1,282 @@
+"""mcp_server: tools over an in-memory client, then the real transports (streamable HTTP and stdio).
+
+Structured content must equal what the analysis functions return on the same hand-built DB, so MCP and the CLI
+cannot disagree.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from mcp import Client, StdioServerParameters
+from tracedb import MAIN_PID, SCENARIOS, build
+
+from mcp_server.http import build_app, parse_listen
+from mcp_server.server import build_server
+from tracer.analysis.chains import compute_chains
+from tracer.analysis.sql import run_sql
+from tracer.analysis.stacks import top_stacks
+from tracer.analysis.stats import trace_stats
+from tracer.db import open_trace
+from tracer.errors import UsageError
+
+TOOLS = {"get_trace_stats", "get_causal_chains", "get_stacks", "run_sql"}
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mcp")
+    return {n: build(n, d / f"{n}.duckdb") and d / f"{n}.duckdb" for n in SCENARIOS}
+
+
+def call(db, tool, args=None):
+    async def go():
+        async with Client(build_server(db)) as c:
+            return await c.call_tool(tool, args or {})
+
+    return anyio.run(go)
+
+
+def test_tools_listed_with_annotations_and_schemas(dbs):
+    async def go():
+        async with Client(build_server(dbs["healthy"])) as c:
+            return (
+                c.instructions,
+                (await c.list_tools()).tools,
+                (await c.list_resources()).resources,
+                (await c.list_prompts()).prompts,
+            )
+
+    instructions, tools, resources, prompts = anyio.run(go)
+    assert "get_trace_stats" in instructions and "run_sql" in instructions
+    assert {t.name for t in tools} == TOOLS
+    for t in tools:
+        a = t.annotations
+        assert (a.read_only_hint, a.open_world_hint, a.idempotent_hint) == (True, False, True), t.name
+        assert t.output_schema and t.output_schema["type"] == "object", t.name
+        assert "Next" in t.description or "first" in t.description or "schema" in t.description
+    by = {t.name: t for t in tools}
+    assert by["get_stacks"].input_schema["required"] == ["op"]
+    assert by["run_sql"].input_schema["required"] == ["query"]
+    assert "p99_us" in str(by["get_trace_stats"].output_schema)
+    assert [str(r.uri) for r in resources] == ["trace://schema"] and prompts[0].name == "investigate"
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_structured_content_equals_analysis(dbs, name):
+    db = dbs[name]
+    with open_trace(db) as c:
+        want_stats = trace_stats(c).model_dump(mode="json")
+        want_chains = compute_chains(c).model_dump(mode="json")
+        want_stacks = top_stacks(c, "cudaStreamSynchronize").model_dump(mode="json")
+    r = call(db, "get_trace_stats")
+    assert not r.is_error and r.structured_content == want_stats
+    assert r.content[0].text  # the same object as text for the model
+    r = call(db, "get_causal_chains")
+    assert r.structured_content == want_chains
+    assert (r.structured_content["by_severity"]["HIGH"] == 0) == (name == "healthy")
+    assert call(db, "get_stacks", {"op": "cudaStreamSynchronize"}).structured_content == want_stacks
+    q = "SELECT op, count(*) AS n FROM cuda_calls GROUP BY op ORDER BY op"
+    got = call(db, "run_sql", {"query": q}).structured_content
+    want = run_sql(db, q).model_dump(mode="json")
+    got.pop("elapsed_ms"), want.pop("elapsed_ms")
+    assert got == want
+
+
+def test_numbers_match_builder(dbs, tmp_path):
+    b = build("allocation_churn", tmp_path / "a.duckdb")
+    r = call(tmp_path / "a.duckdb", "get_stacks", {"op": "cudaMalloc", "limit": 1}).structured_content
+    assert r["op_calls_total"] == sum(1 for x in b.cuda_calls if x["op"] == "cudaMalloc")
+    assert r["stacks"][0]["frames"][2] == {
+        "kind": "python",
+        "module": "alloc_stress.py",
+        "function": "allocate_batch",
+        "file": "alloc_stress.py",
+        "line": 74,
+    }
+    c = call(
+        dbs["cpu_contention"], "get_causal_chains", {"pid": MAIN_PID, "severity": "high"}
+    ).structured_content
+    assert c["chains"][0]["evidence"]["preemptors"][0]["comm"] == "stress-ng"
+
+
+@pytest.mark.parametrize(
+    "tool,args,needle",
+    [
+        ("get_stacks", {"op": "cudaMallocc"}, "cudaMalloc"),
+        ("get_causal_chains", {"severity": "urgent"}, "high, medium or low"),
+        ("get_trace_stats", {"pid": 999999}, "traced pids"),
+        ("run_sql", {"query": "DELETE FROM meta"}, "not allowed"),
+        ("run_sql", {"query": "SELECT 1; SELECT 2"}, "exactly one statement"),
+        ("run_sql", {"query": "SELECT * FROM read_csv('/etc/passwd')"}, "disabled"),
+        ("run_sql", {"query": "ATTACH '/tmp/x.duckdb' AS x"}, "not allowed"),
+        ("run_sql", {"query": "COPY meta TO '/tmp/m.csv'"}, "not allowed"),
+        ("run_sql", {"query": "INSTALL httpfs"}, "not allowed"),
+        ("run_sql", {"query": "SET threads = 1"}, "not allowed"),
+        ("run_sql", {"query": "PRAGMA version"}, "not allowed"),
+    ],
+)
+def test_bad_arguments_are_tool_errors(dbs, tool, args, needle):
+    r = call(dbs["allocation_churn"], tool, args)
+    assert r.is_error and needle in r.content[0].text
+
+
+def test_sql_timeout_then_server_still_answers(dbs, monkeypatch):
+    import mcp_server.server as srv
+
+    monkeypatch.setattr(srv, "SQL_TIMEOUT_S", 0.5)
+
+    async def go():
+        async with Client(build_server(dbs["healthy"])) as c:
+            t = time.perf_counter()
+            slow = await c.call_tool(
+                "run_sql",
+                {
+                    "query": "SELECT count(*) FROM range(1000000) a, range(1000000) b "
+                    "WHERE a.range + b.range = 7"
+                },
+            )
+            dt = time.perf_counter() - t
+            ok = await c.call_tool("run_sql", {"query": "SELECT 42 AS x"})
+            return slow, dt, ok
+
+    slow, dt, ok = anyio.run(go)
+    assert slow.is_error and "interrupted" in slow.content[0].text and dt < 5
+    assert ok.structured_content["rows"] == [[42]]
+
+
+@pytest.mark.parametrize(
+    "problem,needle",
+    [
+        ("missing", "no trace DB"),
+        ("recording", "still being recorded"),
+        ("foreign", "not a cuda-host-tracer"),
+    ],
+)
+def test_db_problems_are_tool_errors(tmp_path, problem, needle):
+    import duckdb
+
+    p = tmp_path / "t.duckdb"
+    if problem == "recording":
+        build("healthy", p)
+        duckdb.connect(str(p)).execute("UPDATE session SET status = 'recording'").close()
+    elif problem == "foreign":
+        duckdb.connect(str(p)).execute("CREATE TABLE x (a INT)").close()
+    r = call(p, "get_trace_stats")
+    assert r.is_error and needle in r.content[0].text
+
+
+# -- transports
+# -----------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(app, port):
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.time() + 10
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        t.join(5)
+
+
+def test_streamable_http(dbs):
+    port = free_port()
+    with serving(build_app(dbs["cpu_contention"], "127.0.0.1", port), port) as base:
+        assert httpx.get(f"{base}/healthz").json()["status"] == "ok"
+
+        async def go():
+            async with Client(f"{base}/mcp") as c:
+                names = {t.name for t in (await c.list_tools()).tools}
+                r = await c.call_tool("get_causal_chains", {"severity": "high"})
+                return names, r
+
+        names, r = anyio.run(go)
+        assert names == TOOLS and r.structured_content["chains"][0]["category"] == "cpu_contention"
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        hdr = {"accept": "application/json, text/event-stream"}
+        bad_host = httpx.post(f"{base}/mcp", json=init, headers={**hdr, "host": "evil.example:80"})
+        assert bad_host.status_code == 421
+        bad_origin = httpx.post(f"{base}/mcp", json=init, headers={**hdr, "origin": "http://evil.example"})
+        assert bad_origin.status_code == 403
+
+
+def test_non_loopback_needs_token(dbs):
+    with pytest.raises(UsageError, match="without a bearer token"):
+        build_app(dbs["healthy"], "0.0.0.0", 8090)
+    assert parse_listen(":8090") == ("127.0.0.1", 8090)
+    assert parse_listen("[::1]:9") == ("::1", 9)
+    with pytest.raises(UsageError):
+        parse_listen("8090x")
+
+
+def test_token_required_when_given(dbs):
+    port = free_port()
+    # bound to loopback for the test, but built as for 0.0.0.0 (token + explicit allow-list)
+    app = build_app(dbs["healthy"], "0.0.0.0", port, token="s3cret-token")
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    hdr = {"accept": "application/json, text/event-stream"}
+    with serving(app, port) as base:
+        assert httpx.get(f"{base}/healthz").status_code == 200
+        assert httpx.post(f"{base}/mcp", json=init, headers=hdr).status_code == 401
+        wrong = httpx.post(f"{base}/mcp", json=init, headers={**hdr, "authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.headers["www-authenticate"].startswith("Bearer")
+        ok = httpx.post(f"{base}/mcp", json=init, headers={**hdr, "authorization": "Bearer s3cret-token"})
+        assert ok.status_code == 200
+        evil = httpx.post(
+            f"{base}/mcp",
+            json=init,
+            headers={**hdr, "authorization": "Bearer s3cret-token", "host": "evil.example"},
+        )
+        assert evil.status_code == 421  # Host validation stays on off loopback
+
+
+def test_stdio(dbs):
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "tracer.cli", "mcp", "serve", "--db", str(dbs["sync_stall"]), "--stdio"],
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
+
+    async def go():
+        async with Client(params) as c:
+            return await c.call_tool("get_trace_stats", {})
+
+    r = anyio.run(go)
+    assert not r.is_error and r.structured_content["chains_by_severity"]["HIGH"] == 1

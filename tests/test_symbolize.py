@@ -1,0 +1,258 @@
+"""tracer/symbolize.py and tracer/unwind.py against the C++ fixture libraries (fixtures/cxx), loaded into this
+process with ctypes. No BPF: the unwinder is fed a stack the fixture copies itself (cxxfix_capture_stack)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tracer.symbolize import ElfSymbols, ProcessMaps, Symbolizer, demangle, stack_addrs
+from tracer.unwind import (
+    USTACK_DTYPE,
+    USTACK_HEADER,
+    EhFrameTable,
+    Regs,
+    _eval_expr,
+    _Stack,
+    decode_ustack_event,
+    unwind,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DISPATCH = "ns::detail::dispatch(void (*)(float*, int), int)"
+LAUNCH = "ns::Launcher<float>::launch(int)"
+VECTOR_ADD = "void kernels::vector_add<float>(float*, int)"
+SCALE = "void kernels::scale<double>(double*, double, int)"
+
+
+class Capture(ctypes.Structure):
+    """struct cxxfix_capture in fixtures/cxx/cxxfix.cpp."""
+
+    _fields_ = [
+        ("ip", ctypes.c_uint64),
+        ("sp", ctypes.c_uint64),
+        ("bp", ctypes.c_uint64),
+        ("limit", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+        ("data", ctypes.c_ubyte * 16384),
+    ]
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("g++") is None or shutil.which("make") is None:
+        pytest.skip("needs g++ and make to build fixtures/cxx")
+    out = tmp_path_factory.mktemp("cxxbuild")
+    subprocess.run(["make", "-s", "-C", str(REPO / "fixtures" / "cxx"), f"BUILD={out}"], check=True)
+    return out
+
+
+@pytest.fixture(scope="module", params=["fp", "nofp"])
+def lib(request: pytest.FixtureRequest, build: Path) -> ctypes.CDLL:
+    cdll = ctypes.CDLL(str(build / f"libcxxfix_{request.param}.so"))
+    cdll.cxxfix_kernel_ptr.restype = ctypes.c_void_p
+    return cdll
+
+
+def _addr(fn: object) -> int:
+    value = ctypes.cast(fn, ctypes.c_void_p).value
+    assert value is not None
+    return value
+
+
+# --- maps ---------------------------------------------------------------------------------------------------
+
+MAPS_TEXT = """\
+55d0c0a00000-55d0c0a6f000 r--p 00000000 fe:01 1234    /usr/bin/python3.11
+55d0c0a6f000-55d0c0d2e000 r-xp 0006f000 fe:01 1234    /usr/bin/python3.11
+55d0c1000000-55d0c1100000 rw-p 00000000 00:00 0       [heap]
+7f0000000000-7f0000001000 r-xp 00001000 fe:01 99      /opt/lib/libfoo.so (deleted)
+7f0000002000-7f0000003000 rw-p 00000000 00:00 0
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0       [stack]
+"""
+
+
+def test_maps_parse_keeps_file_mappings_and_resolves_under_root() -> None:
+    maps = ProcessMaps.parse(42, MAPS_TEXT, root="/proc/42/root")
+    paths = [e.path for e in maps.entries]
+    assert paths == ["/usr/bin/python3.11", "/usr/bin/python3.11", "/opt/lib/libfoo.so"]
+    text = maps.find(0x55D0C0A70010)
+    assert text is not None and text.offset == 0x6F000 and text.perms == "r-xp"
+    assert text.host_path == "/proc/42/root/usr/bin/python3.11"
+    assert maps.find(0x55D0C1000010) is None  # [heap]
+    assert maps.find(0x7F0000002000) is None  # anonymous
+    assert maps.find(0x7F0000001000) is None  # one past the end
+    assert maps.modules() == ["/usr/bin/python3.11", "/opt/lib/libfoo.so"]
+
+
+def test_snapshot_of_self_finds_the_loaded_fixture(lib: ctypes.CDLL) -> None:
+    maps = ProcessMaps.snapshot(os.getpid())
+    entry = maps.find(_addr(lib.cxxfix_leaf))
+    assert entry is not None and entry.path == lib._name
+
+
+def test_snapshot_of_missing_pid_raises() -> None:
+    with pytest.raises(ProcessLookupError):
+        ProcessMaps.snapshot(2**22 + 1)
+
+
+# --- ELF symbols and demangling -----------------------------------------------------------------------------
+
+
+def test_elf_symbols_lookup_and_exact(build: Path) -> None:
+    elf = ElfSymbols(str(build / "libcxxfix_nofp.so"))
+    assert elf.build_id and len(elf.build_id) == 40
+    for raw in ("cxxfix_leaf", "_ZN2ns6detail8dispatchEPFvPfiEi", "_ZN2ns8LauncherIfE6launchEi"):
+        start = elf.address_of(raw)
+        assert start is not None
+        assert elf.lookup(start) == (raw, 0)
+        assert elf.lookup(start, exact=True) == (raw, 0)
+        assert elf.lookup(start + 1) == (raw, 1)
+        assert elf.lookup(start + 1, exact=True) is None
+    assert elf.lookup(0) is None
+
+
+def test_demangle_exact_names() -> None:
+    assert demangle("_ZN2ns6detail8dispatchEPFvPfiEi") == DISPATCH
+    assert demangle("_ZN2ns8LauncherIfE6launchEi") == LAUNCH
+    assert demangle("_ZN7kernels10vector_addIfEEvPfi") == VECTOR_ADD
+    assert demangle("cxxfix_leaf") == "cxxfix_leaf"
+    assert demangle("_Znot_mangled_really") == "_Znot_mangled_really"
+    assert demangle("_ZN7kernels10vector_addIfEEvPfi@@V1") == VECTOR_ADD + "@@V1"
+
+
+def test_symbolize_code_addresses_demangled(lib: ctypes.CDLL) -> None:
+    sym = Symbolizer()
+    leaf = _addr(lib.cxxfix_leaf)
+    (frame,) = sym.symbolize(os.getpid(), [leaf + 2])
+    assert frame.function == "cxxfix_leaf" and frame.offset == 2
+    assert frame.module == os.path.basename(lib._name)
+    assert frame.build_id and frame.addr == leaf + 2
+    assert frame.file == "cxxfix.cpp" and frame.line > 0
+
+
+def test_unknown_address_is_question_mark() -> None:
+    heap = ctypes.create_string_buffer(16)
+    (frame,) = Symbolizer().symbolize(os.getpid(), [ctypes.addressof(heap)])
+    assert frame.function == "?" and frame.module == ""
+
+
+def test_located_addresses_resolve_after_the_maps_are_gone(lib: ctypes.CDLL) -> None:
+    # GIVEN addresses pinned at "event time"
+    live = Symbolizer()
+    leaf = _addr(lib.cxxfix_leaf)
+    locs = live.locate(os.getpid(), [leaf])
+    # WHEN another symbolizer (no maps for this pid) resolves them later
+    later = Symbolizer()
+    (frame,) = later.symbolize_located(locs, [leaf])
+    # THEN the (build-id, path, offset) record is enough
+    assert frame.function == "cxxfix_leaf" and frame.offset == 0
+
+
+def test_kernel_name_resolves_host_stub_pointers(lib: ctypes.CDLL) -> None:
+    sym = Symbolizer()
+    assert sym.kernel_name(os.getpid(), lib.cxxfix_kernel_ptr(0)) == VECTOR_ADD
+    assert sym.kernel_name(os.getpid(), lib.cxxfix_kernel_ptr(1)) == SCALE
+    assert sym.kernel_name(os.getpid(), 0) is None
+
+
+def test_kernel_name_from_noted_cufunction() -> None:
+    sym = Symbolizer()
+    handle = ctypes.addressof(ctypes.create_string_buffer(64))  # a heap pointer, like a real CUfunction
+    assert sym.kernel_name(os.getpid(), handle) is None
+    sym.note_cufunction(os.getpid(), handle, "_ZN7kernels10vector_addIfEEvPfi")
+    assert sym.kernel_name(os.getpid(), handle) == VECTOR_ADD
+    assert sym.kernel_name(os.getpid() + 1, handle) is None
+
+
+def test_stack_addrs_walks_and_ignores_missing_ids() -> None:
+    class FakeTable:
+        def walk(self, stack_id: int) -> list[int]:
+            if stack_id != 7:
+                raise KeyError(stack_id)
+            return [0x10, 0x20]
+
+    assert stack_addrs(FakeTable(), 7) == [0x10, 0x20]
+    assert stack_addrs(FakeTable(), 8) == []
+    assert stack_addrs(FakeTable(), -14) == []  # -EFAULT from get_stackid
+
+
+# --- eh_frame unwinding -----------------------------------------------------------------------------------
+
+
+def _capture_own_stack(lib: ctypes.CDLL) -> Capture:
+    top = next(
+        int(line.split()[0].split("-")[1], 16)
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if line.endswith("[stack]")
+    )
+    cap = Capture()
+    cap.limit = top
+    lib.cxxfix_set_capture(ctypes.byref(cap))
+    try:
+        lib.cxxfix_run(3)
+    finally:
+        lib.cxxfix_set_capture(None)
+    return cap
+
+
+def test_unwind_recovers_cxx_chain_and_interpreter(lib: ctypes.CDLL) -> None:
+    # GIVEN a stack copied inside cxxfix_leaf (the way probes/native_stack.h copies it)
+    cap = _capture_own_stack(lib)
+    data = ctypes.string_at(ctypes.addressof(cap) + Capture.data.offset, cap.len)
+    maps = ProcessMaps.snapshot(os.getpid())
+    # WHEN it is unwound with .eh_frame
+    addrs = unwind(os.getpid(), Regs(cap.ip, cap.sp, cap.bp), data, maps)
+    frames = Symbolizer().symbolize(os.getpid(), addrs)
+    names = [f.function for f in frames]
+    # THEN the C++ chain is there, in order, and the unwind goes on through ctypes into CPython
+    assert names[:5] == ["cxxfix_capture_stack", "cxxfix_leaf", DISPATCH, LAUNCH, "cxxfix_run"]
+    assert any(f.module.startswith("libffi") for f in frames)
+    assert "_PyEval_EvalFrameDefault" in names
+    assert len(frames) >= 12
+
+
+def test_unwind_stops_at_the_end_of_a_short_copy(lib: ctypes.CDLL) -> None:
+    cap = _capture_own_stack(lib)
+    data = ctypes.string_at(ctypes.addressof(cap) + Capture.data.offset, 64)
+    addrs = unwind(os.getpid(), Regs(cap.ip, cap.sp, cap.bp), data, ProcessMaps.snapshot(os.getpid()))
+    assert 1 <= len(addrs) < 5
+
+
+def test_eh_frame_table_rows_cover_functions(build: Path) -> None:
+    path = str(build / "libcxxfix_nofp.so")
+    table = EhFrameTable(path)
+    elf = ElfSymbols(path)
+    start = elf.address_of("_ZN2ns6detail8dispatchEPFvPfiEi")
+    assert start is not None
+    entry_row = table.row_for(start)
+    assert entry_row is not None and entry_row.cfa_reg == 7 and entry_row.cfa_off == 8
+    assert entry_row.ra is not None and entry_row.ra.arg == -8
+    assert table.row_for(0) is None
+
+
+def test_plt_style_cfa_expression() -> None:
+    # The .plt FDE's CFA: rsp + 8 + ((rip & 15) >= 11 ? 8 : 0)
+    expr = bytes([0x77, 8, 0x80, 0, 0x3F, 0x1A, 0x3B, 0x2A, 0x33, 0x24, 0x22])
+    stack = _Stack(0, b"")
+    assert _eval_expr(expr, {7: 0x1000, 16: 0x2000}, stack) == 0x1008
+    assert _eval_expr(expr, {7: 0x1000, 16: 0x200B}, stack) == 0x1010
+    assert _eval_expr(bytes([0x96]), {}, stack) is None  # DW_OP_nop alone leaves nothing
+
+
+def test_decode_ustack_event_matches_the_header_layout() -> None:
+    assert USTACK_DTYPE.itemsize == USTACK_HEADER + 16384
+    header = struct.pack("<4Q3Ii", 5, 0x401000, 0x7FFD0000, 0x7FFD0100, 10, 11, 8, -14)
+    raw = header + b"ABCDEFGH" + b"\0" * 64
+    ev = decode_ustack_event(raw)
+    assert (ev.stack_ref, ev.pid, ev.tid, ev.native_id) == (5, 10, 11, -14)
+    assert ev.regs == Regs(0x401000, 0x7FFD0000, 0x7FFD0100)
+    assert ev.stack == b"ABCDEFGH"
+    with pytest.raises(ValueError):
+        decode_ustack_event(b"short")

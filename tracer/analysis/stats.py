@@ -1,0 +1,308 @@
+"""The trace overview: environment, event accounting, per-op latency, per-process scheduling, host peaks,
+chains.
+
+Latency percentiles come from ``op_stats.hist``, the exact in-kernel histogram over every call (not only the
+stored rows). Buckets are log-linear (16 per power of two); a percentile is interpolated linearly inside its
+bucket and clamped to the op's min/max, so the error is at most half a bucket width (<= 3.1 %).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Annotated
+
+import duckdb
+from pydantic import Field
+
+from tracer.analysis import Record
+
+DATALOADER_COMM = "pt_data_worker"
+
+
+class Environment(Record):
+    """Where and when the trace was recorded."""
+
+    started_at: Annotated[str, Field(description="wall-clock start, ISO 8601 UTC")]
+    duration_s: Annotated[float, Field(description="recording length in seconds")]
+    status: Annotated[str, Field(description="complete | interrupted | target_exited | failed | recording")]
+    host: str
+    kernel: str
+    cpu_model: str
+    cpu_cores: int
+    mem_bytes: int
+    gpus: Annotated[str, Field(description="GPU names, empty if none")]
+    driver: str
+    python_version: str
+    tracer_version: str
+    target: Annotated[str, Field(description="pid N or the launched command")]
+    overhead_pct: Annotated[
+        float | None, Field(description="estimated tracing overhead, % of the target's CPU")
+    ]
+    notes: str
+
+
+class OpStat(Record):
+    """Latency of one CUDA API function over every call (exact counts from the in-kernel histogram)."""
+
+    op: Annotated[str, Field(description="API function, e.g. cudaStreamSynchronize")]
+    layer: Annotated[
+        str, Field(description="runtime (libcudart) | driver (libcuda); kept apart, never summed")
+    ]
+    calls: Annotated[
+        int, Field(description="number of calls (scaled from a sample when sampled_fraction < 1)")
+    ]
+    total_ms: Annotated[float, Field(description="sum of latencies in ms")]
+    p50_us: Annotated[float, Field(description="median latency, µs")]
+    p95_us: Annotated[float, Field(description="95th percentile, µs")]
+    p99_us: Annotated[float, Field(description="99th percentile, µs")]
+    max_us: Annotated[float, Field(description="slowest call, µs")]
+    tail_ratio: Annotated[
+        float, Field(description="p99 / p50: how much worse the tail is than the typical call")
+    ]
+    bytes: Annotated[int, Field(description="total bytes allocated / copied / set")]
+    sampled_fraction: Annotated[
+        float, Field(description="1.0 = every call counted; < 1 = scaled from a sample")
+    ]
+    note: Annotated[str, Field(description="caveat, e.g. 'scaled from a sample'")] = ""
+
+
+class ProcessStat(Record):
+    """One process of the traced tree: CUDA activity and how much it was kept off the CPU."""
+
+    pid: int
+    ppid: int | None
+    comm: Annotated[str, Field(description="process name (DataLoader workers: pt_data_worker)")]
+    role: Annotated[str, Field(description="main (the traced target) | dataloader_worker | child")]
+    cuda_calls: Annotated[int, Field(description="CUDA calls (exact, from op_stats)")]
+    context_switches: Annotated[int, Field(description="times its threads were switched out")]
+    preemptions: Annotated[int, Field(description="of those, while still runnable (CPU taken away)")]
+    off_cpu_s: Annotated[float, Field(description="total off-CPU time of its threads, seconds")]
+    runq_s: Annotated[float, Field(description="of that, time runnable but waiting for a CPU, seconds")]
+    worst_stall_ms: Annotated[float, Field(description="longest single off-CPU interval, ms")]
+    first_s: Annotated[float, Field(description="first seen, seconds since session start")]
+    exit_s: Annotated[
+        float | None, Field(description="exit time, seconds since start; null if alive at the end")
+    ]
+    exit_code: Annotated[int | None, Field(description="wait(2) status: code << 8 | signal")]
+
+
+class HostPeaks(Record):
+    """Worst host conditions seen in the ~1 Hz samples."""
+
+    samples: int
+    max_load1: float | None
+    max_cpu_busy_pct: float | None
+    min_mem_available_bytes: int | None
+    max_page_alloc_bytes_per_s: Annotated[
+        float | None, Field(description="peak host-wide page allocation rate")
+    ]
+    max_swap_used_bytes: int | None
+
+
+class TraceStats(Record):
+    """Overview of one trace: start every investigation here."""
+
+    environment: Environment
+    pid: Annotated[int | None, Field(description="the pid filter applied, null for the whole tree")]
+    events_traced: Annotated[int, Field(description="CUDA calls counted in kernel (every call)")]
+    events_stored: Annotated[int, Field(description="individual call rows kept in cuda_calls")]
+    events_lost: Annotated[int, Field(description="events dropped because a ring buffer was full")]
+    ops: Annotated[list[OpStat], Field(description="per op, worst tail ratio first")]
+    processes: list[ProcessStat]
+    host: HostPeaks
+    chains_by_severity: Annotated[dict[str, int], Field(description="causal chains found, by severity")]
+    top_chain: Annotated[str | None, Field(description="summary of the worst chain, if any")]
+
+
+def percentile_ns(buckets: list[tuple[int, int, int]], q: float, lo_clamp: int, hi_clamp: int) -> float:
+    """Return the q-quantile (0..1) in ns of histogram ``buckets`` [(lo_ns, hi_ns, count)], linear in the bucket."""  # noqa: E501
+    total = sum(b[2] for b in buckets)
+    if total == 0:
+        return 0.0
+    rank = q * total
+    cum = 0
+    value = float(buckets[-1][1])
+    for lo, hi, n in sorted(buckets):
+        if n and cum + n >= rank:
+            value = lo + (hi - lo) * (rank - cum) / n
+            break
+        cum += n
+    return float(min(max(value, lo_clamp), hi_clamp))
+
+
+def _merge(hists: Iterable[list[dict[str, int]] | None]) -> list[tuple[int, int, int]]:
+    acc: dict[tuple[int, int], int] = defaultdict(int)
+    for h in hists:
+        for b in h or []:
+            acc[(b["lo_ns"], b["hi_ns"])] += b["count"]
+    return sorted((lo, hi, n) for (lo, hi), n in acc.items())
+
+
+def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list[OpStat]:
+    """Return per-(op, layer) latency over every call, summed over pids unless ``pid`` is given; worst tail first."""  # noqa: E501
+    rows = conn.execute(
+        "SELECT op, layer, calls, total_ns, min_ns, max_ns, bytes, sampled_fraction, hist FROM op_stats "
+        "WHERE ($pid IS NULL OR pid = $pid)",
+        {"pid": pid},
+    ).fetchall()
+    groups: dict[tuple[str, str], list[tuple]] = defaultdict(list)
+    for r in rows:
+        groups[(r[0], r[1])].append(r)
+    out = []
+    for (op, layer), rs in groups.items():
+        calls = sum(r[2] or 0 for r in rs)
+        mn = min(r[4] for r in rs if r[4] is not None) if any(r[4] is not None for r in rs) else 0
+        mx = max(r[5] or 0 for r in rs)
+        buckets = _merge(r[8] for r in rs)
+        p50, p95, p99 = (percentile_ns(buckets, q, mn, mx) for q in (0.5, 0.95, 0.99))
+        frac = min((r[7] if r[7] is not None else 1.0) for r in rs)
+        out.append(
+            OpStat(
+                op=op,
+                layer=layer or "",
+                calls=int(calls),
+                total_ms=round(sum(r[3] or 0 for r in rs) / 1e6, 3),
+                p50_us=round(p50 / 1e3, 1),
+                p95_us=round(p95 / 1e3, 1),
+                p99_us=round(p99 / 1e3, 1),
+                max_us=round(mx / 1e3, 1),
+                tail_ratio=round(p99 / p50, 1) if p50 > 0 else 0.0,
+                bytes=int(sum(r[6] or 0 for r in rs)),
+                sampled_fraction=float(frac),
+                note="scaled from a sample" if frac < 1 else "",
+            )
+        )
+    out.sort(key=lambda o: (-o.tail_ratio, -o.calls, o.op))
+    return out
+
+
+def environment(conn: duckdb.DuckDBPyConnection) -> Environment:
+    r = conn.execute(
+        "SELECT strftime(started_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%SZ'), duration_s, status, host, kernel, "  # noqa: E501
+        "cpu_model, cpu_cores, mem_bytes, gpus, driver, python_version, tracer_version, target, overhead_pct, notes "  # noqa: E501
+        "FROM session ORDER BY session_id DESC LIMIT 1"
+    ).fetchone()
+    if r is None:
+        raise LookupError("session table is empty")
+    return Environment(
+        started_at=r[0] or "",
+        duration_s=float(r[1] or 0.0),
+        status=r[2] or "",
+        host=r[3] or "",
+        kernel=r[4] or "",
+        cpu_model=r[5] or "",
+        cpu_cores=int(r[6] or 0),
+        mem_bytes=int(r[7] or 0),
+        gpus=r[8] or "",
+        driver=r[9] or "",
+        python_version=r[10] or "",
+        tracer_version=r[11] or "",
+        target=r[12] or "",
+        overhead_pct=r[13],
+        notes=r[14] or "",
+    )
+
+
+def main_pid(conn: duckdb.DuckDBPyConnection) -> int | None:
+    """Return the traced target's pid: ``pid N`` in session.target, else the root of the process tree."""
+    t = conn.execute("SELECT target FROM session LIMIT 1").fetchone()
+    if t and t[0] and t[0].startswith("pid "):
+        try:
+            return int(t[0].split()[1])
+        except (IndexError, ValueError):
+            pass
+    r = conn.execute(
+        "SELECT pid FROM processes WHERE ppid IS NULL OR ppid NOT IN (SELECT pid FROM processes) "
+        "ORDER BY first_ns, pid LIMIT 1"
+    ).fetchone()
+    return int(r[0]) if r else None
+
+
+def role_of(pid: int, comm: str | None, main: int | None) -> str:
+    if pid == main:
+        return "main"
+    if comm == DATALOADER_COMM:
+        return "dataloader_worker"
+    return "child"
+
+
+def process_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list[ProcessStat]:
+    """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit."""  # noqa: E501
+    main = main_pid(conn)
+    rows = conn.execute(
+        """
+        SELECT p.pid, p.ppid, p.comm, p.first_ns, p.exit_ns, p.exit_code,
+               coalesce(o.calls, 0), coalesce(s.sw, 0), coalesce(s.pre, 0), coalesce(s.off, 0),
+               coalesce(s.rq, 0), coalesce(s.worst, 0)
+        FROM processes p
+        LEFT JOIN (SELECT pid, sum(calls) AS calls FROM op_stats GROUP BY pid) o USING (pid)
+        LEFT JOIN (SELECT pid, sum(switches) AS sw, sum(preemptions) AS pre, sum(off_cpu_ns) AS off,
+                          sum(runq_ns) AS rq, max(max_off_cpu_ns) AS worst FROM sched_stats GROUP BY pid) s
+               USING (pid)
+        WHERE ($pid IS NULL OR p.pid = $pid)
+        ORDER BY (p.pid = $main) DESC, coalesce(o.calls, 0) DESC, coalesce(s.off, 0) DESC, p.pid
+    """,
+        {"pid": pid, "main": main},
+    ).fetchall()
+    return [
+        ProcessStat(
+            pid=r[0],
+            ppid=r[1],
+            comm=r[2] or "",
+            role=role_of(r[0], r[2], main),
+            cuda_calls=int(r[6]),
+            context_switches=int(r[7]),
+            preemptions=int(r[8]),
+            off_cpu_s=round(r[9] / 1e9, 3),
+            runq_s=round(r[10] / 1e9, 3),
+            worst_stall_ms=round(r[11] / 1e6, 2),
+            first_s=round((r[3] or 0) / 1e9, 3),
+            exit_s=None if r[4] is None else round(r[4] / 1e9, 3),
+            exit_code=r[5],
+        )
+        for r in rows
+    ]
+
+
+def host_peaks(conn: duckdb.DuckDBPyConnection) -> HostPeaks:
+    """Return the worst host sample values; page allocation is normalised to bytes per second."""
+    r = conn.execute("""
+        WITH h AS (SELECT *, ts_ns - lag(ts_ns) OVER (ORDER BY ts_ns) AS dt FROM host_samples)
+        SELECT count(*), max(load1), max(cpu_busy_pct), min(mem_available_bytes),
+               max(page_alloc_bytes * 1e9 / CASE WHEN dt IS NULL OR dt <= 0 THEN 1e9 ELSE dt END),
+               max(swap_used_bytes)
+        FROM h""").fetchone()
+    assert r is not None
+    return HostPeaks(
+        samples=int(r[0]),
+        max_load1=r[1],
+        max_cpu_busy_pct=r[2],
+        min_mem_available_bytes=r[3],
+        max_page_alloc_bytes_per_s=r[4],
+        max_swap_used_bytes=r[5],
+    )
+
+
+def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> TraceStats:
+    """Return the overview of the trace (or of one process with ``pid``), including chain counts by severity."""  # noqa: E501
+    from tracer.analysis.chains import compute_chains
+
+    ev = conn.execute("SELECT events_traced, events_stored, events_lost FROM session LIMIT 1").fetchone() or (
+        0,
+        0,
+        0,
+    )
+    chains = compute_chains(conn, pid=pid, limit=1)
+    return TraceStats(
+        environment=environment(conn),
+        pid=pid,
+        events_traced=int(ev[0] or 0),
+        events_stored=int(ev[1] or 0),
+        events_lost=int(ev[2] or 0),
+        ops=op_stats(conn, pid=pid),
+        processes=process_stats(conn, pid=pid),
+        host=host_peaks(conn),
+        chains_by_severity=chains.by_severity,
+        top_chain=chains.chains[0].summary if chains.chains else None,
+    )

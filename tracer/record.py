@@ -1,0 +1,772 @@
+"""A recording session: attach to the target tree, poll the ring buffers, write the DB, flush on every way out.
+
+The loop (every POLL_MS): drain the four ring buffers (lifecycle first, so processes exist before their calls),
+decode them in batches (tracer/events.py), resolve stacks, queue Arrow batches to the store's writer thread. Every
+second: host sample, finished per-second scheduling aggregates, the sampling budget, newly mapped libraries, and
+the status line. The run ends on Ctrl-C, ``--duration``, or when the whole target tree has exited; each path
+ends in :meth:`Recorder.finish`, which writes the exact aggregates and the session row and closes the DB.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from probes.catalog import CATALOG, MEMCPY_KIND_NAMES, NO_ARG, OP_NAMES, OpClass
+from tracer import __version__, events, targets
+from tracer.errors import EnvironmentProblem, TargetError, UsageError
+from tracer.hist import percentile, slot_bounds
+from tracer.program import ProgramOptions, attach_library, compile_program, detach_in_background
+from tracer.store import Store, check_db_path
+from tracer.sysinfo import ProcSampler, environment
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 100
+# Default slow thresholds (ns) per op class: calls this slow are always stored, with a stack. A launch that
+# takes 200 us is already 20-50x its normal cost; a sync, copy or allocation past 1 ms is a visible stall.
+SLOW_NS = {OpClass.LAUNCH: 200_000, OpClass.SYNC: 1_000_000, OpClass.ALLOC: 1_000_000, OpClass.FREE: 1_000_000,
+           OpClass.COPY: 1_000_000, OpClass.OTHER: 1_000_000}
+# Stack for 1 stored call in N: launches are the hot path, everything else is rare and diagnostic.
+STACK_EVERY = {OpClass.LAUNCH: 64}
+# Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
+SCHED_KEEP_NS = 1_000_000
+SCHED_SAMPLE_EVERY = 16
+
+
+@dataclass
+class RecordOptions:
+    db: Path
+    pid: int | None = None
+    command: list[str] | None = None
+    duration: float | None = None
+    libs: list[str] = field(default_factory=list)
+    force: bool = False
+    max_events_per_s: int = 20_000  # stored cuda_calls rows per second before sampling kicks in
+    python_stacks: bool = True
+    sched_sample_every: int = SCHED_SAMPLE_EVERY
+    status: bool = True
+
+
+@dataclass
+class ProcInfo:
+    pid: int
+    ppid: int
+    comm: str
+    cmdline: str
+    first_ns: int
+    exit_ns: int | None = None
+    exit_code: int | None = None
+
+
+@dataclass
+class OpSummary:
+    op: str
+    layer: str
+    calls: int
+    p50_ns: int
+    p99_ns: int
+    max_ns: int
+
+    @property
+    def tail_ratio(self) -> float:
+        return self.p99_ns / self.p50_ns if self.p50_ns else 0.0
+
+
+@dataclass
+class RecordSummary:
+    db: Path
+    status: str
+    duration_s: float
+    events_traced: int
+    events_stored: int
+    events_lost: int
+    processes: int
+    libraries: list[str]
+    ops: list[OpSummary]
+    notes: list[str]
+
+
+def check_environment() -> None:
+    """Raise EnvironmentProblem unless this process can load BPF programs; mount tracefs/debugfs if needed."""
+    if os.geteuid() != 0:
+        raise EnvironmentProblem("recording needs root (BPF and uprobes)", "run it with sudo: sudo tracer record ...")
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        raise EnvironmentProblem(
+            "bcc (python3-bpfcc) is not importable", "run ./setup.sh, which installs it and the kernel headers"
+        ) from None
+    if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):
+        raise EnvironmentProblem(
+            f"no kernel headers for {os.uname().release} (bcc compiles against them)",
+            "run ./setup.sh: it installs them, or the newest Debian headers where none match",
+        )
+    for fs, where in (("tracefs", "/sys/kernel/tracing"), ("debugfs", "/sys/kernel/debug")):
+        if not os.path.ismount(where):
+            # bcc reads tracepoint formats from here; a fresh VM may not mount them at boot
+            subprocess.run(["mount", "-t", fs, fs, where], capture_output=True)
+
+
+def _pyruntime_available() -> bool:
+    try:
+        from tracer import pyruntime  # noqa: F401
+    except ImportError:
+        return False
+    return (Path(__file__).resolve().parent.parent / "probes" / "pyframes.h").exists()
+
+
+class Recorder:
+    """One recording into one DB. ``run()`` returns the summary; every exit path goes through ``finish()``."""
+
+    def __init__(self, opts: RecordOptions, on_status: Callable[[str], None] | None = None) -> None:
+        self.opts = opts
+        self.on_status = on_status
+        self.notes: list[str] = []
+        self.procs: dict[int, ProcInfo] = {}
+        self.attached: dict[tuple[int, int], targets.LibraryFile] = {}
+        self.stack_ids: dict[Any, int] = {}  # dedup key -> stack_id
+        self.ref_frames: dict[int, tuple[Any, ...]] = {}  # BPF stack_ref -> frames, until its call arrives
+        self.kernel_names: dict[tuple[int, int], str | None] = {}
+        self.stored_per_op = np.zeros(len(CATALOG), dtype=np.int64)
+        self.stop_reason: str | None = None
+        self.child: int | None = None
+        self._last_counters = np.zeros(4, dtype=np.int64)
+        self._interrupted = False
+        self.pyrt: Any = None
+        self.symbolizer: Any = None
+
+    # --- set-up -------------------------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        o = self.opts
+        if (o.pid is None) == (not o.command):
+            raise UsageError("give either --pid PID or a command after --", "e.g. sudo tracer record --pid 1234")
+        if o.duration is not None and o.duration <= 0:
+            raise UsageError("--duration must be positive")
+        check_db_path(o.db, o.force)
+        if o.pid is not None:
+            targets.check_pid(o.pid)
+        else:
+            assert o.command
+            if shutil.which(o.command[0]) is None:
+                raise TargetError(f"command not found: {o.command[0]}")
+        self.lib_args = [targets.check_library_arg(p) for p in o.libs]
+
+    def _start_command(self) -> int:
+        """Fork the command held before exec until the probes are attached; return its pid."""
+        assert self.opts.command
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: wait for the go, then exec
+            try:
+                os.close(w)
+                os.read(r, 1)
+                os.close(r)
+                os.execvp(self.opts.command[0], self.opts.command)
+            except BaseException as e:
+                os.write(2, f"error: cannot run {self.opts.command[0]}: {e}\n".encode())
+            os._exit(127)
+        os.close(r)
+        self._go_fd = w
+        return pid
+
+    def _release_command(self) -> None:
+        fd = getattr(self, "_go_fd", None)
+        if fd is not None:
+            os.write(fd, b"g")
+            os.close(fd)
+            self._go_fd = None
+
+    def _configure_maps(self) -> None:
+        b = self.bpf
+        for i, spec in enumerate(CATALOG):
+            b["cfg_sample_every"][ct.c_int(i)] = ct.c_uint32(1)
+            b["cfg_slow_ns"][ct.c_int(i)] = ct.c_uint64(SLOW_NS[spec.op_class])
+            b["cfg_stack_every"][ct.c_int(i)] = ct.c_uint32(STACK_EVERY.get(spec.op_class, 1))
+        b["cfg_sched"][ct.c_int(0)] = ct.c_uint64(self.start_mono)
+        b["cfg_sched"][ct.c_int(1)] = ct.c_uint64(SCHED_KEEP_NS)
+        b["cfg_sched"][ct.c_int(2)] = ct.c_uint64(self.opts.sched_sample_every)
+        b["cfg_libgate"][ct.c_int(0)] = ct.c_uint32(1)
+
+    def _add_target(self, pid: int, ppid: int | None = None, first_ns: int = 0) -> None:
+        st = targets.proc_stat(pid)
+        self.bpf["targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
+        if pid not in self.procs:
+            self.procs[pid] = ProcInfo(
+                pid, ppid if ppid is not None else (st[1] if st else 0), st[0] if st else "",
+                targets.proc_cmdline(pid), first_ns,
+            )
+        if self.pyrt is not None:
+            self._pyrt_configure(pid)
+
+    def _pyrt_configure(self, pid: int) -> None:
+        try:
+            self.pyrt.configure(pid)
+        except Exception as e:  # a process we cannot walk still gets its calls traced
+            log.debug("python frames unavailable for %d: %s", pid, e)
+
+    def _scan_libraries(self) -> None:
+        found: list[targets.LibraryFile] = list(self.lib_args)
+        for pid, p in list(self.procs.items()):
+            if p.exit_ns is None:
+                found += targets.libraries_mapped(pid)
+        if not self._scanned_usual:
+            self._scanned_usual = True
+            extra = []
+            env_dirs = os.environ.get("LD_LIBRARY_PATH", "")
+            for d in filter(None, env_dirs.split(":")):
+                extra += [str(p) for p in Path(d).glob("libcud*.so*")]
+            found += targets.resolve_libraries(targets.usual_library_paths() + extra)
+        self._attach(found)
+
+    def _attach(self, found: list[targets.LibraryFile]) -> None:
+        for lib in found:
+            key = (lib.dev, lib.ino)
+            if key in self.attached:
+                continue
+            self.attached[key] = lib
+            try:
+                res = attach_library(self.bpf, lib.path, lib.kind)
+            except Exception as e:
+                self.notes.append(f"could not attach to {lib.path}: {e}")
+                continue
+            if res.skipped:
+                self.notes.append(f"{os.path.basename(lib.path)}: not exported, skipped: {', '.join(res.skipped)}")
+            log.info("attached %d ops to %s", len(res.attached), lib.path)
+
+    # --- the loop ------------------------------------------------------------------------------------------
+
+    def run(self) -> RecordSummary:
+        """Record until stopped; return the summary. Raises TracerError before anything is written."""
+        self._validate()
+        check_environment()
+        self.start_mono = time.monotonic_ns()
+        self.started_at = datetime.now(timezone.utc)
+        use_py = self.opts.python_stacks and _pyruntime_available()
+        try:
+            self.bpf = compile_program(ProgramOptions(with_pyframes=use_py))
+        except Exception as e:
+            raise EnvironmentProblem(f"the BPF program failed to load: {e}", "run `tracer doctor`") from None
+        if use_py:
+            from tracer.pyruntime import PyRuntimeManager
+
+            self.pyrt = PyRuntimeManager(self.bpf)
+        try:
+            from tracer.symbolize import Symbolizer
+
+            self.symbolizer = Symbolizer()
+        except ImportError:
+            self.symbolizer = None
+        self._configure_maps()
+        self.store = Store(self.opts.db, force=self.opts.force)
+        self._write_session_row("recording")
+
+        self._scanned_usual = False
+        if self.opts.pid is not None:
+            for pid in targets.descendants(self.opts.pid):
+                self._add_target(pid)
+            self.root = self.opts.pid
+        else:
+            self.child = self._start_command()
+            self.root = self.child
+            self._add_target(self.child, ppid=os.getpid())
+        self._scan_libraries()
+        if not self.attached:
+            self._status("no CUDA library found yet in the target; waiting for one to be loaded...")
+
+        self.calls = events.RawBuffer(events.CALL_DTYPE)
+        self.sched = events.RawBuffer(events.SCHED_DTYPE)
+        self.proc = events.RawBuffer(events.PROC_DTYPE)
+        self.stacks = events.StackBuffer()
+        self.bpf["calls"].open_ring_buffer(self.calls.callback)
+        self.bpf["sched_rb"].open_ring_buffer(self.sched.callback)
+        self.bpf["proc_rb"].open_ring_buffer(self.proc.callback)
+        self.bpf["stacks_rb"].open_ring_buffer(self.stacks.callback)
+        self.lib_opens: list[tuple[int, str]] = []
+        self.bpf["libload_rb"].open_ring_buffer(self._on_lib_open)
+        self.sampler = ProcSampler()
+        self._read_host_counters()
+
+        old_int = signal.signal(signal.SIGINT, self._on_sigint)
+        old_term = signal.signal(signal.SIGTERM, self._on_sigint)
+        self._release_command()
+        deadline = time.monotonic() + self.opts.duration if self.opts.duration else None
+        next_tick = time.monotonic() + 1.0
+        try:
+            while not self._interrupted:
+                self.bpf.ring_buffer_poll(POLL_MS)
+                self._drain()
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + 1.0
+                    self._tick()
+                if deadline and now >= deadline:
+                    self.stop_reason = "complete"
+                    break
+                if self._tree_exited():
+                    self.stop_reason = "target_exited"
+                    break
+            if self._interrupted:
+                self.stop_reason = "interrupted"
+        finally:
+            # Ctrl-C from here on must not cut the flush short: the DB is written in full first.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            try:
+                summary = self.finish(self.stop_reason or "failed")
+            finally:
+                signal.signal(signal.SIGINT, old_int)
+                signal.signal(signal.SIGTERM, old_term)
+        return summary
+
+    def _on_sigint(self, _sig: int, _frame: Any) -> None:
+        self._interrupted = True
+
+    def _status(self, msg: str) -> None:
+        if self.on_status:
+            self.on_status(msg)
+
+    def _tree_exited(self) -> bool:
+        if self.child is not None:
+            try:
+                pid, status = os.waitpid(self.child, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.child, 0
+            if pid == self.child:
+                p = self.procs.get(self.child)
+                if p and p.exit_code is None:
+                    p.exit_code = status
+                self.child = None
+        return not any(targets.is_alive(pid) for pid, p in self.procs.items() if p.exit_ns is None)
+
+    def _rel(self, ts: np.ndarray) -> np.ndarray:
+        return ts.astype(np.int64) - self.start_mono
+
+    def _on_lib_open(self, _ctx: int, data: int, _size: int) -> None:
+        pid = ct.cast(data, ct.POINTER(ct.c_uint32))[0]
+        path = ct.string_at(data + 8).decode(errors="replace")
+        self.lib_opens.append((pid, path))
+
+    def _handle_lib_opens(self) -> None:
+        """Attach to CUDA libraries a target just opened (libload.bpf.c stopped it), then let it run on."""
+        opens, self.lib_opens = self.lib_opens, []
+        for pid, path in opens:
+            try:
+                if not path.startswith("/"):
+                    path = os.path.join(os.readlink(f"/proc/{pid}/cwd"), path)
+                rooted = f"/proc/{pid}/root{path}"
+                lib = targets.resolve_libraries([rooted if os.path.exists(rooted) else path])
+                self._attach(lib)
+            except OSError as e:
+                log.debug("library open by %d (%s) not resolved: %s", pid, path, e)
+            finally:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+
+    def _drain(self) -> None:
+        self._handle_lib_opens()
+        self._handle_proc(self.proc.drain())
+        for rec in self.stacks.drain():
+            self._handle_stack(rec)
+        self._handle_calls(self.calls.drain())
+        self._handle_sched(self.sched.drain())
+
+    def _handle_proc(self, ev: np.ndarray) -> None:
+        if len(ev) == 0:
+            return
+        for e in ev:
+            kind, pid, ts = int(e["kind"]), int(e["pid"]), int(e["ts_ns"]) - self.start_mono
+            comm = e["comm"].decode(errors="replace")
+            if kind == 0:  # fork
+                parent = self.procs.get(int(e["ppid"]))
+                cmd = targets.proc_cmdline(pid) or (parent.cmdline if parent else "")
+                self.procs.setdefault(pid, ProcInfo(pid, int(e["ppid"]), comm, cmd, ts))
+                if self.pyrt is not None and hasattr(self.pyrt, "note_fork"):
+                    self.pyrt.note_fork(int(e["ppid"]), pid)
+            elif pid in self.procs:
+                p = self.procs[pid]
+                if kind == 1:  # exec
+                    p.comm = comm
+                    p.cmdline = targets.proc_cmdline(pid) or e["filename"].decode(errors="replace")
+                    if self.pyrt is not None:
+                        self._pyrt_configure(pid)
+                elif kind == 2:
+                    p.exit_ns = ts
+                    p.exit_code = int(e["exit_code"]) if int(e["exit_code"]) >= 0 else p.exit_code
+                elif kind == 3:
+                    p.comm = comm
+        self.store.put(
+            "process_events",
+            {
+                "ts_ns": self._rel(ev["ts_ns"]),
+                "kind": [events.PROC_KINDS[k] for k in ev["kind"].tolist()],
+                "pid": ev["pid"].astype(np.int32),
+                "ppid": [int(p) if k == 0 else None for k, p in zip(ev["kind"].tolist(), ev["ppid"].tolist(),
+                                                                    strict=True)],
+                "child": [int(c) if k == 0 else None for k, c in zip(ev["kind"].tolist(), ev["child"].tolist(),
+                                                                     strict=True)],
+                "comm": events.cstr(ev["comm"]),
+                "filename": [f or None for f in events.cstr(ev["filename"])],
+                "exit_code": [int(x) if k == 2 and x >= 0 else None for k, x in zip(
+                    ev["kind"].tolist(), ev["exit_code"].tolist(), strict=True)],
+            },
+        )
+
+    def _handle_stack(self, rec: events.StackRecord) -> None:
+        # frames are (kind, module, function, file, line), outermost first
+        native: list[tuple[str, str, str | None, str | None, int | None]] = []
+        if rec.native_id >= 0:
+            try:
+                addrs = [a for a in self.bpf["native_stacks"].walk(rec.native_id)]
+            except Exception:
+                addrs = []
+            native = self._symbolize_native(rec.pid, addrs)
+        py: list[tuple[str, str, str | None, str | None, int | None]] = []
+        if rec.frames and self.pyrt is not None:
+            try:
+                infos = self.pyrt.resolve(rec.pid, list(rec.frames))
+            except Exception as e:
+                log.debug("python frames of %d unresolved: %s", rec.pid, e)
+                infos = []
+            for fi in reversed(infos):  # outermost first
+                py.append(("python", fi.filename, fi.qualname, fi.filename, fi.line))
+        self.ref_frames[rec.stack_ref] = tuple(_merge_stacks(py, native))
+
+    def _stack_id(self, ref: int, op: int) -> int | None:
+        """Return the stack_id of a captured stack plus its CUDA entry point, writing the stack on first sight."""
+        frames = self.ref_frames.pop(ref, None)
+        if frames is None:
+            return None
+        spec = CATALOG[op]
+        frames = frames + (("cuda", f"lib{spec.library}", spec.op, None, None),)
+        sid = self.stack_ids.get(frames)
+        if sid is None:
+            sid = len(self.stack_ids) + 1
+            self.stack_ids[frames] = sid
+            self.store.put(
+                "stacks",
+                {
+                    "stack_id": [sid] * len(frames),
+                    "depth": list(range(len(frames))),
+                    "kind": [f[0] for f in frames],
+                    "module": [f[1] for f in frames],
+                    "function": [f[2] for f in frames],
+                    "file": [f[3] for f in frames],
+                    "line": [f[4] for f in frames],
+                },
+            )
+        return sid
+
+    def _symbolize_native(self, pid: int, addrs: list[int]) -> list[tuple[str, str, str | None, str | None,
+                                                                          int | None]]:
+        """Return native frames outermost first."""
+        out = []
+        if self.symbolizer is not None:
+            try:
+                for f in self.symbolizer.symbolize(pid, addrs):
+                    out.append(("native", f.module, f.function, f.file, f.line))
+            except Exception as e:
+                log.debug("symbolize failed: %s", e)
+                out = []
+        if not out:
+            out = [("native", "?", f"0x{a:x}", None, None) for a in addrs]
+        out.reverse()
+        return out
+
+    def _kernel_name(self, pid: int, func: int) -> str | None:
+        key = (pid, func)
+        if key not in self.kernel_names:
+            name = None
+            if self.symbolizer is not None and func:
+                try:
+                    name = self.symbolizer.kernel_name(pid, func)
+                except Exception:
+                    name = None
+            self.kernel_names[key] = name
+        return self.kernel_names[key]
+
+    def _handle_calls(self, ev: np.ndarray) -> None:
+        if len(ev) == 0:
+            return
+        ops = ev["op"].astype(np.int32)
+        self.stored_per_op += np.bincount(ops, minlength=len(CATALOG))[: len(CATALOG)]
+        op_dict = pa.array(OP_NAMES)
+        layer_dict = pa.array(["runtime", "driver"])
+        layer_of = np.array([int(s.layer) for s in CATALOG], dtype=np.int32)
+        has_bytes = np.array([s.bytes_arg != NO_ARG for s in CATALOG])
+        has_stream = np.array([s.stream_arg != NO_ARG for s in CATALOG])
+        kinds = ev["kind"]
+        kind_names = [MEMCPY_KIND_NAMES.get(k) for k in kinds.tolist()]
+        is_launch = np.array([s.op_class == OpClass.LAUNCH for s in CATALOG])[ops]
+        kernel = [
+            self._kernel_name(int(p), int(f)) if launch else None
+            for p, f, launch in zip(ev["pid"].tolist(), ev["func"].tolist(), is_launch.tolist(), strict=True)
+        ]
+        stack_id = [self._stack_id(r, o) if r else None for r, o in zip(ev["stack_ref"].tolist(), ops.tolist(),
+                                                                        strict=True)]
+        self.store.put(
+            "cuda_calls",
+            {
+                "ts_ns": self._rel(ev["ts_ns"]),
+                "dur_ns": ev["dur_ns"].astype(np.int64),
+                "pid": ev["pid"].astype(np.int32),
+                "tid": ev["tid"].astype(np.int32),
+                "op": pa.DictionaryArray.from_arrays(pa.array(ops), op_dict).cast(pa.string()),
+                "layer": pa.DictionaryArray.from_arrays(pa.array(layer_of[ops]), layer_dict).cast(pa.string()),
+                "bytes": pa.array(ev["bytes"].astype(np.int64), mask=~has_bytes[ops]),
+                "kind": kind_names,
+                "stream": pa.array(ev["stream"], mask=~has_stream[ops]),
+                "kernel": kernel,
+                "ret": ev["ret"],
+                "stack_id": stack_id,
+                "off_cpu_ns": ev["off_cpu_ns"].astype(np.int64),
+                "runq_ns": ev["runq_ns"].astype(np.int64),
+            },
+        )
+
+    def _handle_sched(self, ev: np.ndarray) -> None:
+        if len(ev) == 0:
+            return
+        by = ev["by_pid"]
+        self.store.put(
+            "sched",
+            {
+                "ts_ns": self._rel(ev["ts_ns"]),
+                "dur_ns": ev["dur_ns"].astype(np.int64),
+                "pid": ev["pid"].astype(np.int32),
+                "tid": ev["tid"].astype(np.int32),
+                "comm": events.cstr(ev["comm"]),
+                "cpu": ev["cpu"].astype(np.int32),
+                "reason": [events.SCHED_REASONS[r] for r in ev["reason"].tolist()],
+                "runq_ns": ev["runq_ns"].astype(np.int64),
+                "preempted_by_pid": pa.array(by.astype(np.int32), mask=by == 0),
+                "preempted_by_comm": [c or None for c in events.cstr(ev["by_comm"])],
+            },
+        )
+
+    # --- every second --------------------------------------------------------------------------------------
+
+    def _read_host_counters(self) -> np.ndarray:
+        hc = self.bpf["host_counters"]
+        vals = np.array([sum(hc[ct.c_int(i)]) for i in range(4)], dtype=np.int64)
+        delta = vals - self._last_counters
+        self._last_counters = vals
+        return delta
+
+    def _tick(self) -> None:
+        ts = time.monotonic_ns() - self.start_mono
+        s = self.sampler.sample()
+        d = self._read_host_counters()
+        self.store.put(
+            "host_samples",
+            {
+                "ts_ns": [ts], "load1": [s.load1], "cpu_busy_pct": [s.cpu_busy_pct], "runnable": [s.runnable],
+                "mem_available_bytes": [s.mem_available_bytes], "swap_used_bytes": [s.swap_used_bytes],
+                "page_alloc_bytes": [int(d[0])], "target_page_alloc_bytes": [int(d[1])],
+                "page_faults": [int(d[2])], "ctx_switches": [int(d[3])],
+            },
+        )
+        self._drain_sched_aggs(before_sec=ts // 1_000_000_000 - 1)
+        self._apply_budget()
+        self._scan_libraries()
+        self._scan_new_children()
+        alive = sum(1 for p in self.procs.values() if p.exit_ns is None)
+        stored = self.store.rows_written.get("cuda_calls", 0)
+        self._status(
+            f"{ts / 1e9:6.0f}s  stored {stored:,} calls  lost {self._lost():,}  processes {alive}  "
+            f"libraries {len(self.attached)}"
+        )
+
+    def _scan_new_children(self) -> None:
+        """Catch children the fork tracepoint could not (forked before their parent joined the tree)."""
+        if self.opts.pid is None:
+            return
+        for pid in targets.descendants(self.root):
+            if pid not in self.procs:
+                self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
+
+    def _drain_sched_aggs(self, before_sec: int | None) -> None:
+        rows: dict[str, list[Any]] = {k: [] for k in ("sec", "pid", "tid", "switches", "preemptions",
+                                                     "off_cpu_ns", "runq_ns", "max_off_cpu_ns")}
+        tbl = self.bpf["sched_aggs"]
+        done = []
+        for k, v in tbl.items():
+            if before_sec is not None and k.sec > before_sec:
+                continue
+            done.append(k)
+            for name, val in (("sec", k.sec), ("pid", v.pid), ("tid", k.tid), ("switches", v.switches),
+                              ("preemptions", v.preemptions), ("off_cpu_ns", v.off_cpu_ns),
+                              ("runq_ns", v.runq_ns), ("max_off_cpu_ns", v.max_off_ns)):
+                rows[name].append(int(val))
+        for k in done:
+            del tbl[k]
+        self.store.put("sched_stats", rows)
+        prow: dict[str, list[Any]] = {k: [] for k in ("sec", "pid", "comm", "is_target", "preemptions", "runq_ns")}
+        ptbl = self.bpf["preempt_aggs"]
+        pdone = []
+        for k, v in ptbl.items():
+            if before_sec is not None and k.sec > before_sec:
+                continue
+            pdone.append(k)
+            prow["sec"].append(int(k.sec))
+            prow["pid"].append(int(k.pid))
+            prow["comm"].append(bytes(k.comm).split(b"\0", 1)[0].decode(errors="replace"))
+            prow["is_target"].append(bool(v.is_target))
+            prow["preemptions"].append(int(v.preemptions))
+            prow["runq_ns"].append(int(v.runq_ns))
+        for k in pdone:
+            del ptbl[k]
+        self.store.put("preemptors", prow)
+
+    def _apply_budget(self) -> None:
+        """Keep stored call events under max_events_per_s by sampling the busiest ops 1 in N (counts stay exact
+        in op_stats; slow calls are always kept)."""
+        rate = self.stored_per_op.copy()
+        self.stored_per_op[:] = 0
+        total = int(rate.sum())
+        if total <= self.opts.max_events_per_s:
+            return
+        tbl = self.bpf["cfg_sample_every"]
+        for op in np.argsort(-rate):
+            if rate[op] == 0 or total <= self.opts.max_events_per_s:
+                break
+            cur = max(1, tbl[ct.c_int(int(op))].value)
+            tbl[ct.c_int(int(op))] = ct.c_uint32(cur * 2)
+            total -= int(rate[op]) // 2
+
+    def _lost(self) -> int:
+        lost = self.bpf["lost"]
+        return int(sum(lost[ct.c_int(i)].value for i in range(4)))
+
+    # --- the end -------------------------------------------------------------------------------------------
+
+    def finish(self, status: str) -> RecordSummary:
+        """Drain, write exact aggregates, processes and the session row, close the DB; return the summary."""
+        if self.child is not None and status == "interrupted":
+            # a launched command is ours to stop; an attached --pid job is never touched
+            try:
+                os.kill(self.child, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        self._release_command()
+        self.bpf.ring_buffer_consume()
+        self._drain()
+        self._drain_sched_aggs(before_sec=None)
+        ops = self._write_op_stats()
+        for p in self.procs.values():
+            if p.exit_ns is None and not targets.is_alive(p.pid) and status != "interrupted":
+                p.exit_ns = time.monotonic_ns() - self.start_mono
+        procs = sorted(self.procs.values(), key=lambda p: (p.first_ns, p.pid))
+        self.store.put("processes", {
+            "pid": [p.pid for p in procs], "ppid": [p.ppid for p in procs], "comm": [p.comm for p in procs],
+            "cmdline": [p.cmdline for p in procs], "first_ns": [p.first_ns for p in procs],
+            "exit_ns": [p.exit_ns for p in procs], "exit_code": [p.exit_code for p in procs],
+        })
+        duration = (time.monotonic_ns() - self.start_mono) / 1e9
+        self.store.sync()
+        traced = sum(o.calls for o in ops)
+        stored = self.store.rows_written.get("cuda_calls", 0)
+        lost = self._lost()
+        if lost:
+            self.notes.append(f"{lost} events lost to full ring buffers: lower --max-events or poll faster")
+        self._write_session_row(status, duration, traced, stored, lost)
+        self._write_chains()
+        self.store.close()
+        detach_in_background(self.bpf)
+        if self.store.error:
+            self.notes.append(f"write error: {self.store.error}")
+        return RecordSummary(self.opts.db, status, duration, traced, stored, lost, len(self.procs),
+                             [lib.path for lib in self.attached.values()], ops, self.notes)
+
+    def _write_op_stats(self) -> list[OpSummary]:
+        hist: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        for k, v in self.bpf["op_hist"].items():
+            lo, hi = slot_bounds(k.slot)
+            hist.setdefault((k.pid, k.op), []).append((lo, hi, int(v.value)))
+        rows: dict[str, list[Any]] = {k: [] for k in (
+            "pid", "op", "layer", "calls", "total_ns", "min_ns", "max_ns", "p50_ns", "p95_ns", "p99_ns", "bytes",
+            "sampled_fraction", "hist")}
+        per_op: dict[int, list[tuple[int, int, int]]] = {}
+        per_op_calls: dict[int, int] = {}
+        per_op_max: dict[int, int] = {}
+        for k, v in self.bpf["op_totals"].items():
+            spec = CATALOG[k.op]
+            h = sorted(hist.get((k.pid, k.op), []))
+            rows["pid"].append(int(k.pid))
+            rows["op"].append(spec.op)
+            rows["layer"].append(spec.layer_name)
+            rows["calls"].append(int(v.calls))
+            rows["total_ns"].append(int(v.total_ns))
+            rows["min_ns"].append(int(v.min_ns))
+            rows["max_ns"].append(int(v.max_ns))
+            for q, name in ((0.5, "p50_ns"), (0.95, "p95_ns"), (0.99, "p99_ns")):
+                rows[name].append(percentile(h, q))
+            rows["bytes"].append(int(v.bytes) if spec.bytes_arg != NO_ARG else None)
+            rows["sampled_fraction"].append(1.0)
+            rows["hist"].append([{"lo_ns": lo, "hi_ns": hi, "count": c} for lo, hi, c in h])
+            per_op.setdefault(k.op, []).extend(h)
+            per_op_calls[k.op] = per_op_calls.get(k.op, 0) + int(v.calls)
+            per_op_max[k.op] = max(per_op_max.get(k.op, 0), int(v.max_ns))
+        self.store.put("op_stats", rows)
+        out = [
+            OpSummary(CATALOG[op].op, CATALOG[op].layer_name, per_op_calls[op], percentile(h, 0.5),
+                      percentile(h, 0.99), per_op_max[op])
+            for op, h in per_op.items()
+        ]
+        return sorted(out, key=lambda o: -o.calls)
+
+    def _write_session_row(self, status: str, duration: float = 0.0, traced: int = 0, stored: int = 0,
+                           lost: int = 0) -> None:
+        env = environment() if not hasattr(self, "_env") else self._env
+        self._env = env
+        target = f"pid {self.opts.pid}" if self.opts.pid is not None else " ".join(self.opts.command or [])
+        libs = ", ".join(lib.path for lib in self.attached.values())
+        pyver = ""
+        if self.pyrt is not None and hasattr(self.pyrt, "version_of"):
+            pyver = self.pyrt.version_of(self.root) or ""
+        self.store.execute("DELETE FROM session")
+        self.store.execute(
+            "INSERT INTO session VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [self.started_at, self.start_mono, duration, status, env.host, env.kernel, env.cpu_model,
+             env.cpu_cores, env.mem_bytes, env.gpus, env.driver, pyver, __version__, target, libs, traced, stored,
+             lost, None, "\n".join(self.notes)],
+        )
+
+    def _write_chains(self) -> None:
+        try:
+            from tracer.analysis import chains
+        except ImportError:
+            return
+        self.store.sync()
+        try:
+            found = chains.compute_chains(self.store.conn)
+            chains.write_chains(self.store.conn, found)
+        except Exception as e:  # the recording stays valid without its diagnosis
+            log.warning("causal chain analysis failed: %s", e)
+            self.notes.append(f"causal chain analysis failed: {e}")
+
+
+def _merge_stacks(py: list[Any], native: list[Any]) -> list[Any]:
+    """Merge Python frames into a native stack (both outermost first) where the interpreter's eval loop is."""
+    if not py:
+        return native
+    eval_idx = [i for i, f in enumerate(native) if f[2] and "EvalFrame" in str(f[2])]
+    if not eval_idx:
+        return py + native
+    return native[: eval_idx[0]] + py + native[eval_idx[-1] + 1 :]
