@@ -86,7 +86,9 @@ def cflags(opts: ProgramOptions) -> list[str]:
     except Exception as e:  # BTF reader missing or no BTF: exit codes come from /proc polling instead
         log.debug("no task_struct.exit_code offset: %s", e)
     if opts.with_pyframes:
-        flags.append("-DWITH_PYFRAMES")
+        from tracer import pyruntime
+
+        flags += ["-DWITH_PYFRAMES", *pyruntime.cflags()]
     return flags + opts.extra_cflags
 
 

@@ -480,7 +480,8 @@ class Recorder:
         if self.symbolizer is not None:
             try:
                 for f in self.symbolizer.symbolize(pid, addrs):
-                    out.append(("native", f.module, f.function, f.file, f.line))
+                    if f.module:  # an FP walk through a library without frame pointers ends in a stack address
+                        out.append(("native", os.path.basename(f.module), f.function, f.file, f.line))
             except Exception as e:
                 log.debug("symbolize failed: %s", e)
                 out = []
@@ -755,8 +756,8 @@ class Recorder:
             return
         self.store.sync()
         try:
-            found = chains.compute_chains(self.store.conn)
-            chains.write_chains(self.store.conn, found)
+            found = chains.compute_chains(self.store.conn, limit=100)
+            chains.write_chains(self.store.conn, found.chains)
         except Exception as e:  # the recording stays valid without its diagnosis
             log.warning("causal chain analysis failed: %s", e)
             self.notes.append(f"causal chain analysis failed: {e}")
