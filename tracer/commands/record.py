@@ -122,7 +122,51 @@ def doctor() -> None:
     raise typer.Exit(0 if ok else 3)
 
 
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def demo(
+    db: Annotated[Path, typer.Option("--db", help="Where to write the demo recording.")] = Path("demo.duckdb"),
+    seconds: Annotated[float, typer.Option("--seconds", help="How long the demo job runs.")] = 12.0,
+) -> None:
+    """Record a fixture training job with the usual host-side problems, then print the investigation.
+
+    The job (fixtures/workloads/train.py on the stand-in CUDA libraries) re-forks its DataLoader workers every
+    epoch and syncs every step; the demo prints what `tracer stats`, `tracer chains` and `tracer stacks` show.
+
+    Example: sudo tracer demo
+    """
+    from tracer.analysis.chains import compute_chains
+    from tracer.analysis.stacks import top_stacks
+    from tracer.analysis.stats import trace_stats
+    from tracer.db import open_trace
+    from tracer.errors import EnvironmentProblem
+    from tracer.render import print_record
+
+    lib = FIXTURES / "build" / "libcudart.so.12"
+    if not lib.exists():
+        raise EnvironmentProblem("the stand-in CUDA libraries are not built", "run ./setup.sh")
+    cmd = [sys.executable, str(FIXTURES / "workloads" / "train.py"), "--duration", str(seconds), "--workers", "3",
+           "--epochs", "1000", "--steps", "20", "--respawn-workers", "--worker-cpu-ms", "8"]
+    err.print(f"[bold]demo:[/] recording {' '.join(cmd[1:3])} for {seconds:.0f} s into {db}", highlight=False)
+    opts = RecordOptions(db=db, command=cmd, force=True, libs=[str(lib), str(lib.with_name("libcuda.so.1"))])
+    summary = Recorder(opts).run()
+    print_summary(summary)
+    with open_trace(db) as conn:
+        out.rule("tracer stats")
+        print_record(trace_stats(conn), out, as_json=False)
+        out.rule("tracer chains")
+        print_record(compute_chains(conn, limit=5), out, as_json=False)
+        out.rule("tracer stacks --op cudaStreamSynchronize")
+        print_record(top_stacks(conn, "cudaStreamSynchronize", limit=3), out, as_json=False)
+    err.print(f"\nask an assistant: tracer mcp serve --db {db} --http :8090", highlight=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def register(app: typer.Typer) -> None:
     """Add the recording commands to ``app``."""
     app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(record)
     app.command()(doctor)
+    app.command()(demo)
