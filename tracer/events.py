@@ -14,27 +14,61 @@ import numpy as np
 
 CALL_DTYPE = np.dtype(
     [
-        ("ts_ns", "<u8"), ("dur_ns", "<u8"), ("bytes", "<u8"), ("stream", "<u8"), ("func", "<u8"),
-        ("off_cpu_ns", "<u8"), ("runq_ns", "<u8"), ("stack_ref", "<u8"), ("pid", "<u4"), ("tid", "<u4"),
-        ("ret", "<i4"), ("op", "<u2"), ("kind", "u1"), ("flags", "u1"), ("nested", "<u4"), ("_pad", "<u4"),
+        ("ts_ns", "<u8"),
+        ("dur_ns", "<u8"),
+        ("bytes", "<u8"),
+        ("stream", "<u8"),
+        ("func", "<u8"),
+        ("off_cpu_ns", "<u8"),
+        ("runq_ns", "<u8"),
+        ("stack_ref", "<u8"),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("ret", "<i4"),
+        ("op", "<u2"),
+        ("kind", "u1"),
+        ("flags", "u1"),
+        ("nested", "<u4"),
+        ("_pad", "<u4"),
     ]
 )
 SCHED_DTYPE = np.dtype(
     [
-        ("ts_ns", "<u8"), ("dur_ns", "<u8"), ("runq_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"),
-        ("by_pid", "<u4"), ("cpu", "<u2"), ("reason", "u1"), ("in_call", "u1"), ("comm", "S16"),
+        ("ts_ns", "<u8"),
+        ("dur_ns", "<u8"),
+        ("runq_ns", "<u8"),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("by_pid", "<u4"),
+        ("cpu", "<u2"),
+        ("reason", "u1"),
+        ("in_call", "u1"),
+        ("comm", "S16"),
         ("by_comm", "S16"),
     ]
 )
 PROC_DTYPE = np.dtype(
     [
-        ("ts_ns", "<u8"), ("kind", "<u4"), ("pid", "<u4"), ("ppid", "<u4"), ("child", "<u4"),
-        ("exit_code", "<i4"), ("_pad", "<u4"), ("comm", "S16"), ("filename", "S64"),
+        ("ts_ns", "<u8"),
+        ("kind", "<u4"),
+        ("pid", "<u4"),
+        ("ppid", "<u4"),
+        ("child", "<u4"),
+        ("exit_code", "<i4"),
+        ("_pad", "<u4"),
+        ("comm", "S16"),
+        ("filename", "S64"),
     ]
 )
 STACK_HEADER_DTYPE = np.dtype(
-    [("stack_ref", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("native_id", "<i4"), ("n_py", "<u2"),
-     ("py_status", "<u2")]
+    [
+        ("stack_ref", "<u8"),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("native_id", "<i4"),
+        ("n_py", "<u2"),
+        ("py_status", "<u2"),
+    ]
 )
 PY_FRAME_DTYPE = np.dtype([("code", "<u8"), ("lasti", "<u4"), ("_pad", "<u4")])
 
@@ -101,8 +135,12 @@ class StackBuffer:
             fr = np.frombuffer(c, dtype=PY_FRAME_DTYPE, count=n, offset=hsize)
             out.append(
                 StackRecord(
-                    int(h["stack_ref"]), int(h["pid"]), int(h["tid"]), int(h["native_id"]),
-                    int(h["py_status"]), tuple(zip(fr["code"].tolist(), fr["lasti"].tolist(), strict=True)),
+                    int(h["stack_ref"]),
+                    int(h["pid"]),
+                    int(h["tid"]),
+                    int(h["native_id"]),
+                    int(h["py_status"]),
+                    tuple(zip(fr["code"].tolist(), fr["lasti"].tolist(), strict=True)),
                 )
             )
         return out

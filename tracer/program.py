@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.catalog import CATALOG, NO_ARG, OP_COUNT_MAX, ProbeSpec, specs_for
+from probes.catalog import CATALOG, OP_COUNT_MAX, ProbeSpec, specs_for
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,12 @@ PROBES_DIR = Path(__file__).resolve().parent.parent / "probes"
 
 def _stub(op_id: int, spec: ProbeSpec) -> str:
     args = (
-        spec.bytes_arg, spec.kind_arg, spec.fixed_kind, spec.stream_arg, spec.stream_deref, spec.func_arg,
+        spec.bytes_arg,
+        spec.kind_arg,
+        spec.fixed_kind,
+        spec.stream_arg,
+        spec.stream_deref,
+        spec.func_arg,
     )
     argl = ", ".join(str(int(a)) for a in args)
     return (
@@ -57,7 +62,9 @@ def _inline_includes(path: Path, seen: set[str]) -> str:
 def program_text(with_pyframes: bool) -> str:
     """Return the full BPF C text: the probe sources plus one entry/return function pair per catalog op."""
     seen: set[str] = set()
-    parts = [_inline_includes(PROBES_DIR / name, seen) for name in ("cuda.bpf.c", "host.bpf.c", "libload.bpf.c")]
+    parts = [
+        _inline_includes(PROBES_DIR / name, seen) for name in ("cuda.bpf.c", "host.bpf.c", "libload.bpf.c")
+    ]
     parts += [_stub(i, s) for i, s in enumerate(CATALOG)]
     return "\n".join(parts) + "\n"
 

@@ -38,8 +38,14 @@ log = logging.getLogger(__name__)
 POLL_MS = 100
 # Default slow thresholds (ns) per op class: calls this slow are always stored, with a stack. A launch that
 # takes 200 us is already 20-50x its normal cost; a sync, copy or allocation past 1 ms is a visible stall.
-SLOW_NS = {OpClass.LAUNCH: 200_000, OpClass.SYNC: 1_000_000, OpClass.ALLOC: 1_000_000, OpClass.FREE: 1_000_000,
-           OpClass.COPY: 1_000_000, OpClass.OTHER: 1_000_000}
+SLOW_NS = {
+    OpClass.LAUNCH: 200_000,
+    OpClass.SYNC: 1_000_000,
+    OpClass.ALLOC: 1_000_000,
+    OpClass.FREE: 1_000_000,
+    OpClass.COPY: 1_000_000,
+    OpClass.OTHER: 1_000_000,
+}
 # Stack for 1 stored call in N: launches are the hot path, everything else is rare and diagnostic.
 STACK_EVERY = {OpClass.LAUNCH: 64}
 # Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
@@ -103,12 +109,15 @@ class RecordSummary:
 def check_environment() -> None:
     """Raise EnvironmentProblem unless this process can load BPF programs; mount tracefs/debugfs if needed."""
     if os.geteuid() != 0:
-        raise EnvironmentProblem("recording needs root (BPF and uprobes)", "run it with sudo: sudo tracer record ...")
+        raise EnvironmentProblem(
+            "recording needs root (BPF and uprobes)", "run it with sudo: sudo tracer record ..."
+        )
     try:
         import bcc  # noqa: F401
     except ImportError:
         raise EnvironmentProblem(
-            "bcc (python3-bpfcc) is not importable", "run ./setup.sh, which installs it and the kernel headers"
+            "bcc (python3-bpfcc) is not importable",
+            "run ./setup.sh, which installs it and the kernel headers",
         ) from None
     if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):
         raise EnvironmentProblem(
@@ -154,7 +163,9 @@ class Recorder:
     def _validate(self) -> None:
         o = self.opts
         if (o.pid is None) == (not o.command):
-            raise UsageError("give either --pid PID or a command after --", "e.g. sudo tracer record --pid 1234")
+            raise UsageError(
+                "give either --pid PID or a command after --", "e.g. sudo tracer record --pid 1234"
+            )
         if o.duration is not None and o.duration <= 0:
             raise UsageError("--duration must be positive")
         check_db_path(o.db, o.force)
@@ -207,8 +218,11 @@ class Recorder:
         self.bpf["targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
         if pid not in self.procs:
             self.procs[pid] = ProcInfo(
-                pid, ppid if ppid is not None else (st[1] if st else 0), st[0] if st else "",
-                targets.proc_cmdline(pid), first_ns,
+                pid,
+                ppid if ppid is not None else (st[1] if st else 0),
+                st[0] if st else "",
+                targets.proc_cmdline(pid),
+                first_ns,
             )
         if self.pyrt is not None:
             self._pyrt_configure(pid)
@@ -245,7 +259,9 @@ class Recorder:
                 self.notes.append(f"could not attach to {lib.path}: {e}")
                 continue
             if res.skipped:
-                self.notes.append(f"{os.path.basename(lib.path)}: not exported, skipped: {', '.join(res.skipped)}")
+                self.notes.append(
+                    f"{os.path.basename(lib.path)}: not exported, skipped: {', '.join(res.skipped)}"
+                )
             log.info("attached %d ops to %s", len(res.attached), lib.path)
 
     # --- the loop ------------------------------------------------------------------------------------------
@@ -417,14 +433,20 @@ class Recorder:
                 "ts_ns": self._rel(ev["ts_ns"]),
                 "kind": [events.PROC_KINDS[k] for k in ev["kind"].tolist()],
                 "pid": ev["pid"].astype(np.int32),
-                "ppid": [int(p) if k == 0 else None for k, p in zip(ev["kind"].tolist(), ev["ppid"].tolist(),
-                                                                    strict=True)],
-                "child": [int(c) if k == 0 else None for k, c in zip(ev["kind"].tolist(), ev["child"].tolist(),
-                                                                     strict=True)],
+                "ppid": [
+                    int(p) if k == 0 else None
+                    for k, p in zip(ev["kind"].tolist(), ev["ppid"].tolist(), strict=True)
+                ],
+                "child": [
+                    int(c) if k == 0 else None
+                    for k, c in zip(ev["kind"].tolist(), ev["child"].tolist(), strict=True)
+                ],
                 "comm": events.cstr(ev["comm"]),
                 "filename": [f or None for f in events.cstr(ev["filename"])],
-                "exit_code": [int(x) if k == 2 and x >= 0 else None for k, x in zip(
-                    ev["kind"].tolist(), ev["exit_code"].tolist(), strict=True)],
+                "exit_code": [
+                    int(x) if k == 2 and x >= 0 else None
+                    for k, x in zip(ev["kind"].tolist(), ev["exit_code"].tolist(), strict=True)
+                ],
             },
         )
 
@@ -473,14 +495,17 @@ class Recorder:
             )
         return sid
 
-    def _symbolize_native(self, pid: int, addrs: list[int]) -> list[tuple[str, str, str | None, str | None,
-                                                                          int | None]]:
+    def _symbolize_native(
+        self, pid: int, addrs: list[int]
+    ) -> list[tuple[str, str, str | None, str | None, int | None]]:
         """Return native frames outermost first."""
         out = []
         if self.symbolizer is not None:
             try:
                 for f in self.symbolizer.symbolize(pid, addrs):
-                    if f.module:  # an FP walk through a library without frame pointers ends in a stack address
+                    if (
+                        f.module
+                    ):  # an FP walk through a library without frame pointers ends in a stack address
                         out.append(("native", os.path.basename(f.module), f.function, f.file, f.line))
             except Exception as e:
                 log.debug("symbolize failed: %s", e)
@@ -519,8 +544,10 @@ class Recorder:
             self._kernel_name(int(p), int(f)) if launch else None
             for p, f, launch in zip(ev["pid"].tolist(), ev["func"].tolist(), is_launch.tolist(), strict=True)
         ]
-        stack_id = [self._stack_id(r, o) if r else None for r, o in zip(ev["stack_ref"].tolist(), ops.tolist(),
-                                                                        strict=True)]
+        stack_id = [
+            self._stack_id(r, o) if r else None
+            for r, o in zip(ev["stack_ref"].tolist(), ops.tolist(), strict=True)
+        ]
         self.store.put(
             "cuda_calls",
             {
@@ -529,7 +556,9 @@ class Recorder:
                 "pid": ev["pid"].astype(np.int32),
                 "tid": ev["tid"].astype(np.int32),
                 "op": pa.DictionaryArray.from_arrays(pa.array(ops), op_dict).cast(pa.string()),
-                "layer": pa.DictionaryArray.from_arrays(pa.array(layer_of[ops]), layer_dict).cast(pa.string()),
+                "layer": pa.DictionaryArray.from_arrays(pa.array(layer_of[ops]), layer_dict).cast(
+                    pa.string()
+                ),
                 "bytes": pa.array(ev["bytes"].astype(np.int64), mask=~has_bytes[ops]),
                 "kind": kind_names,
                 "stream": pa.array(ev["stream"], mask=~has_stream[ops]),
@@ -577,10 +606,16 @@ class Recorder:
         self.store.put(
             "host_samples",
             {
-                "ts_ns": [ts], "load1": [s.load1], "cpu_busy_pct": [s.cpu_busy_pct], "runnable": [s.runnable],
-                "mem_available_bytes": [s.mem_available_bytes], "swap_used_bytes": [s.swap_used_bytes],
-                "page_alloc_bytes": [int(d[0])], "target_page_alloc_bytes": [int(d[1])],
-                "page_faults": [int(d[2])], "ctx_switches": [int(d[3])],
+                "ts_ns": [ts],
+                "load1": [s.load1],
+                "cpu_busy_pct": [s.cpu_busy_pct],
+                "runnable": [s.runnable],
+                "mem_available_bytes": [s.mem_available_bytes],
+                "swap_used_bytes": [s.swap_used_bytes],
+                "page_alloc_bytes": [int(d[0])],
+                "target_page_alloc_bytes": [int(d[1])],
+                "page_faults": [int(d[2])],
+                "ctx_switches": [int(d[3])],
             },
         )
         self._drain_sched_aggs(before_sec=ts // 1_000_000_000 - 1)
@@ -603,22 +638,42 @@ class Recorder:
                 self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
 
     def _drain_sched_aggs(self, before_sec: int | None) -> None:
-        rows: dict[str, list[Any]] = {k: [] for k in ("sec", "pid", "tid", "switches", "preemptions",
-                                                     "off_cpu_ns", "runq_ns", "max_off_cpu_ns")}
+        rows: dict[str, list[Any]] = {
+            k: []
+            for k in (
+                "sec",
+                "pid",
+                "tid",
+                "switches",
+                "preemptions",
+                "off_cpu_ns",
+                "runq_ns",
+                "max_off_cpu_ns",
+            )
+        }
         tbl = self.bpf["sched_aggs"]
         done = []
         for k, v in tbl.items():
             if before_sec is not None and k.sec > before_sec:
                 continue
             done.append(k)
-            for name, val in (("sec", k.sec), ("pid", v.pid), ("tid", k.tid), ("switches", v.switches),
-                              ("preemptions", v.preemptions), ("off_cpu_ns", v.off_cpu_ns),
-                              ("runq_ns", v.runq_ns), ("max_off_cpu_ns", v.max_off_ns)):
+            for name, val in (
+                ("sec", k.sec),
+                ("pid", v.pid),
+                ("tid", k.tid),
+                ("switches", v.switches),
+                ("preemptions", v.preemptions),
+                ("off_cpu_ns", v.off_cpu_ns),
+                ("runq_ns", v.runq_ns),
+                ("max_off_cpu_ns", v.max_off_ns),
+            ):
                 rows[name].append(int(val))
         for k in done:
             del tbl[k]
         self.store.put("sched_stats", rows)
-        prow: dict[str, list[Any]] = {k: [] for k in ("sec", "pid", "comm", "is_target", "preemptions", "runq_ns")}
+        prow: dict[str, list[Any]] = {
+            k: [] for k in ("sec", "pid", "comm", "is_target", "preemptions", "runq_ns")
+        }
         ptbl = self.bpf["preempt_aggs"]
         pdone = []
         for k, v in ptbl.items():
@@ -674,11 +729,18 @@ class Recorder:
             if p.exit_ns is None and not targets.is_alive(p.pid) and status != "interrupted":
                 p.exit_ns = time.monotonic_ns() - self.start_mono
         procs = sorted(self.procs.values(), key=lambda p: (p.first_ns, p.pid))
-        self.store.put("processes", {
-            "pid": [p.pid for p in procs], "ppid": [p.ppid for p in procs], "comm": [p.comm for p in procs],
-            "cmdline": [p.cmdline for p in procs], "first_ns": [p.first_ns for p in procs],
-            "exit_ns": [p.exit_ns for p in procs], "exit_code": [p.exit_code for p in procs],
-        })
+        self.store.put(
+            "processes",
+            {
+                "pid": [p.pid for p in procs],
+                "ppid": [p.ppid for p in procs],
+                "comm": [p.comm for p in procs],
+                "cmdline": [p.cmdline for p in procs],
+                "first_ns": [p.first_ns for p in procs],
+                "exit_ns": [p.exit_ns for p in procs],
+                "exit_code": [p.exit_code for p in procs],
+            },
+        )
         duration = (time.monotonic_ns() - self.start_mono) / 1e9
         self.store.sync()
         traced = sum(o.calls for o in ops)
@@ -692,17 +754,42 @@ class Recorder:
         detach_in_background(self.bpf)
         if self.store.error:
             self.notes.append(f"write error: {self.store.error}")
-        return RecordSummary(self.opts.db, status, duration, traced, stored, lost, len(self.procs),
-                             [lib.path for lib in self.attached.values()], ops, self.notes)
+        return RecordSummary(
+            self.opts.db,
+            status,
+            duration,
+            traced,
+            stored,
+            lost,
+            len(self.procs),
+            [lib.path for lib in self.attached.values()],
+            ops,
+            self.notes,
+        )
 
     def _write_op_stats(self) -> list[OpSummary]:
         hist: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         for k, v in self.bpf["op_hist"].items():
             lo, hi = slot_bounds(k.slot)
             hist.setdefault((k.pid, k.op), []).append((lo, hi, int(v.value)))
-        rows: dict[str, list[Any]] = {k: [] for k in (
-            "pid", "op", "layer", "calls", "total_ns", "min_ns", "max_ns", "p50_ns", "p95_ns", "p99_ns", "bytes",
-            "sampled_fraction", "hist")}
+        rows: dict[str, list[Any]] = {
+            k: []
+            for k in (
+                "pid",
+                "op",
+                "layer",
+                "calls",
+                "total_ns",
+                "min_ns",
+                "max_ns",
+                "p50_ns",
+                "p95_ns",
+                "p99_ns",
+                "bytes",
+                "sampled_fraction",
+                "hist",
+            )
+        }
         per_op: dict[int, list[tuple[int, int, int]]] = {}
         per_op_calls: dict[int, int] = {}
         per_op_max: dict[int, int] = {}
@@ -726,14 +813,21 @@ class Recorder:
             per_op_max[k.op] = max(per_op_max.get(k.op, 0), int(v.max_ns))
         self.store.put("op_stats", rows)
         out = [
-            OpSummary(CATALOG[op].op, CATALOG[op].layer_name, per_op_calls[op], percentile(h, 0.5),
-                      percentile(h, 0.99), per_op_max[op])
+            OpSummary(
+                CATALOG[op].op,
+                CATALOG[op].layer_name,
+                per_op_calls[op],
+                percentile(h, 0.5),
+                percentile(h, 0.99),
+                per_op_max[op],
+            )
             for op, h in per_op.items()
         ]
         return sorted(out, key=lambda o: -o.calls)
 
-    def _write_session_row(self, status: str, duration: float = 0.0, traced: int = 0, stored: int = 0,
-                           lost: int = 0) -> None:
+    def _write_session_row(
+        self, status: str, duration: float = 0.0, traced: int = 0, stored: int = 0, lost: int = 0
+    ) -> None:
         env = environment() if not hasattr(self, "_env") else self._env
         self._env = env
         target = f"pid {self.opts.pid}" if self.opts.pid is not None else " ".join(self.opts.command or [])
@@ -744,9 +838,28 @@ class Recorder:
         self.store.execute("DELETE FROM session")
         self.store.execute(
             "INSERT INTO session VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [self.started_at, self.start_mono, duration, status, env.host, env.kernel, env.cpu_model,
-             env.cpu_cores, env.mem_bytes, env.gpus, env.driver, pyver, __version__, target, libs, traced, stored,
-             lost, None, "\n".join(self.notes)],
+            [
+                self.started_at,
+                self.start_mono,
+                duration,
+                status,
+                env.host,
+                env.kernel,
+                env.cpu_model,
+                env.cpu_cores,
+                env.mem_bytes,
+                env.gpus,
+                env.driver,
+                pyver,
+                __version__,
+                target,
+                libs,
+                traced,
+                stored,
+                lost,
+                None,
+                "\n".join(self.notes),
+            ],
         )
 
     def _write_chains(self) -> None:

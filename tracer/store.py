@@ -60,7 +60,9 @@ class Store:
             raise StoreError(f"cannot create {path}: {e}") from None
         for t in TABLES:
             self.conn.execute(t.ddl())
-        self.conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)])
+        self.conn.execute(
+            "INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)]
+        )
         self.rows_written: dict[str, int] = {}
         self._q: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
         self._closed = False

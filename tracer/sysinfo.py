@@ -52,7 +52,9 @@ def _gpus() -> tuple[str, str]:
     try:
         out = subprocess.run(
             [smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return "", ""

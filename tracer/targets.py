@@ -125,8 +125,11 @@ def usual_library_paths() -> list[str]:
     for sp in {p for p in sys.path if p.endswith("site-packages")} | set(
         glob.glob("/usr/local/lib/python3*/*-packages") + glob.glob("/opt/conda/lib/python3*/site-packages")
     ):
-        patterns += [f"{sp}/nvidia/*/lib/libcudart.so*", f"{sp}/nvidia/cu*/lib/libcudart.so*",
-                     f"{sp}/torch/lib/libcudart*.so*"]
+        patterns += [
+            f"{sp}/nvidia/*/lib/libcudart.so*",
+            f"{sp}/nvidia/cu*/lib/libcudart.so*",
+            f"{sp}/torch/lib/libcudart*.so*",
+        ]
     paths = [p for pat in patterns for p in glob.glob(pat)]
     paths += [p for p in _ldconfig_paths() if library_kind(p)]
     return paths
@@ -157,8 +160,10 @@ def check_library_arg(path: str) -> LibraryFile:
             raise TargetError(f"{path} is not an ELF shared library ({e})") from None
         kind = "cuda" if "cuLaunchKernel" in names else "cudart" if "cudaLaunchKernel" in names else None
     if kind is None:
-        raise TargetError(f"{path} exports no CUDA runtime or driver API functions",
-                          "--lib takes a libcudart.so* or libcuda.so* file")
+        raise TargetError(
+            f"{path} exports no CUDA runtime or driver API functions",
+            "--lib takes a libcudart.so* or libcuda.so* file",
+        )
     key = _file_key(real)
     assert key is not None
     return LibraryFile(real, kind, *key)
@@ -218,7 +223,9 @@ def descendants(root: int) -> list[int]:
 def check_pid(pid: int) -> None:
     """Raise TargetError unless ``pid`` is a living process."""
     if pid <= 0 or not is_alive(pid):
-        raise TargetError(f"no process with pid {pid}", "check the pid with `ps -ef` (the job may have exited)")
+        raise TargetError(
+            f"no process with pid {pid}", "check the pid with `ps -ef` (the job may have exited)"
+        )
     if pid == os.getpid():
         raise TargetError("the tracer cannot trace itself")
 

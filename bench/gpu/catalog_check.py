@@ -7,16 +7,22 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from probes.catalog import CATALOG, LIBRARY_PATTERNS  # noqa: E402
 import re  # noqa: E402
 
 import torch  # noqa: E402
 
+from probes.catalog import CATALOG, LIBRARY_PATTERNS  # noqa: E402
+
 x = torch.randn(256, 256, device="cuda")
 y = (x @ x).sum().item()  # cuBLAS GEMM + reduction + DtoH sync
 maps = Path("/proc/self/maps").read_text().splitlines()
-libs = sorted({line.split()[-1] for line in maps if "/" in line and ("libcud" in line or "libcublas" in line
-                                                                      or "libnccl" in line)})
+libs = sorted(
+    {
+        line.split()[-1]
+        for line in maps
+        if "/" in line and ("libcud" in line or "libcublas" in line or "libnccl" in line)
+    }
+)
 out = {"torch": torch.__version__, "cuda": torch.version.cuda, "mapped": libs, "exports": {}}
 for path in libs:
     base = Path(path).name

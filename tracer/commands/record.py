@@ -19,7 +19,11 @@ out = Console()
 
 def print_summary(s: RecordSummary) -> None:
     """Render the closing summary of a recording: per op calls, p50/p99, tail ratio; then the next commands."""
-    how = {"complete": "duration reached", "interrupted": "stopped by Ctrl-C", "target_exited": "target exited"}
+    how = {
+        "complete": "duration reached",
+        "interrupted": "stopped by Ctrl-C",
+        "target_exited": "target exited",
+    }
     err.print(
         f"[bold]recorded {s.duration_s:.1f} s[/] ({how.get(s.status, s.status)}): {s.events_traced:,} CUDA calls "
         f"traced, {s.events_stored:,} stored, {s.events_lost:,} lost, {s.processes} processes"
@@ -28,29 +32,46 @@ def print_summary(s: RecordSummary) -> None:
     for c in ("op", "layer", "calls", "p50 µs", "p99 µs", "max µs", "p99/p50"):
         t.add_column(c, justify="left" if c in ("op", "layer") else "right")
     for o in s.ops:
-        t.add_row(o.op, o.layer, f"{o.calls:,}", f"{o.p50_ns / 1e3:.1f}", f"{o.p99_ns / 1e3:.1f}",
-                  f"{o.max_ns / 1e3:.1f}", f"{o.tail_ratio:.1f}x")
+        t.add_row(
+            o.op,
+            o.layer,
+            f"{o.calls:,}",
+            f"{o.p50_ns / 1e3:.1f}",
+            f"{o.p99_ns / 1e3:.1f}",
+            f"{o.max_ns / 1e3:.1f}",
+            f"{o.tail_ratio:.1f}x",
+        )
     if s.ops:
         out.print(t)
     else:
         out.print("no CUDA calls were traced" + ("" if s.libraries else ": no CUDA library was loaded"))
     for n in s.notes:
         err.print(f"[yellow]note:[/] {n}", highlight=False)
-    err.print(f"\nnext: tracer stats --db {s.db}   ·   tracer chains --db {s.db}   ·   "
-              f"tracer mcp serve --db {s.db} --http :8090", highlight=False)
+    err.print(
+        f"\nnext: tracer stats --db {s.db}   ·   tracer chains --db {s.db}   ·   "
+        f"tracer mcp serve --db {s.db} --http :8090",
+        highlight=False,
+    )
 
 
 def record(
     ctx: typer.Context,
-    pid: Annotated[int | None, typer.Option("--pid", "-p", help="Attach to this running process and its children.")]
-    = None,
+    pid: Annotated[
+        int | None, typer.Option("--pid", "-p", help="Attach to this running process and its children.")
+    ] = None,
     db: Annotated[Path, typer.Option("--db", help="DuckDB file to write.")] = Path("trace.duckdb"),
     duration: Annotated[float | None, typer.Option("--duration", "-d", help="Stop after S seconds.")] = None,
-    lib: Annotated[list[str] | None, typer.Option("--lib", help="Extra libcudart/libcuda file to probe "
-                                                  "(repeatable).")] = None,
+    lib: Annotated[
+        list[str] | None, typer.Option("--lib", help="Extra libcudart/libcuda file to probe (repeatable).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --db file.")] = False,
-    max_events: Annotated[int, typer.Option("--max-events", help="Stored call rows per second before the busiest "
-                                            "ops are sampled (counts stay exact).")] = 20_000,
+    max_events: Annotated[
+        int,
+        typer.Option(
+            "--max-events",
+            help="Stored call rows per second before the busiest ops are sampled (counts stay exact).",
+        ),
+    ] = 20_000,
     no_python: Annotated[bool, typer.Option("--no-python-stacks", help="Do not walk Python frames.")] = False,
 ) -> None:
     """Record CUDA calls and host activity of a process tree into a DuckDB file.
@@ -63,8 +84,16 @@ def record(
     summary. One recording per file: an existing --db is refused unless --force.
     """
     command = list(ctx.args) or None
-    opts = RecordOptions(db=db, pid=pid, command=command, duration=duration, libs=lib or [], force=force,
-                         max_events_per_s=max_events, python_stacks=not no_python)
+    opts = RecordOptions(
+        db=db,
+        pid=pid,
+        command=command,
+        duration=duration,
+        libs=lib or [],
+        force=force,
+        max_events_per_s=max_events,
+        python_stacks=not no_python,
+    )
     live = sys.stderr.isatty()
 
     def status(msg: str) -> None:
@@ -99,12 +128,21 @@ def doctor() -> None:
     except ImportError:
         checks.append(("bcc importable", False, "run ./setup.sh"))
     rel = os.uname().release
-    checks.append((f"kernel headers for {rel}", os.path.exists(f"/lib/modules/{rel}/build"), "run ./setup.sh"))
-    checks.append(("kernel BTF (/sys/kernel/btf/vmlinux)", os.path.exists("/sys/kernel/btf/vmlinux"),
-                   "needed for Python frames and exit codes; use a kernel built with CONFIG_DEBUG_INFO_BTF"))
+    checks.append(
+        (f"kernel headers for {rel}", os.path.exists(f"/lib/modules/{rel}/build"), "run ./setup.sh")
+    )
+    checks.append(
+        (
+            "kernel BTF (/sys/kernel/btf/vmlinux)",
+            os.path.exists("/sys/kernel/btf/vmlinux"),
+            "needed for Python frames and exit codes; use a kernel built with CONFIG_DEBUG_INFO_BTF",
+        )
+    )
     for name, good, fix in checks:
         ok &= good
-        err.print(f"  {'[green]ok[/]' if good else '[red]missing[/]'}  {name}" + ("" if good else f"  → {fix}"))
+        err.print(
+            f"  {'[green]ok[/]' if good else '[red]missing[/]'}  {name}" + ("" if good else f"  → {fix}")
+        )
     if ok:
         check_environment()
         from tracer.program import ProgramOptions, compile_program
@@ -126,7 +164,9 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def demo(
-    db: Annotated[Path, typer.Option("--db", help="Where to write the demo recording.")] = Path("demo.duckdb"),
+    db: Annotated[Path, typer.Option("--db", help="Where to write the demo recording.")] = Path(
+        "demo.duckdb"
+    ),
     seconds: Annotated[float, typer.Option("--seconds", help="How long the demo job runs.")] = 12.0,
 ) -> None:
     """Record a fixture training job with the usual host-side problems, then print the investigation.
@@ -146,8 +186,21 @@ def demo(
     lib = FIXTURES / "build" / "libcudart.so.12"
     if not lib.exists():
         raise EnvironmentProblem("the stand-in CUDA libraries are not built", "run ./setup.sh")
-    cmd = [sys.executable, str(FIXTURES / "workloads" / "train.py"), "--duration", str(seconds), "--workers", "3",
-           "--epochs", "1000", "--steps", "20", "--respawn-workers", "--worker-cpu-ms", "8"]
+    cmd = [
+        sys.executable,
+        str(FIXTURES / "workloads" / "train.py"),
+        "--duration",
+        str(seconds),
+        "--workers",
+        "3",
+        "--epochs",
+        "1000",
+        "--steps",
+        "20",
+        "--respawn-workers",
+        "--worker-cpu-ms",
+        "8",
+    ]
     err.print(f"[bold]demo:[/] recording {' '.join(cmd[1:3])} for {seconds:.0f} s into {db}", highlight=False)
     opts = RecordOptions(db=db, command=cmd, force=True, libs=[str(lib), str(lib.with_name("libcuda.so.1"))])
     summary = Recorder(opts).run()
