@@ -121,6 +121,8 @@ def print_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> None:
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
         return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
     if isinstance(v, int):

@@ -61,6 +61,9 @@ class ProbeSpec:
     stream_arg: int = NO_ARG
     stream_deref: int = NO_ARG  # stream read from *(arg + stream_deref) (cuLaunchKernelEx's config)
     func_arg: int = NO_ARG  # launch function pointer / CUfunction
+    # A driver launch called from inside libcudart is recorded as this runtime op (see maps.h rt_ranges), so the
+    # runtime's own launch functions need no probe of their own: one trap per launch.
+    runtime_twin: str | None = None
 
     @property
     def layer_name(self) -> str:
@@ -198,7 +201,10 @@ CATALOG: tuple[ProbeSpec, ...] = (
     ),
     ProbeSpec("cuCtxSynchronize", "cuda", D, C.SYNC, ("cuCtxSynchronize",)),
     ProbeSpec("cuEventSynchronize", "cuda", D, C.SYNC, ("cuEventSynchronize",)),
-    ProbeSpec("cuGraphLaunch", "cuda", D, C.LAUNCH, ("cuGraphLaunch", "cuGraphLaunch_ptsz"), stream_arg=1),
+    ProbeSpec(
+        "cuGraphLaunch", "cuda", D, C.LAUNCH, ("cuGraphLaunch", "cuGraphLaunch_ptsz"), stream_arg=1,
+        runtime_twin="cudaGraphLaunch",
+    ),
 )
 
 OP_NAMES: tuple[str, ...] = tuple(s.op for s in CATALOG)
@@ -210,6 +216,10 @@ LIBRARY_PATTERNS: dict[str, str] = {
     "cudart": r"libcudart(-[0-9a-f]{8})?\.so(\.\d+)*$",
     "cuda": r"libcuda\.so(\.\d+)*$",
 }
+
+
+# Runtime ops whose calls the driver probes see and relabel; probed themselves only with --launch-probes both.
+DRIVER_COVERED: frozenset[str] = frozenset(s.runtime_twin for s in CATALOG if s.runtime_twin)
 
 
 def specs_for(library: str) -> list[tuple[int, ProbeSpec]]:

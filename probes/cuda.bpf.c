@@ -67,7 +67,7 @@ static __always_inline u64 call_arg(struct pt_regs *ctx, int n)
 }
 
 static __always_inline int on_entry(struct pt_regs *ctx, u16 op, int bytes_arg, int kind_arg, int fixed_kind,
-                                    int stream_arg, int stream_deref, int func_arg)
+                                    int stream_arg, int stream_deref, int func_arg, int rt_twin)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
@@ -79,7 +79,18 @@ static __always_inline int on_entry(struct pt_regs *ctx, u16 op, int bytes_arg, 
 
     struct inflight f = {};
     f.op = op;
+    f.probe_op = op;
     f.kind = 255;
+    if (rt_twin >= 0) {
+        /* at function entry the return address is at [sp]: called from inside libcudart = a runtime launch */
+        struct lib_range *r = rt_ranges.lookup(&tgid);
+        u64 ra = 0;
+        if (r) {
+            bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx));
+            if (ra >= r->lo && ra < r->hi)
+                f.op = rt_twin;
+        }
+    }
     if (bytes_arg >= 0)
         f.bytes = call_arg(ctx, bytes_arg);
     if (kind_arg >= 0)
@@ -174,13 +185,14 @@ static __always_inline int on_return(struct pt_regs *ctx, u16 op)
     struct inflight *f = inflight.lookup(&tid);
     if (!f)
         return 0;
-    if (f->op != op) {
+    if (f->probe_op != op) {
         /* a probed call nested inside the outer one on this thread */
         f->nested += 1;
         return 0;
     }
     u64 now = bpf_ktime_get_ns();
     u64 dur = now - f->ts_ns;
+    op = f->op;
     count_call(tgid, op, dur, f->bytes);
 
     u32 opi = op;

@@ -34,10 +34,8 @@ struct offcpu {
     u64 ts_out;
     u64 ts_runnable;
     u32 tgid;
-    u32 by_pid;
     u8 reason;
-    u8 _pad[7];
-    char by_comm[16];
+    u8 _pad[3];
 };
 /* key: tid; value: the thread's current off-CPU interval. MAX_THREADS: one per target thread. */
 BPF_HASH(offcpu, u32, struct offcpu, MAX_THREADS);
@@ -132,8 +130,6 @@ TRACEPOINT_PROBE(sched, sched_switch)
         if ((st & 0xff) == 0) { /* TASK_RUNNING (or TASK_REPORT_MAX for a preemption): still runnable */
             o.reason = SCHED_PREEMPTED;
             o.ts_runnable = now;
-            o.by_pid = args->next_pid;
-            bpf_probe_read_kernel(o.by_comm, sizeof(o.by_comm), args->next_comm);
         } else {
             o.reason = (st & 2) ? SCHED_IO : SCHED_SLEEP; /* TASK_UNINTERRUPTIBLE = 2 */
         }
@@ -205,10 +201,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
         e.reason = o->reason;
         e.in_call = f != 0;
         bpf_probe_read_kernel(e.comm, sizeof(e.comm), args->next_comm);
-        if (o->reason == SCHED_PREEMPTED) {
-            e.by_pid = o->by_pid;
-            __builtin_memcpy(e.by_comm, o->by_comm, sizeof(e.by_comm));
-        } else if (runq) {
+        /* Who kept the thread waiting: the task that had this CPU until the thread got it back, as a process id
+         * (tgid), the same task the preemptors table charges. (The task that took the CPU at the preemption is
+         * known only by its thread id and is often a short kernel thread before the real competitor.) */
+        if (runq) {
             e.by_pid = prev_tgid;
             bpf_probe_read_kernel(e.by_comm, sizeof(e.by_comm), args->prev_comm);
         }
@@ -253,6 +249,11 @@ TRACEPOINT_PROBE(task, task_newtask)
     u32 child = args->pid;
     u8 one = 1;
     targets.update(&child, &one);
+    struct lib_range *r = rt_ranges.lookup(&parent);
+    if (r) {
+        struct lib_range copy = *r;
+        rt_ranges.update(&child, &copy);
+    }
 #ifdef WITH_PYFRAMES
     pycfg_on_fork(parent, child);
 #endif
@@ -306,6 +307,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     bpf_get_current_comm(e.comm, sizeof(e.comm));
     emit_proc(&e);
     targets.delete(&tgid);
+    rt_ranges.delete(&tgid);
 #ifdef WITH_PYFRAMES
     pycfg_on_exit(tgid);
 #endif

@@ -15,6 +15,8 @@ struct lib_open_event {
     u32 pid;
     u32 tid;
     char path[LIB_PATH_MAX];
+    u32 is_runtime; /* the name is libcudart*: its first mmap gives the process's rt_ranges entry */
+    u32 _pad;
 };
 
 BPF_RINGBUF_OUTPUT(libload_rb, 16); /* 64 KiB: library opens are a handful per process */
@@ -22,6 +24,10 @@ BPF_RINGBUF_OUTPUT(libload_rb, 16); /* 64 KiB: library opens are a handful per p
  * libraries by target threads. */
 BPF_HASH(lib_opening, u32, struct lib_open_event, 4096);
 BPF_PERCPU_ARRAY(lib_scratch, struct lib_open_event, 1);
+/* key: tgid; value: fd of a libcudart it just opened, until ld.so maps it. */
+BPF_HASH(cudart_fd, u32, u32, 4096);
+/* key: tid; value: length of an mmap of that fd in progress. */
+BPF_HASH(mmap_pending, u32, u64, 4096);
 /* index 0: 1 while the gate is on (user space turns it off with --no-lib-gate). */
 BPF_ARRAY(cfg_libgate, u32, 1);
 
@@ -40,16 +46,20 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
     if (n <= 0)
         return 0;
     /* "libcud" at the start or right after a '/': branch-free per position, so the verifier walks one path */
-    u32 hit = 0;
+    u32 hit = 0, rt = 0;
     char *p = e->path;
-    hit |= ((p[0] ^ 'l') | (p[1] ^ 'i') | (p[2] ^ 'b') | (p[3] ^ 'c') | (p[4] ^ 'u') | (p[5] ^ 'd')) == 0;
-    for (int i = 0; i < LIB_PATH_MAX - 8; i++) {
+    u32 x0 = (p[0] ^ 'l') | (p[1] ^ 'i') | (p[2] ^ 'b') | (p[3] ^ 'c') | (p[4] ^ 'u') | (p[5] ^ 'd');
+    hit |= x0 == 0;
+    rt |= (x0 | (p[6] ^ 'a') | (p[7] ^ 'r') | (p[8] ^ 't')) == 0;
+    for (int i = 0; i < LIB_PATH_MAX - 11; i++) {
         u32 x = (p[i] ^ '/') | (p[i + 1] ^ 'l') | (p[i + 2] ^ 'i') | (p[i + 3] ^ 'b') | (p[i + 4] ^ 'c') |
                 (p[i + 5] ^ 'u') | (p[i + 6] ^ 'd');
         hit |= x == 0;
+        rt |= (x | (p[i + 7] ^ 'a') | (p[i + 8] ^ 'r') | (p[i + 9] ^ 't')) == 0;
     }
     if (!hit)
         return 0;
+    e->is_runtime = rt;
     e->pid = tgid;
     e->tid = tid;
     lib_opening.update(&tid, e);
@@ -63,9 +73,42 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     if (!e)
         return 0;
     if (args->ret >= 0) {
+        if (e->is_runtime) {
+            u32 fd = args->ret;
+            cudart_fd.update(&e->pid, &fd);
+        }
         libload_rb.ringbuf_output(e, sizeof(*e), 0);
         bpf_send_signal(SIGSTOP_NR);
     }
     lib_opening.delete(&tid);
+    return 0;
+}
+
+/* ld.so's first mmap of a library reserves its whole span; that span becomes the process's rt_ranges entry. */
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u32 *fd = cudart_fd.lookup(&tgid);
+    if (!fd || (u64)*fd != (u64)args->fd || args->off != 0)
+        return 0;
+    u64 len = args->len;
+    mmap_pending.update(&tid, &len);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u64 *len = mmap_pending.lookup(&tid);
+    if (!len)
+        return 0;
+    if (args->ret > 0 && (args->ret & 0xfff) == 0) {
+        struct lib_range r = {.lo = (u64)args->ret, .hi = (u64)args->ret + *len};
+        rt_ranges.update(&tgid, &r);
+        cudart_fd.delete(&tgid);
+    }
+    mmap_pending.delete(&tid);
     return 0;
 }

@@ -25,13 +25,24 @@ struct inflight {
     u64 off_cpu_ns;
     u64 runq_ns;
     u32 nested;
-    u16 op;
+    u16 op;       /* the op recorded (a driver launch called from the runtime records the runtime op) */
+    u16 probe_op; /* the op whose probe made this entry: its return probe closes it */
     u8 kind;
-    u8 _pad;
+    u8 _pad[7];
 };
 
 /* key: tid; value: the outermost probed call in flight. MAX_THREADS: one call in flight per thread. */
 BPF_HASH(inflight, u32, struct inflight, MAX_THREADS);
+
+/* Address span of the libcudart mapped in a process. A driver launch whose return address lies inside it was
+ * made by the runtime, so it is recorded as the runtime op without a second uprobe on the runtime (one trap per
+ * launch). key: tgid; value: [lo, hi). Set from /proc/PID/maps at attach and by libload.bpf.c at mmap time;
+ * copied to forked children. */
+struct lib_range {
+    u64 lo;
+    u64 hi;
+};
+BPF_HASH(rt_ranges, u32, struct lib_range, MAX_TARGETS);
 
 /* Ring-buffer drops, counted in kernel because bcc's ring buffer has no lost callback (bcc#3476).
  * index: LOST_CALLS, LOST_STACKS, LOST_SCHED, LOST_PROC. */

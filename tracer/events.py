@@ -70,6 +70,7 @@ STACK_HEADER_DTYPE = np.dtype(
         ("py_status", "<u2"),
     ]
 )
+KNAME_DTYPE = np.dtype([("handle", "<u8"), ("pid", "<u4"), ("_pad", "<u4"), ("name", "S192")])
 PY_FRAME_DTYPE = np.dtype([("code", "<u8"), ("lasti", "<u4"), ("_pad", "<u4")])
 
 SCHED_REASONS = ("preempted", "sleep", "io")
@@ -148,4 +149,5 @@ class StackBuffer:
 
 def cstr(a: np.ndarray) -> list[str]:
     """Decode an array of NUL-padded byte strings (dtype S*) to Python strings."""
-    return [s.decode(errors="replace") for s in a.tolist()]
+    # up to the first NUL: BPF string reads leave stale bytes of a reused scratch buffer after it
+    return [s.split(b"\0", 1)[0].decode(errors="replace") for s in a.tolist()]

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.catalog import CATALOG, OP_COUNT_MAX, ProbeSpec, specs_for
+from probes.catalog import CATALOG, OP_COUNT_MAX, OP_IDS, ProbeSpec, specs_for
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,7 @@ PROBES_DIR = Path(__file__).resolve().parent.parent / "probes"
 
 
 def _stub(op_id: int, spec: ProbeSpec) -> str:
+    twin = OP_IDS[spec.runtime_twin] if spec.runtime_twin else -1
     args = (
         spec.bytes_arg,
         spec.kind_arg,
@@ -29,6 +30,7 @@ def _stub(op_id: int, spec: ProbeSpec) -> str:
         spec.stream_arg,
         spec.stream_deref,
         spec.func_arg,
+        twin,
     )
     argl = ", ".join(str(int(a)) for a in args)
     return (
@@ -63,7 +65,7 @@ def program_text(with_pyframes: bool) -> str:
     """Return the full BPF C text: the probe sources plus one entry/return function pair per catalog op."""
     seen: set[str] = set()
     parts = [
-        _inline_includes(PROBES_DIR / name, seen) for name in ("cuda.bpf.c", "host.bpf.c", "libload.bpf.c")
+        _inline_includes(PROBES_DIR / name, seen) for name in ("cuda.bpf.c", "host.bpf.c", "libload.bpf.c", "kernel_names.bpf.c")
     ]
     parts += [_stub(i, s) for i, s in enumerate(CATALOG)]
     return "\n".join(parts) + "\n"
@@ -106,6 +108,10 @@ def compile_program(opts: ProgramOptions):
     return BPF(text=program_text(opts.with_pyframes), cflags=cflags(opts))
 
 
+# Driver functions that hand out launch handles with the kernel's name (probes/kernel_names.bpf.c).
+KERNEL_NAME_SYMBOLS = frozenset({"cuModuleGetFunction", "cuLibraryGetKernel"})
+
+
 @dataclass
 class AttachResult:
     path: str
@@ -113,7 +119,7 @@ class AttachResult:
     skipped: list[str] = field(default_factory=list)  # ops whose symbols the file does not export
 
 
-def attach_library(bpf, path: str, library: str, entry_only: frozenset[str] = frozenset()) -> AttachResult:
+def attach_library(bpf, path: str, library: str, skip: frozenset[str] = frozenset()) -> AttachResult:
     """Attach entry/return uprobes for every catalog op of ``library`` found in the file at ``path``.
 
     A symbol the file does not export is skipped, not an error: real libraries differ by version. Variants
@@ -125,15 +131,20 @@ def attach_library(bpf, path: str, library: str, entry_only: frozenset[str] = fr
     exported = exported_functions(path)
     res = AttachResult(path)
     for _op_id, spec in specs_for(library):
+        if spec.op in skip:
+            continue
         found = [s for s in spec.symbols if s in exported]
         if not found:
             res.skipped.append(spec.op)
             continue
         for sym in found:
             bpf.attach_uprobe(name=path, sym=sym, fn_name=f"entry_{spec.op}")
-            if spec.op not in entry_only:
-                bpf.attach_uretprobe(name=path, sym=sym, fn_name=f"return_{spec.op}")
+            bpf.attach_uretprobe(name=path, sym=sym, fn_name=f"return_{spec.op}")
         res.attached.append(spec.op)
+    if library == "cuda":
+        for sym in KERNEL_NAME_SYMBOLS & exported:
+            bpf.attach_uprobe(name=path, sym=sym, fn_name="kname_entry")
+            bpf.attach_uretprobe(name=path, sym=sym, fn_name="kname_return")
     return res
 
 

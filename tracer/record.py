@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from probes.catalog import CATALOG, MEMCPY_KIND_NAMES, NO_ARG, OP_NAMES, OpClass
+from probes.catalog import CATALOG, DRIVER_COVERED, MEMCPY_KIND_NAMES, NO_ARG, OP_NAMES, OpClass
 from tracer import __version__, events, targets
 from tracer.errors import EnvironmentProblem, TargetError, UsageError
 from tracer.hist import percentile, slot_bounds
@@ -63,6 +63,7 @@ class RecordOptions:
     force: bool = False
     max_events_per_s: int = 20_000  # stored cuda_calls rows per second before sampling kicks in
     python_stacks: bool = True
+    launch_probes: str = "driver"  # "driver": one trap per launch; "both": also probe the runtime's launch calls
     sched_sample_every: int = SCHED_SAMPLE_EVERY
     status: bool = True
 
@@ -149,7 +150,8 @@ class Recorder:
         self.attached: dict[tuple[int, int], targets.LibraryFile] = {}
         self.stack_ids: dict[Any, int] = {}  # dedup key -> stack_id
         self.ref_frames: dict[int, tuple[Any, ...]] = {}  # BPF stack_ref -> frames, until its call arrives
-        self.kernel_names: dict[tuple[int, int], str | None] = {}
+        self.kernel_names: dict[tuple[int, int], str | None] = {}  # (pid, func) -> name, cache
+        self.handle_names: dict[tuple[int, int], str] = {}  # (pid, CUfunction/CUkernel) -> name, from probes
         self.stored_per_op = np.zeros(len(CATALOG), dtype=np.int64)
         self.stop_reason: str | None = None
         self.child: int | None = None
@@ -238,6 +240,7 @@ class Recorder:
         for pid, p in list(self.procs.items()):
             if p.exit_ns is None:
                 found += targets.libraries_mapped(pid)
+                self._set_runtime_range(pid)
         if not self._scanned_usual:
             self._scanned_usual = True
             extra = []
@@ -247,21 +250,37 @@ class Recorder:
             found += targets.resolve_libraries(targets.usual_library_paths() + extra)
         self._attach(found)
 
+    def _set_runtime_range(self, pid: int) -> None:
+        """Tell BPF where libcudart is mapped in ``pid`` (driver launches from there are runtime launches)."""
+        span = targets.runtime_span(pid)
+        if span:
+            self.bpf["rt_ranges"][ct.c_uint32(pid)] = self.bpf["rt_ranges"].Leaf(*span)
+
     def _attach(self, found: list[targets.LibraryFile]) -> None:
-        for lib in found:
+        """Attach to each new library file; driver files first, and a runtime's driver along with it."""
+        new = [lib for lib in found if (lib.dev, lib.ino) not in self.attached]
+        for lib in [x for x in new if x.kind == "cudart"]:
+            # libcudart dlopens libcuda.so.1 at CUDA init: attach it now, so the runtime's launches are seen
+            # (and relabelled) by the driver probes alone
+            new += targets.driver_for(lib.path)
+        new.sort(key=lambda x: x.kind != "cuda")
+        for lib in new:
             key = (lib.dev, lib.ino)
             if key in self.attached:
                 continue
-            self.attached[key] = lib
+            skip: frozenset[str] = frozenset()
+            if lib.kind == "cudart" and self.opts.launch_probes == "driver" and self._driver_attached:
+                skip = DRIVER_COVERED
             try:
-                res = attach_library(self.bpf, lib.path, lib.kind)
+                res = attach_library(self.bpf, lib.path, lib.kind, skip=skip)
             except Exception as e:
                 self.notes.append(f"could not attach to {lib.path}: {e}")
                 continue
+            self.attached[key] = lib
+            if lib.kind == "cuda" and "cuLaunchKernel" in res.attached:
+                self._driver_attached = True
             if res.skipped:
-                self.notes.append(
-                    f"{os.path.basename(lib.path)}: not exported, skipped: {', '.join(res.skipped)}"
-                )
+                self.notes.append(f"{os.path.basename(lib.path)}: not exported, skipped: {', '.join(res.skipped)}")
             log.info("attached %d ops to %s", len(res.attached), lib.path)
 
     # --- the loop ------------------------------------------------------------------------------------------
@@ -288,10 +307,44 @@ class Recorder:
         except ImportError:
             self.symbolizer = None
         self._configure_maps()
-        self.store = Store(self.opts.db, force=self.opts.force)
-        self._write_session_row("recording")
-
+        self.calls = events.RawBuffer(events.CALL_DTYPE)
+        self.sched = events.RawBuffer(events.SCHED_DTYPE)
+        self.proc = events.RawBuffer(events.PROC_DTYPE)
+        self.knames = events.RawBuffer(events.KNAME_DTYPE)
+        self.stacks = events.StackBuffer()
+        self.lib_opens: list[tuple[int, str]] = []
+        self.bpf["calls"].open_ring_buffer(self.calls.callback)
+        self.bpf["sched_rb"].open_ring_buffer(self.sched.callback)
+        self.bpf["proc_rb"].open_ring_buffer(self.proc.callback)
+        self.bpf["stacks_rb"].open_ring_buffer(self.stacks.callback)
+        self.bpf["libload_rb"].open_ring_buffer(self._on_lib_open)
+        self.bpf["knames_rb"].open_ring_buffer(self.knames.callback)
+        self.sampler = ProcSampler()
         self._scanned_usual = False
+        self._driver_attached = False
+
+        self.store = Store(self.opts.db, force=self.opts.force)
+        # From here on every way out (Ctrl-C, the target exiting, an error) goes through finish().
+        old_int = signal.signal(signal.SIGINT, self._on_sigint)
+        old_term = signal.signal(signal.SIGTERM, self._on_sigint)
+        try:
+            self._write_session_row("recording")
+            self._attach_targets()
+            self._read_host_counters()
+            self._release_command()
+            self._loop()
+        finally:
+            # Ctrl-C from here on must not cut the flush short: the DB is written in full first.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            try:
+                summary = self.finish(self.stop_reason or "failed")
+            finally:
+                signal.signal(signal.SIGINT, old_int)
+                signal.signal(signal.SIGTERM, old_term)
+        return summary
+
+    def _attach_targets(self) -> None:
         if self.opts.pid is not None:
             for pid in targets.descendants(self.opts.pid):
                 self._add_target(pid)
@@ -304,50 +357,23 @@ class Recorder:
         if not self.attached:
             self._status("no CUDA library found yet in the target; waiting for one to be loaded...")
 
-        self.calls = events.RawBuffer(events.CALL_DTYPE)
-        self.sched = events.RawBuffer(events.SCHED_DTYPE)
-        self.proc = events.RawBuffer(events.PROC_DTYPE)
-        self.stacks = events.StackBuffer()
-        self.bpf["calls"].open_ring_buffer(self.calls.callback)
-        self.bpf["sched_rb"].open_ring_buffer(self.sched.callback)
-        self.bpf["proc_rb"].open_ring_buffer(self.proc.callback)
-        self.bpf["stacks_rb"].open_ring_buffer(self.stacks.callback)
-        self.lib_opens: list[tuple[int, str]] = []
-        self.bpf["libload_rb"].open_ring_buffer(self._on_lib_open)
-        self.sampler = ProcSampler()
-        self._read_host_counters()
-
-        old_int = signal.signal(signal.SIGINT, self._on_sigint)
-        old_term = signal.signal(signal.SIGTERM, self._on_sigint)
-        self._release_command()
+    def _loop(self) -> None:
         deadline = time.monotonic() + self.opts.duration if self.opts.duration else None
         next_tick = time.monotonic() + 1.0
-        try:
-            while not self._interrupted:
-                self.bpf.ring_buffer_poll(POLL_MS)
-                self._drain()
-                now = time.monotonic()
-                if now >= next_tick:
-                    next_tick = now + 1.0
-                    self._tick()
-                if deadline and now >= deadline:
-                    self.stop_reason = "complete"
-                    break
-                if self._tree_exited():
-                    self.stop_reason = "target_exited"
-                    break
-            if self._interrupted:
-                self.stop_reason = "interrupted"
-        finally:
-            # Ctrl-C from here on must not cut the flush short: the DB is written in full first.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            try:
-                summary = self.finish(self.stop_reason or "failed")
-            finally:
-                signal.signal(signal.SIGINT, old_int)
-                signal.signal(signal.SIGTERM, old_term)
-        return summary
+        while not self._interrupted:
+            self.bpf.ring_buffer_poll(POLL_MS)
+            self._drain()
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + 1.0
+                self._tick()
+            if deadline and now >= deadline:
+                self.stop_reason = "complete"
+                return
+            if self._tree_exited():
+                self.stop_reason = "target_exited"
+                return
+        self.stop_reason = "interrupted"
 
     def _on_sigint(self, _sig: int, _frame: Any) -> None:
         self._interrupted = True
@@ -397,6 +423,7 @@ class Recorder:
 
     def _drain(self) -> None:
         self._handle_lib_opens()
+        self._handle_knames(self.knames.drain())
         self._handle_proc(self.proc.drain())
         for rec in self.stacks.drain():
             self._handle_stack(rec)
@@ -408,7 +435,7 @@ class Recorder:
             return
         for e in ev:
             kind, pid, ts = int(e["kind"]), int(e["pid"]), int(e["ts_ns"]) - self.start_mono
-            comm = e["comm"].decode(errors="replace")
+            comm = bytes(e["comm"]).split(b"\0", 1)[0].decode(errors="replace")
             if kind == 0:  # fork
                 parent = self.procs.get(int(e["ppid"]))
                 cmd = targets.proc_cmdline(pid) or (parent.cmdline if parent else "")
@@ -419,7 +446,7 @@ class Recorder:
                 p = self.procs[pid]
                 if kind == 1:  # exec
                     p.comm = comm
-                    p.cmdline = targets.proc_cmdline(pid) or e["filename"].decode(errors="replace")
+                    p.cmdline = targets.proc_cmdline(pid) or bytes(e["filename"]).split(b"\0", 1)[0].decode(errors="replace")
                     if self.pyrt is not None:
                         self._pyrt_configure(pid)
                 elif kind == 2:
@@ -515,11 +542,30 @@ class Recorder:
         out.reverse()
         return out
 
+    def _handle_knames(self, ev: np.ndarray) -> None:
+        """Remember launch handles named by cuModuleGetFunction / cuLibraryGetKernel."""
+        if len(ev) == 0:
+            return
+        from tracer.symbolize import demangle
+
+        pids, handles = ev["pid"].tolist(), ev["handle"].tolist()
+        names = [demangle(n) for n in events.cstr(ev["name"])]
+        for pid, handle, name in zip(pids, handles, names, strict=True):
+            self.handle_names[(pid, handle)] = name
+            self.kernel_names.pop((pid, handle), None)
+        self.store.put("kernel_names", {"pid": pids, "func": handles, "name": names})
+
     def _kernel_name(self, pid: int, func: int) -> str | None:
+        """Name of a launch target: a named driver handle (here or in an ancestor, for forked workers), else the
+        host stub symbol the runtime was given."""
         key = (pid, func)
         if key not in self.kernel_names:
             name = None
-            if self.symbolizer is not None and func:
+            p: int | None = pid
+            while p and name is None:
+                name = self.handle_names.get((p, func))
+                p = self.procs[p].ppid if p in self.procs else None
+            if name is None and self.symbolizer is not None and func:
                 try:
                     name = self.symbolizer.kernel_name(pid, func)
                 except Exception:

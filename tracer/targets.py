@@ -104,6 +104,32 @@ def libraries_mapped(pid: int) -> list[LibraryFile]:
     return out
 
 
+def runtime_span(pid: int) -> tuple[int, int] | None:
+    """Return the [lo, hi) address span of the libcudart mapped in ``pid``, or None."""
+    lo = hi = None
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and library_kind(parts[5].strip()) == "cudart":
+                    a, b = (int(x, 16) for x in parts[0].split("-"))
+                    lo = a if lo is None else min(lo, a)
+                    hi = b if hi is None else max(hi, b)
+    except OSError:
+        return None
+    return (lo, hi) if lo is not None and hi is not None else None
+
+
+def driver_for(runtime_path: str) -> list[LibraryFile]:
+    """Return the libcuda a runtime at ``runtime_path`` will load: beside it (RPATH $ORIGIN installs), else from
+    the usual places."""
+    here = [str(p) for p in Path(runtime_path).parent.glob("libcuda.so*")]
+    libs = [x for x in resolve_libraries(here) if x.kind == "cuda"]
+    if libs:
+        return libs
+    return [x for x in resolve_libraries(usual_library_paths()) if x.kind == "cuda"]
+
+
 def _ldconfig_paths() -> list[str]:
     try:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=5).stdout

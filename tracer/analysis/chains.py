@@ -90,6 +90,9 @@ ALLOC_MIN_CALLS = 1000
 ALLOC_RATE_MIN = 20.0
 ALLOC_SHARE_MEDIUM = 0.02
 ALLOC_SHARE_HIGH = 0.10
+# Shares and rates of a pid are over its CUDA-active span, but at least 1 s (a handful of calls in a few ms
+# is no rate).
+ACTIVE_FLOOR_NS = 1 * S
 
 
 class CausalChain(Record):
@@ -139,6 +142,8 @@ class ChainContext:
     comms: dict[int, str] = field(default_factory=dict)
     # (pid, op) -> (layer, calls, total_ns, p50_ns, p99_ns)
     ops: dict[tuple[int, str], tuple[str, int, int, float, float]] = field(default_factory=dict)
+    # pid -> (its first CUDA call, its exit or the session end): the span the pid was doing CUDA work
+    active: dict[int, tuple[int, int]] = field(default_factory=dict)
     _frames: dict[int, str] = field(default_factory=dict)
 
     @classmethod
@@ -173,7 +178,24 @@ class ChainContext:
         if ctx.duration_ns <= 0:
             end = conn.execute("SELECT max(ts_ns + dur_ns) FROM cuda_calls").fetchone()
             ctx.duration_ns = int(end[0] or 0) if end else 0
+        for p, t0, t1 in conn.execute(
+            "SELECT c.pid, min(c.ts_ns), greatest(max(c.ts_ns + c.dur_ns), any_value(coalesce(p.exit_ns, ?))) "
+            "FROM cuda_calls c LEFT JOIN processes p ON p.pid = c.pid GROUP BY c.pid",
+            [ctx.duration_ns],
+        ).fetchall():
+            ctx.active[p] = (int(t0), int(t1) if t1 else ctx.duration_ns)
         return ctx
+
+    def active_ns(self, pid: int) -> int:
+        """Return how long pid was doing CUDA work (first call to exit/session end), at least ACTIVE_FLOOR_NS.
+
+        Shares and rates are of this span, not of the session: a session also holds the time before the
+        target's first CUDA call (attach, imports, data loading) and after its last, in which no sync or
+        allocation could have happened, and a short job in a long recording would never reach a share."""
+        span = self.active.get(pid)
+        if not span or self.duration_ns <= 0:
+            return self.duration_ns
+        return min(self.duration_ns, max(span[1] - span[0], ACTIVE_FLOOR_NS))
 
     def slow_threshold_ns(self, pid: int, op: str) -> int:
         p50 = self.ops.get((pid, op), ("", 0, 0, 0.0, 0.0))[3]
@@ -192,14 +214,31 @@ class ChainContext:
         return self.frame_of(r[0]) if r else None
 
     def frame_of(self, stack_id: int) -> str | None:
+        """Return 'file:line function' of the stack's innermost Python frame in the user's own code.
+
+        Library frames (site-packages, the stdlib) are skipped. When no library frame sits above the C call,
+        the innermost file is the binding that made it (a ctypes wrapper such as FakeCuda.call): if a caller
+        in another file exists, that caller is the code site, not the wrapper."""
         if stack_id not in self._frames:
-            f = self.conn.execute(
+            frames = self.conn.execute(
                 "SELECT file, line, function FROM stacks WHERE stack_id = ? AND kind = 'python' "
-                "ORDER BY depth DESC LIMIT 1",
+                "ORDER BY depth DESC",
                 [stack_id],
-            ).fetchone()
+            ).fetchall()
+            user = [f for f in frames if not _is_library(f[0])] or frames
+            if user and frames and user[0][0] == frames[0][0]:
+                callers = [f for f in user if f[0] != user[0][0]]
+                user = callers or user
+            f = user[0] if user else None
             self._frames[stack_id] = f"{f[0]}:{f[1]} {f[2]}" if f else ""
         return self._frames[stack_id] or None
+
+
+_LIBRARY_PARTS = ("site-packages", "dist-packages", "<frozen", "/lib/python3")
+
+
+def _is_library(path: str | None) -> bool:
+    return not path or any(p in path for p in _LIBRARY_PARTS)
 
 
 def _chain(
@@ -369,18 +408,28 @@ def sync_stall(ctx: ChainContext) -> list[CausalChain]:
     dur_s = ctx.duration_ns / S if ctx.duration_ns else 0.0
     if dur_s <= 0:
         return out
+    by_pid: dict[int, list[str]] = {}
     for pid, op in _pid_ops(ctx, _is_sync):
-        layer, calls, total, p50, p99 = ctx.ops[(pid, op)]
+        layer = ctx.ops[(pid, op)][0]
         if layer == "driver" and any(
             p == pid and _is_sync(o) and ctx.ops[(p, o)][0] == "runtime" for p, o in ctx.ops
         ):
             continue  # the driver sync under a runtime sync is the same wait: count it once
-        share = total / ctx.duration_ns
-        rate = calls / dur_s
+        by_pid.setdefault(pid, []).append(op)
+    for pid, sync_ops in by_pid.items():
+        # The thread blocks in every kind of sync alike (stream, device, event): judge the pid on all of them
+        # together, and name the op it waited in longest.
+        op = max(sync_ops, key=lambda o: ctx.ops[(pid, o)][2])
+        _, _, _, p50, p99 = ctx.ops[(pid, op)]
+        calls = sum(ctx.ops[(pid, o)][1] for o in sync_ops)
+        total = sum(ctx.ops[(pid, o)][2] for o in sync_ops)
+        active = ctx.active_ns(pid)
+        share = total / active
+        rate = calls / (active / S)
         r = ctx.conn.execute(
             "SELECT count(*), sum(dur_ns), sum(off_cpu_ns), sum(runq_ns), min(ts_ns), max(ts_ns + dur_ns) "
-            "FROM cuda_calls WHERE pid = ? AND op = ?",
-            [pid, op],
+            f"FROM cuda_calls WHERE pid = ? AND op IN ({', '.join('?' * len(sync_ops))})",
+            [pid, *sync_ops],
         ).fetchone()
         if not r or not r[0] or not r[1]:
             continue
@@ -392,9 +441,13 @@ def sync_stall(ctx: ChainContext) -> list[CausalChain]:
             calls_per_s=round(rate, 1),
             time_in_syncs_s=round(total / S, 2),
             share_of_session=round(share, 3),
+            active_s=round(active / S, 2),
             blocked_share_of_sync_time=round(sleep_share, 3),
             runq_share_of_sync_time=round((srunq or 0) / sdur, 3),
             stored_calls=int(n),
+            per_op={
+                o: dict(calls=ctx.ops[(pid, o)][1], total_ms=round(ctx.ops[(pid, o)][2] / 1e6, 1)) for o in sync_ops
+            },
             code_site=site,
         )
         where = f" at {site}" if site else ""
@@ -412,7 +465,7 @@ def sync_stall(ctx: ChainContext) -> list[CausalChain]:
                     impact_ns=total,
                     summary=(
                         f"pid {pid} ({ctx.comm(pid)}) calls {op} {rate:.0f} times/s{where} and spends {share:.0%} of "  # noqa: E501
-                        f"the session blocked in it (median {p50 / 1e3:.0f} µs each)."
+                        f"its CUDA-active time blocked in it (median {p50 / 1e3:.0f} µs each)."
                     ),
                     evidence=ev,
                     recommendations=[
@@ -420,7 +473,7 @@ def sync_stall(ctx: ChainContext) -> list[CausalChain]:
                         f"torch.cuda.synchronize() each block until the GPU drains ({rate:.0f}/s here).",
                         "Accumulate metrics on the GPU and read them once every N steps; use non_blocking=True copies "  # noqa: E501
                         "with pinned memory instead of synchronous ones.",
-                        f"Expected gain: up to {total / S:.1f} s of the {dur_s:.0f} s session the thread now spends "  # noqa: E501
+                        f"Expected gain: up to {total / S:.1f} s of the {active / S:.0f} s of CUDA work the thread now spends "  # noqa: E501
                         f"waiting in {op}.",
                     ],
                 )
@@ -437,7 +490,7 @@ def sync_stall(ctx: ChainContext) -> list[CausalChain]:
                     end_ns=t1,
                     impact_ns=0,
                     summary=(
-                        f"pid {pid} waits for the GPU in {op} {share:.0%} of the session: the GPU is the "
+                        f"pid {pid} waits for the GPU in {op} {share:.0%} of its CUDA-active time: the GPU is the "
                         f"bottleneck, not the host."
                     ),
                     evidence=ev,
@@ -683,7 +736,8 @@ def allocation_churn(ctx: ChainContext) -> list[CausalChain]:
             continue
         calls = sum(o[1][1] for o in ops)
         total = sum(o[1][2] for o in ops)
-        rate, share = calls / dur_s, total / ctx.duration_ns
+        active = ctx.active_ns(pid)
+        rate, share = calls / (active / S), total / active
         if not ((calls >= ALLOC_MIN_CALLS and rate >= ALLOC_RATE_MIN) or share >= ALLOC_SHARE_MEDIUM):
             continue
         sev = (
@@ -748,13 +802,14 @@ def allocation_churn(ctx: ChainContext) -> list[CausalChain]:
                 impact_ns=total,
                 summary=(
                     f"pid {pid} ({ctx.comm(pid)}) made {calls} allocation/free calls ({rate:.0f}/s){where}, "
-                    f"{total / S:.1f} s ({share:.0%} of the session) inside them."
+                    f"{total / S:.1f} s ({share:.0%} of its CUDA-active time) inside them."
                 ),
                 evidence=dict(
                     calls=calls,
                     calls_per_s=round(rate, 1),
                     time_in_alloc_s=round(total / S, 2),
                     share_of_session=round(share, 3),
+                    active_s=round(active / S, 2),
                     bytes=int(op_bytes),
                     per_op={
                         o: dict(calls=v[1], p50_us=round(v[3] / 1e3, 1), p99_us=round(v[4] / 1e3, 1))

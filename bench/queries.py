@@ -1,0 +1,101 @@
+"""Latency of each MCP tool's analysis function on a trace DB of >= 1 M cuda_calls rows (median of 5 runs).
+
+The DB comes from tests/tracedb.py ``generate_large`` (one process, four ops, a CPU hog, a stack per op) and is
+opened read-only as the MCP server opens it. Timed: ``trace_stats`` (get_trace_stats; target <= 100 ms),
+``top_stacks`` (get_stacks; <= 300 ms), ``compute_chains`` (get_causal_chains; <= 1 s) and ``run_sql``
+(run_sql, a GROUP BY over cuda_calls). The targets are printed next to the medians, never asserted.
+
+    .venv/bin/python -m bench.queries [--quick] [--rows N] [--db PATH]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, base_parser, median, print_table, spread, write_result
+
+ROWS, QUICK_ROWS = 1_000_000, 1_000_000
+RUNS = 5
+TARGETS_MS = {"trace_stats": 100.0, "top_stacks": 300.0, "compute_chains": 1000.0, "run_sql": None}
+SQL = "SELECT op, count(*) AS calls, avg(dur_ns) AS mean_ns, max(dur_ns) AS max_ns FROM cuda_calls GROUP BY op"
+
+
+def generate(path: Path, rows: int) -> Path:
+    sys.path.insert(0, str(REPO))  # tests/ is not a package on the default path
+    from tests.tracedb import generate_large
+
+    return generate_large(path, rows)
+
+
+def tools(conn: Any) -> dict[str, Callable[[], Any]]:
+    from tracer.analysis.chains import compute_chains
+    from tracer.analysis.sql import run_sql
+    from tracer.analysis.stacks import top_stacks
+    from tracer.analysis.stats import trace_stats
+
+    return {
+        "trace_stats": lambda: trace_stats(conn),
+        "top_stacks": lambda: top_stacks(conn, "cudaStreamSynchronize"),
+        "compute_chains": lambda: compute_chains(conn),
+        "run_sql": lambda: run_sql(conn, SQL),
+    }
+
+
+def measure(db: Path, runs: int = RUNS) -> dict[str, Any]:
+    """Open ``db`` read-only and time each tool ``runs`` times after one warm-up; return ms figures."""
+    from tracer.db import open_trace
+
+    conn = open_trace(db)
+    try:
+        rows = conn.execute("SELECT count(*) FROM cuda_calls").fetchone()[0]
+        out: dict[str, Any] = {}
+        for name, fn in tools(conn).items():
+            t = time.perf_counter()
+            fn()
+            first = (time.perf_counter() - t) * 1e3
+            ms = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                fn()
+                ms.append((time.perf_counter() - t) * 1e3)
+            target = TARGETS_MS[name]
+            out[name] = {"median_ms": median(ms), "first_ms": first, "runs_ms": ms, "spread": spread(ms),
+                         "target_ms": target,
+                         "within_target": None if target is None else statistics.median(ms) <= target}
+        return {"cuda_calls_rows": int(rows), "tools": out}
+    finally:
+        conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = base_parser(__doc__)
+    p.add_argument("--rows", type=int, default=None, help=f"cuda_calls rows to generate (default {ROWS:,})")
+    p.add_argument("--db", type=Path, default=None, help="time an existing trace DB instead of generating one")
+    args = p.parse_args(argv)
+    rows = args.rows or (QUICK_ROWS if args.quick else ROWS)
+    with tempfile.TemporaryDirectory(prefix="bench-queries-") as tmp:
+        db = args.db
+        gen_s = None
+        if db is None:
+            t = time.perf_counter()
+            db = generate(Path(tmp) / "large.duckdb", rows)
+            gen_s = time.perf_counter() - t
+        res = measure(db)
+        res["db_bytes"] = db.stat().st_size
+    res["generate_s"] = gen_s
+    res["runs"] = RUNS
+    print(f"{res['cuda_calls_rows']:,} cuda_calls rows")
+    print_table([[k, v["median_ms"], v["first_ms"], v["target_ms"], v["within_target"]]
+                 for k, v in res["tools"].items()], ["tool", "median ms", "first ms", "target ms", "within"])
+    print(f"wrote {write_result('queries', res, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+/* Kernel names for driver launch handles.
+ *
+ * cuLaunchKernel receives an opaque CUfunction (or, since CUDA 12, a CUkernel). The runtime and JITs get those
+ * handles from cuModuleGetFunction(CUfunction *out, CUmodule, const char *name) and
+ * cuLibraryGetKernel(CUkernel *out, CUlibrary, const char *name): entry keeps (out, name) per thread, return reads
+ * the handle and sends (pid, handle, mangled name) to user space, which demangles it. These calls are rare (once
+ * per kernel per process), so every one is sent.
+ */
+#include "common.h"
+#include "maps.h"
+
+#define KNAME_MAX 192
+
+struct kname_event {
+    u64 handle;
+    u32 pid;
+    u32 _pad;
+    char name[KNAME_MAX];
+};
+
+struct kname_args {
+    u64 out;
+    u64 name;
+};
+
+BPF_RINGBUF_OUTPUT(knames_rb, 16); /* 64 KiB = ~300 names between two polls */
+/* key: tid; value: the (out, name) arguments of a handle lookup in flight. */
+BPF_HASH(kname_inflight, u32, struct kname_args, 4096);
+BPF_PERCPU_ARRAY(kname_scratch, struct kname_event, 1);
+
+int kname_entry(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!is_target(tgid))
+        return 0;
+    struct kname_args a = {.out = PT_REGS_PARM1(ctx), .name = PT_REGS_PARM3(ctx)};
+    kname_inflight.update(&tid, &a);
+    return 0;
+}
+
+int kname_return(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    struct kname_args *a = kname_inflight.lookup(&tid);
+    if (!a)
+        return 0;
+    int zero = 0;
+    struct kname_event *e = kname_scratch.lookup(&zero);
+    if (e && PT_REGS_RC(ctx) == 0) {
+        e->pid = tgid;
+        e->handle = 0;
+        bpf_probe_read_user(&e->handle, sizeof(e->handle), (void *)a->out);
+        bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)a->name);
+        knames_rb.ringbuf_output(e, sizeof(*e), 0);
+    }
+    kname_inflight.delete(&tid);
+    return 0;
+}
