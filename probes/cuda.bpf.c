@@ -48,6 +48,15 @@ BPF_PERCPU_ARRAY(stack_scratch, struct stack_event, 1);
 /* per-CPU sequence for stack_ref: (cpu << 48) | seq, never 0. */
 BPF_PERCPU_ARRAY(stack_seq, u64, 1);
 BPF_STACK_TRACE(native_stacks, NATIVE_STACKS);
+/* index: probe op id; value: per-CPU entry-probe hits by target threads (nested ones too). User space turns
+ * hits/s into the overhead estimate that drives duty-cycling. */
+BPF_PERCPU_ARRAY(op_hits, u64, OP_COUNT);
+
+/* An empty probe: user space times it on a libc function in its own process to learn this machine's trap cost. */
+int calib_probe(struct pt_regs *ctx)
+{
+    return 0;
+}
 
 /* Argument n of a function at its entry. x86-64 passes 6 in registers; the rest sit above the return address. */
 static __always_inline u64 call_arg(struct pt_regs *ctx, int n)
@@ -73,6 +82,10 @@ static __always_inline int on_entry(struct pt_regs *ctx, u16 op, int bytes_arg, 
     u32 tgid = id >> 32, tid = (u32)id;
     if (!is_target(tgid))
         return 0;
+    u32 opi = op;
+    u64 *hits = op_hits.lookup(&opi);
+    if (hits)
+        *hits += 1;
     struct inflight *outer = inflight.lookup(&tid);
     if (outer)
         return 0; /* nested inside a probed call: the return probe counts it */

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -37,6 +39,7 @@ def test_descendants_lists_a_child_after_its_parent() -> None:
          "c = subprocess.Popen(['sleep', '30']); print(c.pid, flush=True); time.sleep(30)"],
         stdout=subprocess.PIPE, text=True,
     )
+    child = 0
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
@@ -45,7 +48,8 @@ def test_descendants_lists_a_child_after_its_parent() -> None:
         assert targets.is_alive(child)
         assert targets.proc_stat(child) == ("sleep", parent.pid)
     finally:
-        subprocess.run(["pkill", "-P", str(parent.pid)])
+        if child:
+            os.kill(child, signal.SIGKILL)
         parent.kill()
         parent.wait()
     # THEN a reaped process is no longer alive and check_pid refuses it

@@ -65,7 +65,8 @@ def program_text(with_pyframes: bool) -> str:
     """Return the full BPF C text: the probe sources plus one entry/return function pair per catalog op."""
     seen: set[str] = set()
     parts = [
-        _inline_includes(PROBES_DIR / name, seen) for name in ("cuda.bpf.c", "host.bpf.c", "libload.bpf.c", "kernel_names.bpf.c")
+        _inline_includes(PROBES_DIR / name, seen)
+        for name in ("cuda.bpf.c", "host.bpf.c", "libload.bpf.c", "kernel_names.bpf.c")
     ]
     parts += [_stub(i, s) for i, s in enumerate(CATALOG)]
     return "\n".join(parts) + "\n"
@@ -116,6 +117,7 @@ KERNEL_NAME_SYMBOLS = frozenset({"cuModuleGetFunction", "cuLibraryGetKernel"})
 class AttachResult:
     path: str
     attached: list[str] = field(default_factory=list)  # op names
+    probes: list[tuple[str, str]] = field(default_factory=list)  # (symbol, op) pairs attached
     skipped: list[str] = field(default_factory=list)  # ops whose symbols the file does not export
 
 
@@ -140,6 +142,7 @@ def attach_library(bpf, path: str, library: str, skip: frozenset[str] = frozense
         for sym in found:
             bpf.attach_uprobe(name=path, sym=sym, fn_name=f"entry_{spec.op}")
             bpf.attach_uretprobe(name=path, sym=sym, fn_name=f"return_{spec.op}")
+            res.probes.append((sym, spec.op))
         res.attached.append(spec.op)
     if library == "cuda":
         for sym in KERNEL_NAME_SYMBOLS & exported:

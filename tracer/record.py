@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from probes.catalog import CATALOG, DRIVER_COVERED, MEMCPY_KIND_NAMES, NO_ARG, OP_NAMES, OpClass
+from probes.catalog import CATALOG, DRIVER_COVERED, MEMCPY_KIND_NAMES, NO_ARG, OP_IDS, OP_NAMES, OpClass
 from tracer import __version__, events, targets
+from tracer.budget import MIN_FRACTION, DutyCycler, Probe, TrapCost, calibrate, required_fraction
 from tracer.errors import EnvironmentProblem, TargetError, UsageError
 from tracer.hist import percentile, slot_bounds
 from tracer.program import ProgramOptions, attach_library, compile_program, detach_in_background
@@ -53,6 +54,17 @@ SCHED_KEEP_NS = 1_000_000
 SCHED_SAMPLE_EVERY = 16
 
 
+# Per-op lookup tables for building cuda_calls columns without per-row Python work.
+_OP_DICT = pa.array(OP_NAMES)
+_LAYER_DICT = pa.array(["runtime", "driver"])
+_LAYER_OF = np.array([int(s.layer) for s in CATALOG], dtype=np.int32)
+_HAS_BYTES = np.array([s.bytes_arg != NO_ARG for s in CATALOG])
+_HAS_STREAM = np.array([s.stream_arg != NO_ARG for s in CATALOG])
+_IS_LAUNCH = np.array([s.op_class == OpClass.LAUNCH for s in CATALOG])
+_KIND_NAMES = [MEMCPY_KIND_NAMES[k] for k in sorted(MEMCPY_KIND_NAMES)]
+_KIND_DICT = pa.array(_KIND_NAMES)
+
+
 @dataclass
 class RecordOptions:
     db: Path
@@ -63,6 +75,7 @@ class RecordOptions:
     force: bool = False
     max_events_per_s: int = 20_000  # stored cuda_calls rows per second before sampling kicks in
     python_stacks: bool = True
+    overhead_budget: float = 2.0  # percent of one CPU the probes may cost the target; launches duty-cycled above it
     launch_probes: str = "driver"  # "driver": one trap per launch; "both": also probe the runtime's launch calls
     sched_sample_every: int = SCHED_SAMPLE_EVERY
     status: bool = True
@@ -110,9 +123,7 @@ class RecordSummary:
 def check_environment() -> None:
     """Raise EnvironmentProblem unless this process can load BPF programs; mount tracefs/debugfs if needed."""
     if os.geteuid() != 0:
-        raise EnvironmentProblem(
-            "recording needs root (BPF and uprobes)", "run it with sudo: sudo tracer record ..."
-        )
+        raise EnvironmentProblem("recording needs root (BPF and uprobes)", "run it with sudo: sudo tracer record ...")
     try:
         import bcc  # noqa: F401
     except ImportError:
@@ -158,6 +169,9 @@ class Recorder:
         self._last_counters = np.zeros(4, dtype=np.int64)
         self._interrupted = False
         self.pyrt: Any = None
+        self.py_version: str | None = None
+        self._overhead_samples: list[float] = []
+        self.overhead_pct = 0.0
         self.symbolizer: Any = None
 
     # --- set-up -------------------------------------------------------------------------------------------
@@ -165,11 +179,13 @@ class Recorder:
     def _validate(self) -> None:
         o = self.opts
         if (o.pid is None) == (not o.command):
-            raise UsageError(
-                "give either --pid PID or a command after --", "e.g. sudo tracer record --pid 1234"
-            )
+            raise UsageError("give either --pid PID or a command after --", "e.g. sudo tracer record --pid 1234")
         if o.duration is not None and o.duration <= 0:
             raise UsageError("--duration must be positive")
+        if o.overhead_budget <= 0:
+            raise UsageError("--overhead-budget must be a positive percentage", "e.g. --overhead-budget 2")
+        if o.launch_probes not in ("driver", "both"):
+            raise UsageError(f"unknown --launch-probes {o.launch_probes!r}", "use driver or both")
         check_db_path(o.db, o.force)
         if o.pid is not None:
             targets.check_pid(o.pid)
@@ -231,7 +247,9 @@ class Recorder:
 
     def _pyrt_configure(self, pid: int) -> None:
         try:
-            self.pyrt.configure(pid)
+            target = self.pyrt.configure(pid)
+            if target is not None and not self.py_version:
+                self.py_version = ".".join(str(x) for x in target.version)
         except Exception as e:  # a process we cannot walk still gets its calls traced
             log.debug("python frames unavailable for %d: %s", pid, e)
 
@@ -279,6 +297,9 @@ class Recorder:
             self.attached[key] = lib
             if lib.kind == "cuda" and "cuLaunchKernel" in res.attached:
                 self._driver_attached = True
+            for sym, op in res.probes:
+                if CATALOG[OP_IDS[op]].op_class == OpClass.LAUNCH:
+                    self.cycler.add(Probe(lib.path, sym, op))
             if res.skipped:
                 self.notes.append(f"{os.path.basename(lib.path)}: not exported, skipped: {', '.join(res.skipped)}")
             log.info("attached %d ops to %s", len(res.attached), lib.path)
@@ -306,7 +327,17 @@ class Recorder:
             self.symbolizer = Symbolizer()
         except ImportError:
             self.symbolizer = None
+        log.info("BPF program loaded after %.2f s", (time.monotonic_ns() - self.start_mono) / 1e9)
         self._configure_maps()
+        try:
+            self.trap = calibrate(self.bpf)
+        except Exception as e:  # no libc labs to time: assume this VM's typical cost
+            log.warning("trap cost calibration failed (%s); assuming 12 us", e)
+            self.trap = TrapCost(12_000.0, 1_000.0)
+        log.info("trap cost %.1f us (+%.1f us return)", self.trap.entry_ns / 1e3, self.trap.return_ns / 1e3)
+        self.cycler = DutyCycler(self.bpf)
+        self._last_hits = np.zeros(len(CATALOG), dtype=np.int64)
+        self._hot_pct = 0.0
         self.calls = events.RawBuffer(events.CALL_DTYPE)
         self.sched = events.RawBuffer(events.SCHED_DTYPE)
         self.proc = events.RawBuffer(events.PROC_DTYPE)
@@ -358,6 +389,8 @@ class Recorder:
             self._status("no CUDA library found yet in the target; waiting for one to be loaded...")
 
     def _loop(self) -> None:
+        self._loop_start = time.monotonic()
+        self.cycler.start(self._loop_start)
         deadline = time.monotonic() + self.opts.duration if self.opts.duration else None
         next_tick = time.monotonic() + 1.0
         while not self._interrupted:
@@ -372,6 +405,7 @@ class Recorder:
                 return
             if self._tree_exited():
                 self.stop_reason = "target_exited"
+                log.info("target tree exited after %.2f s", (time.monotonic_ns() - self.start_mono) / 1e9)
                 return
         self.stop_reason = "interrupted"
 
@@ -446,7 +480,9 @@ class Recorder:
                 p = self.procs[pid]
                 if kind == 1:  # exec
                     p.comm = comm
-                    p.cmdline = targets.proc_cmdline(pid) or bytes(e["filename"]).split(b"\0", 1)[0].decode(errors="replace")
+                    p.cmdline = targets.proc_cmdline(pid) or bytes(e["filename"]).split(b"\0", 1)[0].decode(
+                        errors="replace"
+                    )
                     if self.pyrt is not None:
                         self._pyrt_configure(pid)
                 elif kind == 2:
@@ -461,12 +497,10 @@ class Recorder:
                 "kind": [events.PROC_KINDS[k] for k in ev["kind"].tolist()],
                 "pid": ev["pid"].astype(np.int32),
                 "ppid": [
-                    int(p) if k == 0 else None
-                    for k, p in zip(ev["kind"].tolist(), ev["ppid"].tolist(), strict=True)
+                    int(p) if k == 0 else None for k, p in zip(ev["kind"].tolist(), ev["ppid"].tolist(), strict=True)
                 ],
                 "child": [
-                    int(c) if k == 0 else None
-                    for k, c in zip(ev["kind"].tolist(), ev["child"].tolist(), strict=True)
+                    int(c) if k == 0 else None for k, c in zip(ev["kind"].tolist(), ev["child"].tolist(), strict=True)
                 ],
                 "comm": events.cstr(ev["comm"]),
                 "filename": [f or None for f in events.cstr(ev["filename"])],
@@ -530,9 +564,7 @@ class Recorder:
         if self.symbolizer is not None:
             try:
                 for f in self.symbolizer.symbolize(pid, addrs):
-                    if (
-                        f.module
-                    ):  # an FP walk through a library without frame pointers ends in a stack address
+                    if f.module:  # an FP walk through a library without frame pointers ends in a stack address
                         out.append(("native", os.path.basename(f.module), f.function, f.file, f.line))
             except Exception as e:
                 log.debug("symbolize failed: %s", e)
@@ -574,26 +606,25 @@ class Recorder:
         return self.kernel_names[key]
 
     def _handle_calls(self, ev: np.ndarray) -> None:
-        if len(ev) == 0:
+        """Turn a batch of call events into one cuda_calls batch: column-wise, with per-row Python work only for
+        the (few) distinct launch targets and the (sampled) stacks."""
+        n = len(ev)
+        if n == 0:
             return
         ops = ev["op"].astype(np.int32)
         self.stored_per_op += np.bincount(ops, minlength=len(CATALOG))[: len(CATALOG)]
-        op_dict = pa.array(OP_NAMES)
-        layer_dict = pa.array(["runtime", "driver"])
-        layer_of = np.array([int(s.layer) for s in CATALOG], dtype=np.int32)
-        has_bytes = np.array([s.bytes_arg != NO_ARG for s in CATALOG])
-        has_stream = np.array([s.stream_arg != NO_ARG for s in CATALOG])
         kinds = ev["kind"]
-        kind_names = [MEMCPY_KIND_NAMES.get(k) for k in kinds.tolist()]
-        is_launch = np.array([s.op_class == OpClass.LAUNCH for s in CATALOG])[ops]
-        kernel = [
-            self._kernel_name(int(p), int(f)) if launch else None
-            for p, f, launch in zip(ev["pid"].tolist(), ev["func"].tolist(), is_launch.tolist(), strict=True)
-        ]
-        stack_id = [
-            self._stack_id(r, o) if r else None
-            for r, o in zip(ev["stack_ref"].tolist(), ops.tolist(), strict=True)
-        ]
+        kernel = np.full(n, None, dtype=object)
+        sel = np.nonzero(_IS_LAUNCH[ops] & (ev["func"] != 0))[0]
+        if len(sel):
+            pairs = np.stack([ev["pid"][sel].astype(np.uint64), ev["func"][sel]], axis=1)
+            uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
+            names = np.array([self._kernel_name(int(p), int(f)) for p, f in uniq.tolist()], dtype=object)
+            kernel[sel] = names[inverse.reshape(-1)]
+        stack_id = np.full(n, None, dtype=object)
+        refs = ev["stack_ref"]
+        for i in np.nonzero(refs)[0].tolist():
+            stack_id[i] = self._stack_id(int(refs[i]), int(ops[i]))
         self.store.put(
             "cuda_calls",
             {
@@ -601,16 +632,17 @@ class Recorder:
                 "dur_ns": ev["dur_ns"].astype(np.int64),
                 "pid": ev["pid"].astype(np.int32),
                 "tid": ev["tid"].astype(np.int32),
-                "op": pa.DictionaryArray.from_arrays(pa.array(ops), op_dict).cast(pa.string()),
-                "layer": pa.DictionaryArray.from_arrays(pa.array(layer_of[ops]), layer_dict).cast(
-                    pa.string()
-                ),
-                "bytes": pa.array(ev["bytes"].astype(np.int64), mask=~has_bytes[ops]),
-                "kind": kind_names,
-                "stream": pa.array(ev["stream"], mask=~has_stream[ops]),
-                "kernel": kernel,
+                "op": pa.DictionaryArray.from_arrays(pa.array(ops), _OP_DICT).cast(pa.string()),
+                "layer": pa.DictionaryArray.from_arrays(pa.array(_LAYER_OF[ops]), _LAYER_DICT).cast(pa.string()),
+                "bytes": pa.array(ev["bytes"].astype(np.int64), mask=~_HAS_BYTES[ops]),
+                "kind": pa.DictionaryArray.from_arrays(
+                    pa.array(np.minimum(kinds, len(_KIND_NAMES) - 1).astype(np.int32), mask=kinds >= len(_KIND_NAMES)),
+                    _KIND_DICT,
+                ).cast(pa.string()),
+                "stream": pa.array(ev["stream"], mask=~_HAS_STREAM[ops]),
+                "kernel": pa.array(kernel, type=pa.string()),
                 "ret": ev["ret"],
-                "stack_id": stack_id,
+                "stack_id": pa.array(stack_id, type=pa.int64()),
                 "off_cpu_ns": ev["off_cpu_ns"].astype(np.int64),
                 "runq_ns": ev["runq_ns"].astype(np.int64),
             },
@@ -666,13 +698,15 @@ class Recorder:
         )
         self._drain_sched_aggs(before_sec=ts // 1_000_000_000 - 1)
         self._apply_budget()
+        self._apply_overhead_budget()
         self._scan_libraries()
         self._scan_new_children()
         alive = sum(1 for p in self.procs.values() if p.exit_ns is None)
         stored = self.store.rows_written.get("cuda_calls", 0)
         self._status(
             f"{ts / 1e9:6.0f}s  stored {stored:,} calls  lost {self._lost():,}  processes {alive}  "
-            f"libraries {len(self.attached)}"
+            f"libraries {len(self.attached)}  overhead ~{self.overhead_pct:.1f}%"
+            + (f" (launches sampled {self.cycler.fraction:.0%})" if self.cycler.fraction < 1 else "")
         )
 
     def _scan_new_children(self) -> None:
@@ -717,9 +751,7 @@ class Recorder:
         for k in done:
             del tbl[k]
         self.store.put("sched_stats", rows)
-        prow: dict[str, list[Any]] = {
-            k: [] for k in ("sec", "pid", "comm", "is_target", "preemptions", "runq_ns")
-        }
+        prow: dict[str, list[Any]] = {k: [] for k in ("sec", "pid", "comm", "is_target", "preemptions", "runq_ns")}
         ptbl = self.bpf["preempt_aggs"]
         pdone = []
         for k, v in ptbl.items():
@@ -752,6 +784,22 @@ class Recorder:
             tbl[ct.c_int(int(op))] = ct.c_uint32(cur * 2)
             total -= int(rate[op]) // 2
 
+    def _apply_overhead_budget(self) -> None:
+        """Estimate the probes' cost from this second's hits and set the launch probes' duty cycle."""
+        hc = self.bpf["op_hits"]
+        hits = np.array([sum(hc[ct.c_int(i)]) for i in range(len(CATALOG))], dtype=np.int64)
+        delta, self._last_hits = hits - self._last_hits, hits
+        per_hit = self.trap.entry_ns + self.trap.return_ns
+        hot = np.array([s.op_class == OpClass.LAUNCH for s in CATALOG])
+        frac = max(self.cycler.fraction, MIN_FRACTION)
+        # hits seen while duty-cycled are a sample: scale back up to the full rate before deciding
+        hot_pct = 100.0 * delta[hot].sum() * per_hit / 1e9 / frac
+        rare_pct = 100.0 * delta[~hot].sum() * per_hit / 1e9
+        self._hot_pct = 0.5 * self._hot_pct + 0.5 * hot_pct if self._overhead_samples else hot_pct
+        self.cycler.fraction = required_fraction(self._hot_pct, rare_pct, self.opts.overhead_budget)
+        self.overhead_pct = self._hot_pct * self.cycler.fraction + rare_pct
+        self._overhead_samples.append(self.overhead_pct)
+
     def _lost(self) -> int:
         lost = self.bpf["lost"]
         return int(sum(lost[ct.c_int(i)].value for i in range(4)))
@@ -767,6 +815,11 @@ class Recorder:
             except ProcessLookupError:
                 pass
         self._release_command()
+        loop_s = time.monotonic() - getattr(self, "_loop_start", time.monotonic())
+        active = self.cycler.stop() if hasattr(self, "_loop_start") else loop_s
+        self.launch_fraction = min(1.0, active / loop_s) if loop_s > 0 else 1.0
+        if self.launch_fraction > 0.98:  # never cycled: exact
+            self.launch_fraction = 1.0
         self.bpf.ring_buffer_consume()
         self._drain()
         self._drain_sched_aggs(before_sec=None)
@@ -842,20 +895,23 @@ class Recorder:
         for k, v in self.bpf["op_totals"].items():
             spec = CATALOG[k.op]
             h = sorted(hist.get((k.pid, k.op), []))
+            # duty-cycled launch probes saw a share of the calls: scale counts and sums by it, and say so
+            frac = self.launch_fraction if spec.op_class == OpClass.LAUNCH else 1.0
+            calls = round(int(v.calls) / frac)
             rows["pid"].append(int(k.pid))
             rows["op"].append(spec.op)
             rows["layer"].append(spec.layer_name)
-            rows["calls"].append(int(v.calls))
-            rows["total_ns"].append(int(v.total_ns))
+            rows["calls"].append(calls)
+            rows["total_ns"].append(round(int(v.total_ns) / frac))
             rows["min_ns"].append(int(v.min_ns))
             rows["max_ns"].append(int(v.max_ns))
             for q, name in ((0.5, "p50_ns"), (0.95, "p95_ns"), (0.99, "p99_ns")):
                 rows[name].append(percentile(h, q))
-            rows["bytes"].append(int(v.bytes) if spec.bytes_arg != NO_ARG else None)
-            rows["sampled_fraction"].append(1.0)
+            rows["bytes"].append(round(int(v.bytes) / frac) if spec.bytes_arg != NO_ARG else None)
+            rows["sampled_fraction"].append(frac)
             rows["hist"].append([{"lo_ns": lo, "hi_ns": hi, "count": c} for lo, hi, c in h])
             per_op.setdefault(k.op, []).extend(h)
-            per_op_calls[k.op] = per_op_calls.get(k.op, 0) + int(v.calls)
+            per_op_calls[k.op] = per_op_calls.get(k.op, 0) + calls
             per_op_max[k.op] = max(per_op_max.get(k.op, 0), int(v.max_ns))
         self.store.put("op_stats", rows)
         out = [
@@ -878,9 +934,8 @@ class Recorder:
         self._env = env
         target = f"pid {self.opts.pid}" if self.opts.pid is not None else " ".join(self.opts.command or [])
         libs = ", ".join(lib.path for lib in self.attached.values())
-        pyver = ""
-        if self.pyrt is not None and hasattr(self.pyrt, "version_of"):
-            pyver = self.pyrt.version_of(self.root) or ""
+        pyver = self.py_version or ""
+        overhead = round(float(np.mean(self._overhead_samples)), 3) if self._overhead_samples else None
         self.store.execute("DELETE FROM session")
         self.store.execute(
             "INSERT INTO session VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -903,7 +958,7 @@ class Recorder:
                 traced,
                 stored,
                 lost,
-                None,
+                overhead,
                 "\n".join(self.notes),
             ],
         )

@@ -249,9 +249,7 @@ def descendants(root: int) -> list[int]:
 def check_pid(pid: int) -> None:
     """Raise TargetError unless ``pid`` is a living process."""
     if pid <= 0 or not is_alive(pid):
-        raise TargetError(
-            f"no process with pid {pid}", "check the pid with `ps -ef` (the job may have exited)"
-        )
+        raise TargetError(f"no process with pid {pid}", "check the pid with `ps -ef` (the job may have exited)")
     if pid == os.getpid():
         raise TargetError("the tracer cannot trace itself")
 

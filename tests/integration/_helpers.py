@@ -20,6 +20,7 @@ WORKLOADS = ROOT / "fixtures" / "workloads"
 PY = ROOT / ".venv" / "bin" / "python"
 TRACER = ROOT / ".venv" / "bin" / "tracer"
 HOG_NAME = "hogzilla"
+HOG_THREADS = 3
 
 _cache: dict[str, Recording] = {}
 
@@ -72,11 +73,11 @@ def workload(name: str, *args: str) -> list[str]:
     return [str(PY), str(WORKLOADS / name), *args]
 
 
-def start_hog(seconds: float, cpu: int = 0, name: str = HOG_NAME) -> subprocess.Popen:
+def start_hog(seconds: float, cpu: int = 0, name: str = HOG_NAME, threads: int = 1) -> subprocess.Popen:
     """Start cpu_hog.py pinned to ``cpu``, outside any traced tree; wait until it has renamed itself."""
     p = subprocess.Popen(
         ["taskset", "-c", str(cpu), str(PY), str(WORKLOADS / "cpu_hog.py"), "--seconds", str(seconds),
-         "--name", name],
+         "--name", name, "--threads", str(threads)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -100,9 +101,11 @@ def record(
     timeout: float = 120,
 ) -> Recording:
     """``tracer record --db db --force -- cmd``; with ``hog_seconds`` a hog runs pinned on CPU 0 meanwhile."""
-    hog = start_hog(hog_seconds) if hog_seconds else None
+    hog = start_hog(hog_seconds, threads=HOG_THREADS) if hog_seconds else None
     try:
         args = [str(TRACER), "record", "--db", str(db), "--force"]
+        if hog is not None and (os.cpu_count() or 1) > 1:
+            args = ["taskset", "-c", f"1-{os.cpu_count() - 1}", *args]  # keep the recorder off the hog's CPU
         if duration:
             args += ["--duration", str(duration)]
         r = subprocess.run(
@@ -137,14 +140,13 @@ def cached(name: str, tmp_path_factory, cmd: list[str], **kw) -> Recording:
 
 # The scenarios, each a few seconds of workload. The hog runs on CPU 0 and so does the target (taskset).
 SCENARIOS: dict[str, dict] = {
-    "contention_sync": dict(
-        cmd=["taskset", "-c", "0", *workload("sync_heavy.py", "--steps", "60", "--kernel-us", "3000")],
-        hog_seconds=30,
-    ),
-    "contention_train": dict(
-        cmd=["taskset", "-c", "0",
-             *workload("train.py", "--workers", "2", "--epochs", "2", "--steps", "40", "--persistent-workers")],
-        hog_seconds=30,
+    # train.py (one persistent worker) pinned on CPU 0 with a 3-thread hog on CPU 0; the recorder on CPU 1
+    "contention": dict(
+        cmd=["taskset", "-c", "0", *workload(
+            "train.py", "--workers", "1", "--epochs", "1", "--steps", "150", "--worker-cpu-ms", "0.5",
+            "--persistent-workers",
+        )],
+        hog_seconds=120,
     ),
     "sync": dict(cmd=workload("sync_heavy.py", "--steps", "60")),
     "train_workers": dict(cmd=workload("train.py", "--workers", "2", "--epochs", "3", "--steps", "10")),
@@ -180,7 +182,7 @@ def tracer_json(*args: str) -> dict:
 def alloc_site_line() -> int:
     """The line of alloc_stress.py marked ``# ALLOC_SITE``."""
     for i, line in enumerate((WORKLOADS / "alloc_stress.py").read_text().splitlines(), 1):
-        if re.search(r"#\s*ALLOC_SITE", line):
+        if re.search(r"\S.*#\s*ALLOC_SITE\s*$", line):  # a code line ending in the marker, not the docstring
             return i
     raise AssertionError("no # ALLOC_SITE marker in alloc_stress.py")
 

@@ -13,7 +13,7 @@ GIB = 1 << 30
 
 @pytest.fixture(scope="module")
 def contention(tmp_path_factory):
-    return scenario("contention_sync", tmp_path_factory)
+    return scenario("contention", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

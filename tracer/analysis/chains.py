@@ -503,24 +503,41 @@ def sync_stall(ctx: ChainContext) -> list[CausalChain]:
     return out
 
 
+# The process that forked: the recorder writes a fork as (pid = child, ppid = parent, child = child), a
+# hand-built trace as (pid = parent, child = child); both read the same way through this.
+_FORK_PARENT = "(CASE WHEN {e}pid = {e}child THEN {e}ppid ELSE {e}pid END)"
+
+
 def process_churn(ctx: ChainContext) -> list[CausalChain]:
     """Worker processes forked and killed repeatedly (DataLoader without persistent workers), with stalls at each wave."""  # noqa: E501
+    parent_of = _FORK_PARENT.format(e="e.")
     forks = ctx.conn.execute(
-        "SELECT e.ts_ns, e.pid, e.child, p.comm FROM process_events e LEFT JOIN processes p ON p.pid = e.child "  # noqa: E501
-        "WHERE e.kind = 'fork' AND ($pid IS NULL OR e.pid = $pid) ORDER BY e.ts_ns",
+        f"SELECT e.ts_ns, {parent_of}, e.child, p.comm FROM process_events e LEFT JOIN processes p "
+        f"ON p.pid = e.child WHERE e.kind = 'fork' AND ($pid IS NULL OR {parent_of} = $pid) ORDER BY e.ts_ns",
         {"pid": ctx.pid},
     ).fetchall()
     if not forks:
         return []
+    # child pid -> its exit time: a fork after a worker of the current wave exited starts a new wave even
+    # within FORK_GAP_NS (short epochs re-fork the workers right after shutting the last ones down)
+    exit_at = dict(
+        ctx.conn.execute(
+            "SELECT pid, min(ts_ns) FROM process_events WHERE kind = 'exit' AND pid IN (SELECT child FROM "
+            f"process_events WHERE kind = 'fork' AND ($pid IS NULL OR {_FORK_PARENT.format(e='')} = $pid)) "
+            "GROUP BY pid",
+            {"pid": ctx.pid},
+        ).fetchall()
+    )
     waves: list[list[tuple]] = []
     for f in forks:
-        if waves and f[0] - waves[-1][-1][0] <= FORK_GAP_NS:
+        respawn = waves and any(exit_at.get(w[2], f[0] + 1) <= f[0] for w in waves[-1])
+        if waves and f[0] - waves[-1][-1][0] <= FORK_GAP_NS and not respawn:
             waves[-1].append(f)
         else:
             waves.append([f])
     exits = ctx.conn.execute(
         "SELECT count(*) FROM process_events WHERE kind = 'exit' AND pid IN (SELECT child FROM process_events "  # noqa: E501
-        "WHERE kind = 'fork' AND ($pid IS NULL OR pid = $pid))",
+        f"WHERE kind = 'fork' AND ($pid IS NULL OR {_FORK_PARENT.format(e='')} = $pid))",
         {"pid": ctx.pid},
     ).fetchone()
     n_exits = int(exits[0]) if exits else 0
@@ -654,7 +671,8 @@ def memory_pressure(ctx: ChainContext) -> list[CausalChain]:
             else:
                 slow_out += 1
     in_s = max(len(secs), 1)
-    out_s = max(ctx.duration_ns / S - in_s, 1)
+    # outside = the other sampled seconds: the session may hold long unsampled stretches (attach, compile)
+    out_s = max(len({r[0] // S for r in rows}) - in_s, 1)
     rate_in, rate_out = slow_in / in_s, slow_out / out_s
     if slow_in < MIN_SLOW_CALLS or rate_in < MEM_RATE_RATIO * max(rate_out, 1e-9):
         return []  # pressure without slow calls inside it: no measured effect on the job

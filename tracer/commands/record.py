@@ -73,6 +73,22 @@ def record(
         ),
     ] = 20_000,
     no_python: Annotated[bool, typer.Option("--no-python-stacks", help="Do not walk Python frames.")] = False,
+    overhead_budget: Annotated[
+        float,
+        typer.Option(
+            "--overhead-budget",
+            help="Percent of one CPU the probes may cost the job. Above it, launch probes are attached in time "
+            "slices and launch counts are scaled (and marked so); syncs, allocations and copies stay exact.",
+        ),
+    ] = 2.0,
+    launch_probes: Annotated[
+        str,
+        typer.Option(
+            "--launch-probes",
+            help="driver: one uprobe per launch, on libcuda (runtime launches keep their runtime name); both: "
+            "also probe the runtime's launch functions.",
+        ),
+    ] = "driver",
 ) -> None:
     """Record CUDA calls and host activity of a process tree into a DuckDB file.
 
@@ -93,6 +109,8 @@ def record(
         force=force,
         max_events_per_s=max_events,
         python_stacks=not no_python,
+        overhead_budget=overhead_budget,
+        launch_probes=launch_probes,
     )
     live = sys.stderr.isatty()
 

@@ -1,0 +1,92 @@
+"""tracer/store.py: batched writes through the writer thread, NULL for missing columns, one recording per file,
+and a closed DB that opens read-only with every schema table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tracer.errors import StoreError
+from tracer.schema import APP_ID, TABLES
+from tracer.store import FLUSH_ROWS, Store
+
+
+def _calls(n: int, start: int = 0) -> dict[str, object]:
+    return {
+        "ts_ns": np.arange(start, start + n, dtype=np.int64),
+        "dur_ns": np.full(n, 1000, dtype=np.int64),
+        "pid": np.full(n, 42, dtype=np.int32),
+        "tid": np.full(n, 43, dtype=np.int32),
+        "op": ["cudaLaunchKernel"] * n,
+        "layer": pa.array(["runtime"] * n),
+        "ret": [0] * n,
+    }
+
+
+def test_batches_are_written_in_full_and_missing_columns_are_null(tmp_path: Path) -> None:
+    # GIVEN a new store
+    db = tmp_path / "t.duckdb"
+    s = Store(db)
+    # WHEN several batches (more rows than one flush) are queued without bytes/stack_id, then it is closed
+    for i in range(3):
+        s.put("cuda_calls", _calls(FLUSH_ROWS, start=i * FLUSH_ROWS))
+    s.put("cuda_calls", _calls(0))  # empty batches are ignored
+    s.sync()
+    assert s.rows_written["cuda_calls"] == 3 * FLUSH_ROWS
+    s.close()
+    s.close()  # idempotent
+    assert s.error is None
+    # THEN every row is there, in order, with NULL where no column was given
+    c = duckdb.connect(str(db), read_only=True)
+    n, lo, hi, nulls = c.execute(
+        "SELECT count(*), min(ts_ns), max(ts_ns), count(*) FILTER (bytes IS NULL AND stack_id IS NULL "
+        "AND kernel IS NULL) FROM cuda_calls").fetchone()
+    assert (n, lo, hi, nulls) == (3 * FLUSH_ROWS, 0, 3 * FLUSH_ROWS - 1, 3 * FLUSH_ROWS)
+    assert c.execute("SELECT DISTINCT op, layer, pid FROM cuda_calls").fetchall() == [
+        ("cudaLaunchKernel", "runtime", 42)]
+
+
+def test_closed_db_opens_with_every_schema_table(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    Store(db).close()
+    c = duckdb.connect(str(db), read_only=True)
+    tables = {r[0] for r in c.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert {t.name for t in TABLES} <= tables
+    assert dict(c.execute("SELECT key, value FROM meta").fetchall())["app"] == APP_ID
+    assert not db.with_name(db.name + ".wal").exists()  # checkpointed
+
+
+def test_statements_keep_their_place_after_batches(tmp_path: Path) -> None:
+    # GIVEN rows then a DELETE queued after them; THEN the DELETE sees the rows (order kept across the queue)
+    db = tmp_path / "t.duckdb"
+    s = Store(db)
+    s.put("cuda_calls", _calls(10))
+    s.execute("DELETE FROM cuda_calls WHERE ts_ns < ?", [4])
+    s.close()
+    c = duckdb.connect(str(db), read_only=True)
+    assert c.execute("SELECT count(*) FROM cuda_calls").fetchone()[0] == 6
+
+
+def test_existing_file_is_refused_without_force(tmp_path: Path) -> None:
+    # GIVEN a DB already holding a recording
+    db = tmp_path / "t.duckdb"
+    s = Store(db)
+    s.put("cuda_calls", _calls(5))
+    s.close()
+    # WHEN a new store opens it without force; THEN it is refused with a hint naming --force
+    with pytest.raises(StoreError) as e:
+        Store(db)
+    assert "--force" in e.value.hint
+    # AND with force it starts empty
+    Store(db, force=True).close()
+    c = duckdb.connect(str(db), read_only=True)
+    assert c.execute("SELECT count(*) FROM cuda_calls").fetchone()[0] == 0
+
+
+def test_missing_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        Store(tmp_path / "nope" / "t.duckdb")
