@@ -52,6 +52,10 @@ struct py_frame {
     u32 _pad;
 };
 
+/* stack_event.py_status bit: the process was stopped (SIGSTOP) because the stack holds code objects never seen
+ * before; user space reads them from the live process, then sends SIGCONT. */
+#define PYS_STOPPED 0x8000
+
 /* A call stack captured at a call's entry. Sent before the call_event that refers to it. The ring buffer
  * record is truncated after n_py frames. */
 struct stack_event {

@@ -51,6 +51,10 @@ BPF_STACK_TRACE(native_stacks, NATIVE_STACKS);
 /* index: probe op id; value: per-CPU entry-probe hits by target threads (nested ones too). User space turns
  * hits/s into the overhead estimate that drives duty-cycling. */
 BPF_PERCPU_ARRAY(op_hits, u64, OP_COUNT);
+/* The span the duty-cycled (hot) probes were live in the current on-window: 0 first hit ns, 1 last hit ns,
+ * 2 hits. User space reads and resets it after each detach; sum of spans / recording time = sampled fraction.
+ * Measured from hits, not from attach/detach calls, because a detach takes ~0.1 s to take effect. */
+BPF_ARRAY(duty_span, u64, 3);
 
 /* An empty probe: user space times it on a libc function in its own process to learn this machine's trap cost. */
 int calib_probe(struct pt_regs *ctx)
@@ -76,7 +80,7 @@ static __always_inline u64 call_arg(struct pt_regs *ctx, int n)
 }
 
 static __always_inline int on_entry(struct pt_regs *ctx, u16 op, int bytes_arg, int kind_arg, int fixed_kind,
-                                    int stream_arg, int stream_deref, int func_arg, int rt_twin)
+                                    int stream_arg, int stream_deref, int func_arg, int rt_twin, int hot)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
@@ -86,6 +90,17 @@ static __always_inline int on_entry(struct pt_regs *ctx, u16 op, int bytes_arg, 
     u64 *hits = op_hits.lookup(&opi);
     if (hits)
         *hits += 1;
+    if (hot) {
+        int i0 = 0, i1 = 1, i2 = 2;
+        u64 now = bpf_ktime_get_ns();
+        u64 *first = duty_span.lookup(&i0), *last = duty_span.lookup(&i1), *n = duty_span.lookup(&i2);
+        if (first && last && n) {
+            if (*first == 0)
+                *first = now;
+            *last = now;
+            __sync_fetch_and_add(n, 1);
+        }
+    }
     struct inflight *outer = inflight.lookup(&tid);
     if (outer)
         return 0; /* nested inside a probed call: the return probe counts it */
@@ -160,6 +175,36 @@ static __always_inline void count_call(u32 tgid, u16 op, u64 dur, u64 bytes)
         t->max_ns = dur;
 }
 
+#ifdef WITH_PYFRAMES
+struct code_key {
+    u32 pid;
+    u32 _pad;
+    u64 code;
+};
+/* key: (tgid, code object address) seen in a captured stack; value: 1. LRU: 65536 code objects is far more than
+ * a training job runs; an evicted one only costs one more stop. */
+BPF_TABLE("lru_hash", struct code_key, u8, seen_code, 65536);
+
+/* 1 if any frame of the stack is a code object this process has not shown before (and remember them all). */
+static __always_inline int first_sight(struct stack_event *se, u32 tgid)
+{
+    int fresh = 0;
+    u8 one = 1;
+    for (int i = 0; i < MAX_PY_FRAMES; i++) {
+        if (i >= se->n_py)
+            break;
+        struct code_key k = {.pid = tgid, .code = se->frames[i].code};
+        if (!k.code)
+            continue;
+        if (!seen_code.lookup(&k)) {
+            seen_code.update(&k, &one);
+            fresh = 1;
+        }
+    }
+    return fresh;
+}
+#endif
+
 static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid)
 {
     u32 zero = 0;
@@ -175,19 +220,25 @@ static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid)
     se->native_id = native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
     se->n_py = 0;
     se->py_status = 1;
+    int stop = 0;
 #ifdef WITH_PYFRAMES
     walk_python(se, tgid);
+    stop = first_sight(se, tgid);
 #endif
-    u32 n = se->n_py;
-    if (n > MAX_PY_FRAMES)
-        n = MAX_PY_FRAMES;
-    u32 size = offsetof(struct stack_event, frames) + n * sizeof(struct py_frame);
-    if (size > sizeof(struct stack_event))
-        size = sizeof(struct stack_event);
-    if (stacks_rb.ringbuf_output(se, size, 0)) {
+    /* reserve first: a process is stopped only once its record is sure to reach user space, which continues it */
+    struct stack_event *r = stacks_rb.ringbuf_reserve(sizeof(struct stack_event));
+    if (!r) {
         count_lost(LOST_STACKS);
         return 0;
     }
+    bpf_probe_read_kernel(r, sizeof(*r), se);
+    if (stop) {
+        /* hold the process until user space has read the new code objects: a short-lived worker, or a script
+         * whose <module> code is freed as soon as its body returns, would be gone before the next poll */
+        r->py_status |= PYS_STOPPED;
+        bpf_send_signal(19 /* SIGSTOP */);
+    }
+    stacks_rb.ringbuf_submit(r, 0);
     return ref;
 }
 

@@ -67,14 +67,16 @@ class Probe:
 class DutyCycler:
     """Attaches and detaches the hot probes in time slices from a thread of its own.
 
-    ``fraction`` (0..1] is how much of the time they should be attached; ``active_s`` accumulates the time they
-    were, counting a detach as ending half-way through (it takes ~0.1 s here).
+    ``fraction`` (0..1] is how much of the time they should be attached. ``active_s`` accumulates the time they
+    were live, measured in BPF from the first to the last hit of each on-window (``duty_span``): attach and
+    detach calls take effect only after a grace period, so their own timestamps would misplace the window.
     """
 
     bpf: object
     probes: list[Probe] = field(default_factory=list)
     fraction: float = 1.0
     active_s: float = 0.0
+    windows: int = 0  # on-windows closed by a detach (0: never cycled)
     _attached: bool = True
     _since: float = field(default_factory=time.monotonic)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -91,7 +93,6 @@ class DutyCycler:
             self.probes.append(probe)
 
     def _detach(self) -> None:
-        t0 = time.monotonic()
         with self._lock:
             probes = list(self.probes)
         # entry probes first: a return probe removed under a call in flight would leave its entry stale
@@ -99,9 +100,18 @@ class DutyCycler:
             self._safe(self.bpf.detach_uprobe, name=p.path, sym=p.sym)
         for p in probes:
             self._safe(self.bpf.detach_uretprobe, name=p.path, sym=p.sym)
-        t1 = time.monotonic()
-        self.active_s += (t0 + t1) / 2 - self._since
+        self._close_window()
         self._attached = False
+
+    def _close_window(self) -> None:
+        """Add the live span of the window just ended, from its first to its last hit plus one mean gap."""
+        span = self.bpf["duty_span"]
+        first, last, n = (span[ct.c_int(i)].value for i in range(3))
+        for i in range(3):
+            span[ct.c_int(i)] = ct.c_uint64(0)
+        if n >= 2 and last > first:
+            self.active_s += (last - first) / 1e9 * n / (n - 1)
+            self.windows += 1
 
     def _attach(self) -> None:
         with self._lock:
@@ -135,15 +145,17 @@ class DutyCycler:
             self._detach()
             self._stop.wait((1 - f) * PERIOD_S)
 
-    def stop(self) -> float:
-        """Stop cycling (leaving the probes as they are) and return the fraction of time they were attached."""
+    def stop(self, total_s: float) -> float:
+        """Stop cycling (leaving the probes as they are); return the fraction of ``total_s`` the hot probes were
+        live (1.0 when they were never cycled)."""
         self._stop.set()
         if self._thread:
             self._thread.join()
-        now = time.monotonic()
+        if self.windows == 0:
+            return 1.0
         if self._attached:
-            self.active_s += now - self._since
-        return self.active_s
+            self.active_s += time.monotonic() - self._since
+        return min(1.0, self.active_s / total_s) if total_s > 0 else 1.0
 
 
 def required_fraction(hot_pct: float, rare_pct: float, budget_pct: float) -> float:

@@ -28,9 +28,7 @@ _verbose = 0
 
 @app.callback()
 def _global(
-    verbose: int = typer.Option(
-        0, "--verbose", "-v", count=True, help="More logging on stderr (-vv: debug)."
-    ),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More logging on stderr (-vv: debug)."),
 ) -> None:
     global _verbose
     _verbose = verbose

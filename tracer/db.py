@@ -51,16 +51,10 @@ def connect_read_only(path: str | Path) -> duckdb.DuckDBPyConnection:
     except duckdb.IOException as e:
         msg = str(e)
         if "lock" in msg.lower():
-            raise StoreError(
-                f"{p} is being written by another process (it holds the file lock)", _LIVE_HINT
-            ) from None
+            raise StoreError(f"{p} is being written by another process (it holds the file lock)", _LIVE_HINT) from None
         if "not a valid DuckDB database" in msg or "database file" in msg.lower() or "magic" in msg.lower():
-            raise StoreError(
-                f"{p} is not a DuckDB file", "Pass a trace DB written by `tracer record`."
-            ) from None
-        raise StoreError(
-            f"cannot open {p}: {msg.splitlines()[0]}", "Check the path and its permissions."
-        ) from None
+            raise StoreError(f"{p} is not a DuckDB file", "Pass a trace DB written by `tracer record`.") from None
+        raise StoreError(f"cannot open {p}: {msg.splitlines()[0]}", "Check the path and its permissions.") from None
     except duckdb.Error as e:
         raise StoreError(
             f"cannot open {p}: {str(e).splitlines()[0]}", "Pass a trace DB written by `tracer record`."

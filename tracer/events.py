@@ -8,6 +8,7 @@ layouts bcc derives from the C.
 from __future__ import annotations
 
 import ctypes as ct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,32 +120,38 @@ class StackBuffer:
     """Variable-size stack records (header + n Python frames); sampled, so decoded one by one."""
 
     chunks: list[bytes] = field(default_factory=list)
+    # Called with each record as it arrives: the Python frames' code objects must be read while the process
+    # lives, and a script's <module> code object is freed the moment the script body returns.
+    on_record: Callable[[StackRecord], None] | None = None
 
     def callback(self, _ctx: int, data: int, size: int) -> None:
-        self.chunks.append(ct.string_at(data, size))
+        raw = ct.string_at(data, size)
+        self.chunks.append(raw)
+        if self.on_record is not None:
+            self.on_record(decode_stack(raw))
 
     def drain(self) -> list[StackRecord]:
         """Return the stack records received since the last drain."""
         chunks, self.chunks = self.chunks, []
-        out = []
-        hsize = STACK_HEADER_DTYPE.itemsize
-        for c in chunks:
-            if len(c) < hsize:
-                raise DecodeError(f"stack record of {len(c)} bytes, shorter than its {hsize}-byte header")
-            h = np.frombuffer(c, dtype=STACK_HEADER_DTYPE, count=1)[0]
-            n = min(int(h["n_py"]), (len(c) - hsize) // PY_FRAME_DTYPE.itemsize)
-            fr = np.frombuffer(c, dtype=PY_FRAME_DTYPE, count=n, offset=hsize)
-            out.append(
-                StackRecord(
-                    int(h["stack_ref"]),
-                    int(h["pid"]),
-                    int(h["tid"]),
-                    int(h["native_id"]),
-                    int(h["py_status"]),
-                    tuple(zip(fr["code"].tolist(), fr["lasti"].tolist(), strict=True)),
-                )
-            )
-        return out
+        return [decode_stack(c) for c in chunks]
+
+
+def decode_stack(c: bytes) -> StackRecord:
+    """Decode one stack record (header + n_py frames); raise DecodeError if it is shorter than its header."""
+    hsize = STACK_HEADER_DTYPE.itemsize
+    if len(c) < hsize:
+        raise DecodeError(f"stack record of {len(c)} bytes, shorter than its {hsize}-byte header")
+    h = np.frombuffer(c, dtype=STACK_HEADER_DTYPE, count=1)[0]
+    n = min(int(h["n_py"]), (len(c) - hsize) // PY_FRAME_DTYPE.itemsize)
+    fr = np.frombuffer(c, dtype=PY_FRAME_DTYPE, count=n, offset=hsize)
+    return StackRecord(
+        int(h["stack_ref"]),
+        int(h["pid"]),
+        int(h["tid"]),
+        int(h["native_id"]),
+        int(h["py_status"]),
+        tuple(zip(fr["code"].tolist(), fr["lasti"].tolist(), strict=True)),
+    )
 
 
 def cstr(a: np.ndarray) -> list[str]:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.catalog import CATALOG, OP_COUNT_MAX, OP_IDS, ProbeSpec, specs_for
+from probes.catalog import CATALOG, OP_COUNT_MAX, OP_IDS, OpClass, ProbeSpec, specs_for
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ def _stub(op_id: int, spec: ProbeSpec) -> str:
         spec.stream_deref,
         spec.func_arg,
         twin,
+        int(spec.op_class == OpClass.LAUNCH),
     )
     argl = ", ".join(str(int(a)) for a in args)
     return (

@@ -461,11 +461,7 @@ def analyze_binary(path: str, *, use_cache: bool = True) -> BinaryInfo | None:
             except (OSError, ValueError, TypeError, KeyError):
                 pass
 
-        segs = [
-            (s["p_offset"], s["p_vaddr"], s["p_filesz"])
-            for s in elf.iter_segments()
-            if s["p_type"] == "PT_LOAD"
-        ]
+        segs = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
 
         def read_vaddr(vaddr: int, n: int) -> bytes | None:
             off = _vaddr_to_offset(segs, vaddr)
@@ -512,9 +508,7 @@ def analyze_binary(path: str, *, use_cache: bool = True) -> BinaryInfo | None:
                 dw = _Dwarf(elf)
                 dw.load({s for s, _ in fields.values()})
                 got = {n: dw.member_offset(s, p) for n, (s, p) in fields.items()}
-                if all(
-                    got[n] is not None for n in ("ts_frame", "f_previous", "f_code", "f_instr", "co_filename")
-                ):
+                if all(got[n] is not None for n in ("ts_frame", "f_previous", "f_code", "f_instr", "co_filename")):
                     offsets = {n: got.get(n) for n in OFFSET_NAMES}
                     if version <= _V310:
                         offsets["co_adaptive"] = 0
@@ -739,9 +733,7 @@ class PyRuntimeManager:
             (lt_p,) = struct.unpack_from("<Q", head, o["co_linetable"])
             (lt_len,) = struct.unpack_from("<q", mem.read(lt_p + 16, 8))
             linetable = mem.read(lt_p + 32, lt_len) if 0 < lt_len < 1 << 20 else b""
-            return _CodeInfo(
-                _read_str(mem, fn_p, t.version), _read_str(mem, qn_p, t.version), first, linetable
-            )
+            return _CodeInfo(_read_str(mem, fn_p, t.version), _read_str(mem, qn_p, t.version), first, linetable)
         except (OSError, struct.error, ValueError):
             return None
         finally:

@@ -54,6 +54,8 @@ SCHED_KEEP_NS = 1_000_000
 SCHED_SAMPLE_EVERY = 16
 
 
+PYS_STOPPED = 0x8000  # common.h: the stack's process waits for SIGCONT
+
 # Per-op lookup tables for building cuda_calls columns without per-row Python work.
 _OP_DICT = pa.array(OP_NAMES)
 _LAYER_DICT = pa.array(["runtime", "driver"])
@@ -342,7 +344,7 @@ class Recorder:
         self.sched = events.RawBuffer(events.SCHED_DTYPE)
         self.proc = events.RawBuffer(events.PROC_DTYPE)
         self.knames = events.RawBuffer(events.KNAME_DTYPE)
-        self.stacks = events.StackBuffer()
+        self.stacks = events.StackBuffer(on_record=self._prefetch_stack)
         self.lib_opens: list[tuple[int, str]] = []
         self.bpf["calls"].open_ring_buffer(self.calls.callback)
         self.bpf["sched_rb"].open_ring_buffer(self.sched.callback)
@@ -385,8 +387,8 @@ class Recorder:
             self.root = self.child
             self._add_target(self.child, ppid=os.getpid())
         self._scan_libraries()
-        if not self.attached:
-            self._status("no CUDA library found yet in the target; waiting for one to be loaded...")
+        if not any(targets.libraries_mapped(pid) for pid in self.procs):
+            self._status("no CUDA library loaded by the target yet; waiting for one to be loaded...")
 
     def _loop(self) -> None:
         self._loop_start = time.monotonic()
@@ -510,6 +512,21 @@ class Recorder:
                 ],
             },
         )
+
+    def _prefetch_stack(self, rec: events.StackRecord) -> None:
+        """Read a new stack's code objects at once, while the process (and its <module> code) still exists; the
+        BPF side stopped the process if any of them is new (PYS_STOPPED), so let it go on afterwards."""
+        try:
+            if self.pyrt is not None and rec.frames:
+                self.pyrt.prefetch(rec.pid, list(rec.frames))
+        except Exception as e:
+            log.debug("prefetch for %d failed: %s", rec.pid, e)
+        finally:
+            if rec.py_status & PYS_STOPPED:
+                try:
+                    os.kill(rec.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
 
     def _handle_stack(self, rec: events.StackRecord) -> None:
         # frames are (kind, module, function, file, line), outermost first
@@ -816,12 +833,21 @@ class Recorder:
                 pass
         self._release_command()
         loop_s = time.monotonic() - getattr(self, "_loop_start", time.monotonic())
-        active = self.cycler.stop() if hasattr(self, "_loop_start") else loop_s
-        self.launch_fraction = min(1.0, active / loop_s) if loop_s > 0 else 1.0
-        if self.launch_fraction > 0.98:  # never cycled: exact
-            self.launch_fraction = 1.0
+        self.launch_fraction = self.cycler.stop(loop_s) if hasattr(self, "_loop_start") else 1.0
+        if self.launch_fraction < 1.0:
+            self.notes.append(
+                f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
+                f"counts are scaled from {self.launch_fraction:.0%} of the time"
+            )
         self.bpf.ring_buffer_consume()
         self._drain()
+        # nothing of ours may stay stopped (a library-load or first-sight stop whose record was not read)
+        for p in self.procs.values():
+            if p.exit_ns is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except (ProcessLookupError, PermissionError):
+                    pass
         self._drain_sched_aggs(before_sec=None)
         ops = self._write_op_stats()
         for p in self.procs.values():

@@ -217,9 +217,7 @@ def render_sql(res: SqlResult) -> RenderableType:
 def print_record(record: Record, console: Console, *, as_json: bool) -> None:
     """Print ``record`` to ``console``: JSON, or its rich view."""
     if as_json:
-        console.print_json(to_json(record)) if console.is_terminal else console.out(
-            to_json(record), highlight=False
-        )
+        console.print_json(to_json(record)) if console.is_terminal else console.out(to_json(record), highlight=False)
         return
     view = {
         TraceStats: render_stats,

@@ -32,11 +32,15 @@ FLUSH_ROWS = 10_000
 def check_db_path(path: Path, force: bool) -> None:
     """Raise StoreError unless a new trace DB can be written at ``path``."""
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    try:
+        is_dir, writable, exists = parent.is_dir(), os.access(parent, os.W_OK), path.exists()
+    except OSError as e:  # a parent we may not even look into
+        raise StoreError(f"cannot use {path}: {e.strerror}", "choose another --db path") from None
+    if not is_dir:
         raise StoreError(f"directory {parent} does not exist", f"create it first: mkdir -p {parent}")
-    if not os.access(parent, os.W_OK):
+    if not writable:
         raise StoreError(f"cannot write to directory {parent}", "choose another --db path")
-    if path.exists() and not force:
+    if exists and not force:
         raise StoreError(
             f"{path} already exists",
             "pass --force to overwrite it, or choose another --db path (one recording per file)",
@@ -60,9 +64,7 @@ class Store:
             raise StoreError(f"cannot create {path}: {e}") from None
         for t in TABLES:
             self.conn.execute(t.ddl())
-        self.conn.execute(
-            "INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)]
-        )
+        self.conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)])
         self.rows_written: dict[str, int] = {}
         self._q: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
         self._closed = False

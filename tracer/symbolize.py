@@ -469,9 +469,7 @@ class Symbolizer:
 
     # -- symbols ------------------------------------------------------------------------------------------
 
-    def symbolize(
-        self, pid: int, addrs: Sequence[int], *, return_addresses: bool = True
-    ) -> list[NativeFrame]:
+    def symbolize(self, pid: int, addrs: Sequence[int], *, return_addresses: bool = True) -> list[NativeFrame]:
         """One ``NativeFrame`` per address, innermost first.
 
         Args:

@@ -92,9 +92,7 @@ def decode_ustack_event(raw: bytes | memoryview) -> UstackEvent:
         raise ValueError(f"ustack_event record of {len(mv)} bytes, expected >= {USTACK_HEADER}")
     stack_ref, ip, sp, bp, pid, tid, n, native_id = struct.unpack_from("<4Q3Ii", mv, 0)
     n = min(n, len(mv) - USTACK_HEADER)
-    return UstackEvent(
-        stack_ref, pid, tid, native_id, Regs(ip, sp, bp), bytes(mv[USTACK_HEADER : USTACK_HEADER + n])
-    )
+    return UstackEvent(stack_ref, pid, tid, native_id, Regs(ip, sp, bp), bytes(mv[USTACK_HEADER : USTACK_HEADER + n]))
 
 
 class _Row:

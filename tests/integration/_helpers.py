@@ -76,8 +76,19 @@ def workload(name: str, *args: str) -> list[str]:
 def start_hog(seconds: float, cpu: int = 0, name: str = HOG_NAME, threads: int = 1) -> subprocess.Popen:
     """Start cpu_hog.py pinned to ``cpu``, outside any traced tree; wait until it has renamed itself."""
     p = subprocess.Popen(
-        ["taskset", "-c", str(cpu), str(PY), str(WORKLOADS / "cpu_hog.py"), "--seconds", str(seconds),
-         "--name", name, "--threads", str(threads)],
+        [
+            "taskset",
+            "-c",
+            str(cpu),
+            str(PY),
+            str(WORKLOADS / "cpu_hog.py"),
+            "--seconds",
+            str(seconds),
+            "--name",
+            name,
+            "--threads",
+            str(threads),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -108,9 +119,7 @@ def record(
             args = ["taskset", "-c", f"1-{os.cpu_count() - 1}", *args]  # keep the recorder off the hog's CPU
         if duration:
             args += ["--duration", str(duration)]
-        r = subprocess.run(
-            [*args, "--", *cmd], capture_output=True, text=True, timeout=timeout, cwd=str(ROOT)
-        )
+        r = subprocess.run([*args, "--", *cmd], capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
     finally:
         if hog is not None:
             hog.kill()
@@ -142,10 +151,23 @@ def cached(name: str, tmp_path_factory, cmd: list[str], **kw) -> Recording:
 SCENARIOS: dict[str, dict] = {
     # train.py (one persistent worker) pinned on CPU 0 with a 3-thread hog on CPU 0; the recorder on CPU 1
     "contention": dict(
-        cmd=["taskset", "-c", "0", *workload(
-            "train.py", "--workers", "1", "--epochs", "1", "--steps", "150", "--worker-cpu-ms", "0.5",
-            "--persistent-workers",
-        )],
+        cmd=[
+            "taskset",
+            "-c",
+            "0",
+            *workload(
+                "train.py",
+                "--workers",
+                "1",
+                "--epochs",
+                "1",
+                "--steps",
+                "150",
+                "--worker-cpu-ms",
+                "0.5",
+                "--persistent-workers",
+            ),
+        ],
         hog_seconds=120,
     ),
     "sync": dict(cmd=workload("sync_heavy.py", "--steps", "60")),
@@ -156,12 +178,16 @@ SCENARIOS: dict[str, dict] = {
     "healthy": dict(cmd=workload("healthy.py")),
     # a non-main thread makes the CUDA syncs: sync_heavy's loop run from a threading.Thread
     "thread": dict(
-        cmd=[str(PY), "-c", (
-            "import sys, threading; sys.path.insert(0, %r)\n"
-            "import sync_heavy\n"
-            "t = threading.Thread(target=sync_heavy.main, args=(['--steps', '40'],), name='cuda-worker')\n"
-            "t.start(); t.join()\n"
-        ) % str(WORKLOADS)],
+        cmd=[
+            str(PY),
+            "-c",
+            (
+                f"import sys, threading; sys.path.insert(0, {str(WORKLOADS)!r})\n"
+                "import sync_heavy\n"
+                "t = threading.Thread(target=sync_heavy.main, args=(['--steps', '40'],), name='cuda-worker')\n"
+                "t.start(); t.join()\n"
+            ),
+        ],
     ),
 }
 
@@ -185,4 +211,3 @@ def alloc_site_line() -> int:
         if re.search(r"\S.*#\s*ALLOC_SITE\s*$", line):  # a code line ending in the marker, not the docstring
             return i
     raise AssertionError("no # ALLOC_SITE marker in alloc_stress.py")
-

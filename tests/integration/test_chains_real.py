@@ -26,6 +26,16 @@ def rec(request, tmp_path_factory):
     return request.param, scenario(request.param, tmp_path_factory)
 
 
+@pytest.fixture(scope="module", params=list(EXPECTED))
+def problem(request, tmp_path_factory):
+    return request.param, scenario(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def named(tmp_path_factory):
+    return lambda name: scenario(name, tmp_path_factory)
+
+
 def _chains(r):
     with r.conn() as c:
         return compute_chains(c, limit=100).chains
@@ -35,10 +45,8 @@ def _of(chains, category):
     return [c for c in chains if c.category == category]
 
 
-def test_problem_recording_yields_its_chain_for_the_target_pid(rec):
-    name, r = rec
-    if name == "healthy":
-        pytest.skip("the healthy workload has no problem chain")
+def test_problem_recording_yields_its_chain_for_the_target_pid(problem):
+    name, r = problem
     # GIVEN a real recording of the problem workload, WHEN chains are computed
     found = _of(_chains(r), EXPECTED[name])
     # THEN a chain of the expected category names the target pid
@@ -66,20 +74,16 @@ def test_chains_were_written_at_the_end_of_the_recording(rec):
         assert EXPECTED[name] in {s[0] for s in stored}
 
 
-def test_healthy_recording_has_no_high_chain(rec):
-    name, r = rec
-    if name != "healthy":
-        pytest.skip("only for the healthy workload")
+def test_healthy_recording_has_no_high_chain(named):
+    r = named("healthy")
     high = [c for c in _chains(r) if c.severity == "HIGH"]
     assert not high, [c.summary for c in high]
     out = tracer_json("chains", "--db", str(r.db), "--severity", "high")
     assert out["chains"] == []
 
 
-def test_cpu_contention_names_the_hog_as_preemptor(rec):
-    name, r = rec
-    if name != "contention":
-        pytest.skip("only for the contention recording")
+def test_cpu_contention_names_the_hog_as_preemptor(named):
+    r = named("contention")
     chain = max(_of(_chains(r), "cpu_contention"), key=lambda c: c.impact_ms)
     pre = chain.evidence["preemptors"]
     assert pre and pre[0]["comm"] == HOG_NAME and pre[0]["pid"] == r.hog_pid and not pre[0]["own"], pre
@@ -87,10 +91,8 @@ def test_cpu_contention_names_the_hog_as_preemptor(rec):
     assert any(str(r.hog_pid) in rec_ for rec_ in chain.recommendations)
 
 
-def test_allocation_churn_names_the_alloc_site_line(rec):
-    name, r = rec
-    if name != "alloc":
-        pytest.skip("only for the allocation-churn recording")
+def test_allocation_churn_names_the_alloc_site_line(named):
+    r = named("alloc")
     line = alloc_site_line()
     chain = _of(_chains(r), "allocation_churn")[0]
     site = chain.evidence["top_sites"][0]["site"]
@@ -98,10 +100,8 @@ def test_allocation_churn_names_the_alloc_site_line(rec):
     assert f"alloc_stress.py:{line}" in chain.recommendations[0]
 
 
-def test_process_churn_counts_the_respawn_waves(rec):
-    name, r = rec
-    if name != "respawn":
-        pytest.skip("only for the respawn recording")
+def test_process_churn_counts_the_respawn_waves(named):
+    r = named("respawn")
     chain = _of(_chains(r), "process_churn")[0]
     # train.py --epochs 4 --respawn-workers with 2 workers: 4 waves of 2 forks, 3 respawns
     assert chain.evidence["fork_waves"] == 4 and chain.evidence["respawn_waves"] == 3
@@ -109,10 +109,8 @@ def test_process_churn_counts_the_respawn_waves(rec):
     assert chain.pids[0] == r.pid or r.pid in chain.pids
 
 
-def test_sync_stall_points_at_the_sync_heavy_step(rec):
-    name, r = rec
-    if name != "sync":
-        pytest.skip("only for the sync-heavy recording")
+def test_sync_stall_points_at_the_sync_heavy_step(named):
+    r = named("sync")
     chain = _of(_chains(r), "sync_stall")[0]
     assert "Synchronize" in chain.op
     assert "sync_heavy.py" in (chain.evidence["code_site"] or ""), chain.evidence

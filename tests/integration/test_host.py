@@ -58,8 +58,7 @@ def test_pinned_hog_is_named_in_preempted_sched_rows(contention):
 
 def test_pinned_hog_is_a_foreign_preemptor_with_run_queue_time(contention):
     rows = contention.q(
-        "SELECT comm, bool_or(is_target), sum(preemptions), sum(runq_ns) FROM preemptors "
-        "WHERE pid = ? GROUP BY comm",
+        "SELECT comm, bool_or(is_target), sum(preemptions), sum(runq_ns) FROM preemptors WHERE pid = ? GROUP BY comm",
         [contention.hog_pid],
     )
     assert len(rows) == 1, rows
@@ -110,9 +109,7 @@ def test_blocking_sync_is_sleep_not_preempted(sync):
 
 def test_off_cpu_accounting_covers_non_main_threads(thread):
     # GIVEN a process whose CUDA syncs run in a threading.Thread, WHEN recorded
-    tids = thread.q(
-        "SELECT DISTINCT tid FROM cuda_calls WHERE pid = ? AND op = 'cudaStreamSynchronize'", [thread.pid]
-    )
+    tids = thread.q("SELECT DISTINCT tid FROM cuda_calls WHERE pid = ? AND op = 'cudaStreamSynchronize'", [thread.pid])
     assert tids and all(t[0] != thread.pid for t in tids), tids
     worker = tids[0][0]
     # THEN sched_stats has that thread's off-CPU time (tid != pid), and its syncs carry off_cpu_ns
@@ -130,14 +127,17 @@ def test_off_cpu_accounting_covers_non_main_threads(thread):
 def test_workers_forked_per_epoch_appear_with_fork_and_exit(train):
     # GIVEN train.py --workers 2 --epochs 3 (workers re-forked every epoch), WHEN recorded
     workers = {
-        r[0]
-        for r in train.q("SELECT pid FROM process_events WHERE kind = 'rename' AND comm = 'pt_data_worker'")
+        r[0] for r in train.q("SELECT pid FROM process_events WHERE kind = 'rename' AND comm = 'pt_data_worker'")
     } | {r[0] for r in train.q("SELECT pid FROM processes WHERE comm = 'pt_data_worker'")}
+    # (the forking process: ppid when the row is written from the child's side, pid = child, else pid)
     forks = train.q(
-        "SELECT child FROM process_events WHERE kind = 'fork' AND pid = ? AND child IS NOT NULL", [train.pid]
+        "SELECT child FROM process_events WHERE kind = 'fork' AND child IS NOT NULL "
+        "AND (CASE WHEN pid = child THEN ppid ELSE pid END) = ?",
+        [train.pid],
     )
-    exits = train.q("SELECT pid FROM process_events WHERE kind = 'exit' AND pid IN (SELECT unnest(?))",
-                    [sorted(workers)])
+    exits = train.q(
+        "SELECT pid FROM process_events WHERE kind = 'exit' AND pid IN (SELECT unnest(?))", [sorted(workers)]
+    )
     # THEN 6 workers named pt_data_worker, each forked by the target and each exited
     assert len(workers) == 6, workers
     assert {f[0] for f in forks} >= workers, (forks, workers)

@@ -71,6 +71,9 @@ MEM_SEVERE_FRAC = 0.05
 PAGE_ALLOC_SURGE = 4.0
 PAGE_ALLOC_FLOOR = 512 << 20
 MEM_RATE_RATIO = 3.0
+# ... or, without slow calls, pauses >= 100 ms between a thread's CUDA calls inside the pressure while the
+# traced tree itself allocated >= PAGE_ALLOC_FLOOR of pages.
+MEM_GAP_NS = 100 * MS
 # allocation_churn: >= 1000 alloc/free calls at >= 20/s, or >= 2 % of the session inside them; >= 10 %: HIGH.
 ALLOC_OPS = (
     "cudaMalloc",
@@ -103,8 +106,7 @@ class CausalChain(Record):
     category: Annotated[
         str,
         Field(
-            description="cpu_contention | sync_stall | gpu_bound | process_churn | "
-            "memory_pressure | allocation_churn"
+            description="cpu_contention | sync_stall | gpu_bound | process_churn | memory_pressure | allocation_churn"
         ),
     ]
     start_ns: Annotated[int, Field(description="start of the affected range, ns since session start")]
@@ -113,9 +115,7 @@ class CausalChain(Record):
     op: Annotated[str, Field(description="affected CUDA op: call get_stacks(op) for its code paths")]
     op_p50_us: Annotated[float, Field(description="the op's median latency in the affected pid, µs")]
     op_p99_us: Annotated[float, Field(description="its 99th percentile, µs")]
-    impact_ms: Annotated[
-        float, Field(description="time the problem cost the affected threads, ms (ranking key)")
-    ]
+    impact_ms: Annotated[float, Field(description="time the problem cost the affected threads, ms (ranking key)")]
     summary: Annotated[str, Field(description="one-sentence diagnosis")]
     evidence: Annotated[dict[str, Any], Field(description="the measured numbers behind it")]
     recommendations: Annotated[list[str], Field(description="fixes for this trace, most effective first")]
@@ -221,8 +221,7 @@ class ChainContext:
         in another file exists, that caller is the code site, not the wrapper."""
         if stack_id not in self._frames:
             frames = self.conn.execute(
-                "SELECT file, line, function FROM stacks WHERE stack_id = ? AND kind = 'python' "
-                "ORDER BY depth DESC",
+                "SELECT file, line, function FROM stacks WHERE stack_id = ? AND kind = 'python' ORDER BY depth DESC",
                 [stack_id],
             ).fetchall()
             user = [f for f in frames if not _is_library(f[0])] or frames
@@ -327,9 +326,7 @@ def cpu_contention(ctx: ChainContext) -> list[CausalChain]:
         ).fetchone() or (None, None)
         _, _, _, p50, p99 = ctx.ops[(pid, op)]
         tail = p99 / p50 if p50 else 0.0
-        sev = (
-            "HIGH" if share >= RUNQ_SHARE_HIGH and n >= 20 and tail >= 10 else "MEDIUM" if n >= 20 else "LOW"
-        )
+        sev = "HIGH" if share >= RUNQ_SHARE_HIGH and n >= 20 and tail >= 10 else "MEDIUM" if n >= 20 else "LOW"
         top = preemptors[0] if preemptors else None
         who = (
             f"{'its own' if top['own'] else 'another'} process {top['comm']} (pid {top['pid']})"
@@ -411,9 +408,7 @@ def sync_stall(ctx: ChainContext) -> list[CausalChain]:
     by_pid: dict[int, list[str]] = {}
     for pid, op in _pid_ops(ctx, _is_sync):
         layer = ctx.ops[(pid, op)][0]
-        if layer == "driver" and any(
-            p == pid and _is_sync(o) and ctx.ops[(p, o)][0] == "runtime" for p, o in ctx.ops
-        ):
+        if layer == "driver" and any(p == pid and _is_sync(o) and ctx.ops[(p, o)][0] == "runtime" for p, o in ctx.ops):
             continue  # the driver sync under a runtime sync is the same wait: count it once
         by_pid.setdefault(pid, []).append(op)
     for pid, sync_ops in by_pid.items():
@@ -561,21 +556,16 @@ def process_churn(ctx: ChainContext) -> list[CausalChain]:
             ).fetchone()
             if r and r[0]:
                 stall_ns += r[1]
-                stalls.append(
-                    dict(wave_s=round(t / S, 2), op=op, slow_calls=int(r[0]), total_ms=round(r[1] / 1e6, 1))
-                )
+                stalls.append(dict(wave_s=round(t / S, 2), op=op, slow_calls=int(r[0]), total_ms=round(r[1] / 1e6, 1)))
                 if r[2] > worst[1]:
                     worst = (op, int(r[2]))
     respawns = len(waves) - 1
     avg_ms = stall_ns / 1e6 / respawns
     sev = "HIGH" if avg_ms >= CHURN_STALL_HIGH_MS else "MEDIUM" if stall_ns else "LOW"
-    op = worst[0] or max(
-        (o for (p, o) in ctx.ops if p == parent), key=lambda o: ctx.ops[(parent, o)][4], default=""
-    )
+    op = worst[0] or max((o for (p, o) in ctx.ops if p == parent), key=lambda o: ctx.ops[(parent, o)][4], default="")
     site = ctx.code_site(parent, op) if op else None
     off = ctx.conn.execute(
-        "SELECT max(dur_ns) FROM sched WHERE pid = ? AND "
-        + " OR ".join(["ts_ns BETWEEN ? AND ?"] * respawns),
+        "SELECT max(dur_ns) FROM sched WHERE pid = ? AND " + " OR ".join(["ts_ns BETWEEN ? AND ?"] * respawns),
         [parent] + [x for w in waves[1:] for x in (w[0][0], w[0][0] + WAVE_WINDOW_NS)],
     ).fetchone()
     ev = dict(
@@ -643,7 +633,10 @@ def memory_pressure(ctx: ChainContext) -> list[CausalChain]:
     for ts, avail, alloc, talloc, swap, dt in rows:
         rate = (alloc or 0) * S / (dt if dt and dt > 0 else S)
         low = mem and avail is not None and avail < MEM_LOW_FRAC * mem
-        surge = rate >= max(PAGE_ALLOC_SURGE * median, PAGE_ALLOC_FLOOR)
+        trate = (talloc or 0) * S / (dt if dt and dt > 0 else S)
+        # a surge over the host's usual rate, or the traced tree itself faulting in >= 512 MiB/s (a short
+        # recording of a job that allocates all along has no quiet seconds to set the median)
+        surge = rate >= max(PAGE_ALLOC_SURGE * median, PAGE_ALLOC_FLOOR) or trate >= PAGE_ALLOC_FLOOR
         swapping = prev_swap is not None and swap is not None and swap > prev_swap
         prev_swap = swap
         if low or surge or swapping:
@@ -675,7 +668,8 @@ def memory_pressure(ctx: ChainContext) -> list[CausalChain]:
     out_s = max(len({r[0] // S for r in rows}) - in_s, 1)
     rate_in, rate_out = slow_in / in_s, slow_out / out_s
     if slow_in < MIN_SLOW_CALLS or rate_in < MEM_RATE_RATIO * max(rate_out, 1e-9):
-        return []  # pressure without slow calls inside it: no measured effect on the job
+        # no slow calls inside the pressure: it may still have stalled the thread between its calls
+        return _memory_stalls(ctx, secs, in_s, out_s, pressured)
     (pid, op), (n, dur, off) = max(by_op.items(), key=lambda kv: kv[1][1])
     min_avail = min((p[1] for p in pressured if p[1] is not None), default=None)
     swap_grew = max((p[4] or 0 for p in pressured), default=0)
@@ -740,6 +734,72 @@ def memory_pressure(ctx: ChainContext) -> list[CausalChain]:
     ]
 
 
+def _memory_stalls(
+    ctx: ChainContext, secs: set[int], in_s: int, out_s: float, pressured: list[tuple]
+) -> list[CausalChain]:
+    """Pauses of >= MEM_GAP_NS between a thread's consecutive CUDA calls inside the pressured seconds, while
+    the traced tree itself allocated the pages: the thread that feeds the GPU was busy faulting memory in."""
+    target_alloc = sum(p[3] or 0 for p in pressured)
+    if target_alloc < PAGE_ALLOC_FLOOR:
+        return []  # someone else's pressure that did not slow any call: no measured effect on the job
+    gaps = ctx.conn.execute(
+        "SELECT pid, tid, prev_end, ts_ns, op FROM (SELECT pid, tid, ts_ns, op, "
+        "lag(ts_ns + dur_ns) OVER (PARTITION BY tid ORDER BY ts_ns) AS prev_end FROM cuda_calls "
+        "WHERE ($pid IS NULL OR pid = $pid)) WHERE ts_ns - prev_end >= $gap ORDER BY ts_ns",
+        {"pid": ctx.pid, "gap": MEM_GAP_NS},
+    ).fetchall()
+    inside = [g for g in gaps if (g[3] // S) in secs or (g[3] // S + 1) in secs]
+    gap_in = sum(g[3] - g[2] for g in inside)
+    n_out = len(gaps) - len(inside)
+    if not inside or gap_in < MEM_GAP_NS or len(inside) / in_s < MEM_RATE_RATIO * n_out / out_s:
+        return []
+    by_pid: dict[int, list[tuple]] = {}
+    for g in inside:
+        by_pid.setdefault(g[0], []).append(g)
+    pid, mine = max(by_pid.items(), key=lambda kv: sum(g[3] - g[2] for g in kv[1]))
+    ops = [g[4] for g in mine]
+    op = max(set(ops), key=ops.count)
+    stall = sum(g[3] - g[2] for g in mine)
+    site = ctx.code_site(pid, op)
+    gib = 1 << 30
+    peak = max(p[2] for p in pressured)
+    return [
+        _chain(
+            ctx,
+            category="memory_pressure",
+            severity="MEDIUM",
+            pid=pid,
+            op=op,
+            start_ns=mine[0][2],
+            end_ns=mine[-1][3],
+            impact_ns=stall,
+            summary=(
+                f"pid {pid} ({ctx.comm(pid)}) stopped issuing CUDA work {len(mine)} times for {stall / 1e6:.0f} ms "
+                f"in all while the traced tree allocated {target_alloc / gib:.1f} GiB of pages (up to "
+                f"{peak / gib:.1f} GiB/s host-wide)."
+            ),
+            evidence=dict(
+                pressure_seconds=len(secs),
+                target_page_alloc_bytes=int(target_alloc),
+                peak_page_alloc_bytes_per_s=round(peak),
+                stalls_in_pressure=len(mine),
+                stall_ms=round(stall / 1e6, 1),
+                worst_stall_ms=round(max(g[3] - g[2] for g in mine) / 1e6, 1),
+                stalls_outside_pressure=n_out,
+                next_op=op,
+                code_site=site,
+            ),
+            recommendations=[
+                f"Allocate host memory once and reuse it instead of faulting in fresh pages between steps: pid {pid} "
+                f"allocated {target_alloc / gib:.1f} GiB during the pressure and issued no CUDA work meanwhile"
+                + (f" (next call: {op} at {site})." if site else "."),
+                "Move host-side data preparation into DataLoader workers (num_workers > 0, pin_memory=True) so "
+                "the training thread keeps the GPU fed.",
+            ],
+        )
+    ]
+
+
 def allocation_churn(ctx: ChainContext) -> list[CausalChain]:
     """Thousands of device/host allocations and frees: the caching allocator defeated, each call a driver round trip."""  # noqa: E501
     out = []
@@ -758,13 +818,7 @@ def allocation_churn(ctx: ChainContext) -> list[CausalChain]:
         rate, share = calls / (active / S), total / active
         if not ((calls >= ALLOC_MIN_CALLS and rate >= ALLOC_RATE_MIN) or share >= ALLOC_SHARE_MEDIUM):
             continue
-        sev = (
-            "HIGH"
-            if share >= ALLOC_SHARE_HIGH
-            else "MEDIUM"
-            if share >= ALLOC_SHARE_MEDIUM or rate >= 100
-            else "LOW"
-        )
+        sev = "HIGH" if share >= ALLOC_SHARE_HIGH else "MEDIUM" if share >= ALLOC_SHARE_MEDIUM or rate >= 100 else "LOW"
         main_op = max(ops, key=lambda o: o[1][2])[0]
         alloc_op = next((o for o, _ in ops if "Alloc" in o or "Malloc" in o), main_op)
         r = ctx.conn.execute(
@@ -830,8 +884,7 @@ def allocation_churn(ctx: ChainContext) -> list[CausalChain]:
                     active_s=round(active / S, 2),
                     bytes=int(op_bytes),
                     per_op={
-                        o: dict(calls=v[1], p50_us=round(v[3] / 1e3, 1), p99_us=round(v[4] / 1e3, 1))
-                        for o, v in ops
+                        o: dict(calls=v[1], p50_us=round(v[3] / 1e3, 1), p99_us=round(v[4] / 1e3, 1)) for o, v in ops
                     },
                     top_sites=site_list,
                     empty_cache_in_free_stacks=bool(empty_cache and empty_cache[0]),

@@ -54,9 +54,7 @@ class SqlResult(Record):
 
     columns: list[str]
     column_types: Annotated[list[str], Field(description="DuckDB type of each column")]
-    rows: Annotated[
-        list[list[Any]], Field(description="JSON-safe values: timestamps ISO, blobs hex, NaN -> null")
-    ]
+    rows: Annotated[list[list[Any]], Field(description="JSON-safe values: timestamps ISO, blobs hex, NaN -> null")]
     row_count: Annotated[int, Field(description="rows returned (<= limit)")]
     truncated: Annotated[bool, Field(description="true when the query had more rows than the limit")]
     elapsed_ms: float

@@ -41,9 +41,7 @@ class Frame(Record):
 class StackStat(Record):
     """One distinct stack of the op and the latency of the calls made through it."""
 
-    stack_id: Annotated[
-        int | None, Field(description="stacks.stack_id; null for the '(no stack captured)' group")
-    ]
+    stack_id: Annotated[int | None, Field(description="stacks.stack_id; null for the '(no stack captured)' group")]
     label: Annotated[str, Field(description="innermost Python frame as file:line function, or the top frame")]
     calls: Annotated[int, Field(description="stored calls through this stack")]
     avg_us: float
@@ -82,9 +80,7 @@ def _label(frames: list[Frame]) -> str:
     return frames[-1].function if frames else NO_STACK
 
 
-def top_stacks(
-    conn: duckdb.DuckDBPyConnection, op: str, pid: int | None = None, limit: int = 10
-) -> StacksResult:
+def top_stacks(conn: duckdb.DuckDBPyConnection, op: str, pid: int | None = None, limit: int = 10) -> StacksResult:
     """Return the op's stacks ranked by calls, with latency, bytes, pids and frames.
 
     Raises:

@@ -36,9 +36,7 @@ class Environment(Record):
     python_version: str
     tracer_version: str
     target: Annotated[str, Field(description="pid N or the launched command")]
-    overhead_pct: Annotated[
-        float | None, Field(description="estimated tracing overhead, % of the target's CPU")
-    ]
+    overhead_pct: Annotated[float | None, Field(description="estimated tracing overhead, % of the target's CPU")]
     notes: str
 
 
@@ -46,24 +44,16 @@ class OpStat(Record):
     """Latency of one CUDA API function over every call (exact counts from the in-kernel histogram)."""
 
     op: Annotated[str, Field(description="API function, e.g. cudaStreamSynchronize")]
-    layer: Annotated[
-        str, Field(description="runtime (libcudart) | driver (libcuda); kept apart, never summed")
-    ]
-    calls: Annotated[
-        int, Field(description="number of calls (scaled from a sample when sampled_fraction < 1)")
-    ]
+    layer: Annotated[str, Field(description="runtime (libcudart) | driver (libcuda); kept apart, never summed")]
+    calls: Annotated[int, Field(description="number of calls (scaled from a sample when sampled_fraction < 1)")]
     total_ms: Annotated[float, Field(description="sum of latencies in ms")]
     p50_us: Annotated[float, Field(description="median latency, µs")]
     p95_us: Annotated[float, Field(description="95th percentile, µs")]
     p99_us: Annotated[float, Field(description="99th percentile, µs")]
     max_us: Annotated[float, Field(description="slowest call, µs")]
-    tail_ratio: Annotated[
-        float, Field(description="p99 / p50: how much worse the tail is than the typical call")
-    ]
+    tail_ratio: Annotated[float, Field(description="p99 / p50: how much worse the tail is than the typical call")]
     bytes: Annotated[int, Field(description="total bytes allocated / copied / set")]
-    sampled_fraction: Annotated[
-        float, Field(description="1.0 = every call counted; < 1 = scaled from a sample")
-    ]
+    sampled_fraction: Annotated[float, Field(description="1.0 = every call counted; < 1 = scaled from a sample")]
     note: Annotated[str, Field(description="caveat, e.g. 'scaled from a sample'")] = ""
 
 
@@ -81,9 +71,7 @@ class ProcessStat(Record):
     runq_s: Annotated[float, Field(description="of that, time runnable but waiting for a CPU, seconds")]
     worst_stall_ms: Annotated[float, Field(description="longest single off-CPU interval, ms")]
     first_s: Annotated[float, Field(description="first seen, seconds since session start")]
-    exit_s: Annotated[
-        float | None, Field(description="exit time, seconds since start; null if alive at the end")
-    ]
+    exit_s: Annotated[float | None, Field(description="exit time, seconds since start; null if alive at the end")]
     exit_code: Annotated[int | None, Field(description="wait(2) status: code << 8 | signal")]
 
 
@@ -94,9 +82,7 @@ class HostPeaks(Record):
     max_load1: float | None
     max_cpu_busy_pct: float | None
     min_mem_available_bytes: int | None
-    max_page_alloc_bytes_per_s: Annotated[
-        float | None, Field(description="peak host-wide page allocation rate")
-    ]
+    max_page_alloc_bytes_per_s: Annotated[float | None, Field(description="peak host-wide page allocation rate")]
     max_swap_used_bytes: int | None
 
 

@@ -137,9 +137,7 @@ def buckets(conn: duckdb.DuckDBPyConnection, seconds: int = 10, pid: int | None 
         "SELECT ts_ns // $w, sum(page_alloc_bytes), max(load1) FROM host_samples GROUP BY 1", {"w": w}
     ).fetchall():
         slot(b).update(page_alloc_bytes=int(pa or 0), max_load1=load)
-    return Timeline(
-        bucket_s=w // S, pid=pid, buckets=[Bucket(start_s=b * w / S, **v) for b, v in sorted(out.items())]
-    )
+    return Timeline(bucket_s=w // S, pid=pid, buckets=[Bucket(start_s=b * w / S, **v) for b, v in sorted(out.items())])
 
 
 def around(

@@ -114,8 +114,7 @@ def sql(
 
 
 mcp_app = typer.Typer(
-    help="Serve the trace to an AI assistant over MCP.\n\nExample: tracer mcp serve --db "
-    "trace.duckdb --http :8090",
+    help="Serve the trace to an AI assistant over MCP.\n\nExample: tracer mcp serve --db trace.duckdb --http :8090",
     no_args_is_help=True,
 )
 
@@ -138,9 +137,7 @@ def mcp_serve(
     ] = None,
     allow_host: Annotated[
         list[str] | None,
-        typer.Option(
-            "--allow-host", help="Extra Host header value clients use (e.g. gpu-box:8090); repeatable."
-        ),
+        typer.Option("--allow-host", help="Extra Host header value clients use (e.g. gpu-box:8090); repeatable."),
     ] = None,
 ) -> None:
     """Serve get_trace_stats, get_causal_chains, get_stacks and run_sql over MCP (stdio or streamable HTTP).

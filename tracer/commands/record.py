@@ -146,9 +146,7 @@ def doctor() -> None:
     except ImportError:
         checks.append(("bcc importable", False, "run ./setup.sh"))
     rel = os.uname().release
-    checks.append(
-        (f"kernel headers for {rel}", os.path.exists(f"/lib/modules/{rel}/build"), "run ./setup.sh")
-    )
+    checks.append((f"kernel headers for {rel}", os.path.exists(f"/lib/modules/{rel}/build"), "run ./setup.sh"))
     checks.append(
         (
             "kernel BTF (/sys/kernel/btf/vmlinux)",
@@ -158,9 +156,7 @@ def doctor() -> None:
     )
     for name, good, fix in checks:
         ok &= good
-        err.print(
-            f"  {'[green]ok[/]' if good else '[red]missing[/]'}  {name}" + ("" if good else f"  → {fix}")
-        )
+        err.print(f"  {'[green]ok[/]' if good else '[red]missing[/]'}  {name}" + ("" if good else f"  → {fix}"))
     if ok:
         check_environment()
         from tracer.program import ProgramOptions, compile_program
@@ -182,9 +178,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def demo(
-    db: Annotated[Path, typer.Option("--db", help="Where to write the demo recording.")] = Path(
-        "demo.duckdb"
-    ),
+    db: Annotated[Path, typer.Option("--db", help="Where to write the demo recording.")] = Path("demo.duckdb"),
     seconds: Annotated[float, typer.Option("--seconds", help="How long the demo job runs.")] = 12.0,
 ) -> None:
     """Record a fixture training job with the usual host-side problems, then print the investigation.
