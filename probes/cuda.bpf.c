@@ -11,6 +11,7 @@
  */
 #include "common.h"
 #include "maps.h"
+#include "native_stack.h"
 #ifdef WITH_PYFRAMES
 #include "pyframes.h"
 #endif
@@ -25,8 +26,18 @@
 #define NATIVE_STACKS 16384 /* distinct native stacks; a training job has hundreds */
 #endif
 
+#ifndef USTACK_RB_PAGES
+#define USTACK_RB_PAGES 1024 /* 4 MiB = ~250 user-stack copies of 16 KiB; they are a sample of the stacks */
+#endif
+
 BPF_RINGBUF_OUTPUT(calls, CALLS_RB_PAGES);
 BPF_RINGBUF_OUTPUT(stacks_rb, STACKS_RB_PAGES);
+/* Copies of the user stack for .eh_frame unwinding in user space (native_stack.h), where frame pointers stop
+ * (libpython, libffi, libtorch are built without them). Taken for stacks with new Python code and 1 in
+ * cfg_ustack_every[0] of the other captured stacks. */
+BPF_RINGBUF_OUTPUT(ustack_rb, USTACK_RB_PAGES);
+BPF_ARRAY(cfg_ustack_every, u32, 1);
+BPF_PERCPU_ARRAY(ustack_cnt, u32, 1);
 
 /* key: struct hist_key (pid, op, slot); value: calls in that latency bucket. 65536 = ~90 (pid, op) pairs with
  * ~700 slots each worst case; in practice a pair fills a few dozen slots. */
@@ -239,6 +250,24 @@ static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid)
         bpf_send_signal(19 /* SIGSTOP */);
     }
     stacks_rb.ringbuf_submit(r, 0);
+
+    int want_copy = stop;
+    u32 *every = cfg_ustack_every.lookup(&zero), *cnt = ustack_cnt.lookup(&zero);
+    if (!want_copy && every && *every && cnt) {
+        *cnt += 1;
+        want_copy = (*cnt % *every) == 0;
+    }
+    if (want_copy) {
+        struct ustack_event *u = ustack_rb.ringbuf_reserve(sizeof(struct ustack_event));
+        if (u) {
+            copy_user_stack(ctx, u);
+            u->stack_ref = ref;
+            u->pid = tgid;
+            u->tid = tid;
+            u->native_id = se->native_id;
+            ustack_rb.ringbuf_submit(u, 0);
+        }
+    }
     return ref;
 }
 

@@ -52,6 +52,9 @@ STACK_EVERY = {OpClass.LAUNCH: 64}
 # Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
 SCHED_KEEP_NS = 1_000_000
 SCHED_SAMPLE_EVERY = 16
+# Copy the user stack (16 KiB) for 1 in N captured stacks, besides every stack with new Python code: enough to
+# see each call path's full native frames without the bandwidth of copying every one.
+USTACK_EVERY = 32
 
 
 PYS_STOPPED = 0x8000  # common.h: the stack's process waits for SIGCONT
@@ -171,6 +174,7 @@ class Recorder:
         self._last_counters = np.zeros(4, dtype=np.int64)
         self._interrupted = False
         self.pyrt: Any = None
+        self._unwind_tables: Any = None
         self.py_version: str | None = None
         self._overhead_samples: list[float] = []
         self.overhead_pct = 0.0
@@ -232,6 +236,7 @@ class Recorder:
         b["cfg_sched"][ct.c_int(1)] = ct.c_uint64(SCHED_KEEP_NS)
         b["cfg_sched"][ct.c_int(2)] = ct.c_uint64(self.opts.sched_sample_every)
         b["cfg_libgate"][ct.c_int(0)] = ct.c_uint32(1)
+        b["cfg_ustack_every"][ct.c_int(0)] = ct.c_uint32(USTACK_EVERY)
 
     def _add_target(self, pid: int, ppid: int | None = None, first_ns: int = 0) -> None:
         st = targets.proc_stat(pid)
@@ -326,7 +331,10 @@ class Recorder:
         try:
             from tracer.symbolize import Symbolizer
 
+            from tracer.unwind import UnwindTables
+
             self.symbolizer = Symbolizer()
+            self._unwind_tables = UnwindTables()
         except ImportError:
             self.symbolizer = None
         log.info("BPF program loaded after %.2f s", (time.monotonic_ns() - self.start_mono) / 1e9)
@@ -352,6 +360,9 @@ class Recorder:
         self.bpf["stacks_rb"].open_ring_buffer(self.stacks.callback)
         self.bpf["libload_rb"].open_ring_buffer(self._on_lib_open)
         self.bpf["knames_rb"].open_ring_buffer(self.knames.callback)
+        self.ustack_chunks: list[bytes] = []
+        self.ustacks: dict[int, Any] = {}  # stack_ref -> UstackEvent, until its stack record is handled
+        self.bpf["ustack_rb"].open_ring_buffer(self._on_ustack)
         self.sampler = ProcSampler()
         self._scanned_usual = False
         self._driver_attached = False
@@ -457,7 +468,17 @@ class Recorder:
                 except ProcessLookupError:
                     pass
 
+    def _on_ustack(self, _ctx: int, data: int, size: int) -> None:
+        self.ustack_chunks.append(ct.string_at(data, size))
+
     def _drain(self) -> None:
+        if self.ustack_chunks and self.symbolizer is not None:
+            from tracer.unwind import decode_ustack_event
+
+            chunks, self.ustack_chunks = self.ustack_chunks, []
+            for c in chunks:
+                ev = decode_ustack_event(c)
+                self.ustacks[ev.stack_ref] = ev
         self._handle_lib_opens()
         self._handle_knames(self.knames.drain())
         self._handle_proc(self.proc.drain())
@@ -531,7 +552,10 @@ class Recorder:
     def _handle_stack(self, rec: events.StackRecord) -> None:
         # frames are (kind, module, function, file, line), outermost first
         native: list[tuple[str, str, str | None, str | None, int | None]] = []
-        if rec.native_id >= 0:
+        ustack = self.ustacks.pop(rec.stack_ref, None)
+        if ustack is not None:
+            native = self._unwind_native(ustack)
+        if not native and rec.native_id >= 0:
             try:
                 addrs = [a for a in self.bpf["native_stacks"].walk(rec.native_id)]
             except Exception:
@@ -572,6 +596,20 @@ class Recorder:
                 },
             )
         return sid
+
+    def _unwind_native(self, ev: Any) -> list[tuple[str, str, str | None, str | None, int | None]]:
+        """Unwind a copied user stack with .eh_frame; return symbolized frames outermost first ([] on failure)."""
+        from tracer.unwind import unwind_event
+
+        try:
+            maps = self.symbolizer.snapshot(ev.pid)
+            if maps is None:
+                return []
+            addrs = unwind_event(ev, maps, tables=self._unwind_tables)
+        except Exception as e:
+            log.debug("unwind for %d failed: %s", ev.pid, e)
+            return []
+        return self._symbolize_native(ev.pid, addrs)
 
     def _symbolize_native(
         self, pid: int, addrs: list[int]
