@@ -330,7 +330,6 @@ class Recorder:
             self.pyrt = PyRuntimeManager(self.bpf)
         try:
             from tracer.symbolize import Symbolizer
-
             from tracer.unwind import UnwindTables
 
             self.symbolizer = Symbolizer()
