@@ -18,6 +18,7 @@ from tracer.analysis.chains import ChainsResult
 from tracer.analysis.sql import SqlResult
 from tracer.analysis.stacks import StacksResult
 from tracer.analysis.stats import TraceStats
+from tracer.analysis.timeline import Around, Timeline
 
 SEVERITY_STYLE = {"HIGH": "bold red", "MEDIUM": "yellow", "LOW": "cyan"}
 KIND_LABEL = {"python": "Python", "native": "native", "cuda": "CUDA"}
@@ -214,6 +215,65 @@ def render_sql(res: SqlResult) -> RenderableType:
     return t
 
 
+def render_timeline(tl: Timeline) -> RenderableType:
+    t = Table(
+        "t (s)",
+        "launch",
+        "sync",
+        "alloc",
+        "memcpy",
+        "sync p99",
+        "sync max",
+        "off-CPU",
+        "preempt",
+        "worst stall",
+        "page alloc",
+        "load",
+        title=f"{tl.bucket_s} s buckets" + (f", pid {tl.pid}" if tl.pid else ""),
+        title_justify="left",
+    )
+    for b in tl.buckets:
+        t.add_row(
+            f"{b.start_s:.0f}",
+            *(str(b.calls.get(k, 0)) for k in ("launch", "sync", "alloc", "memcpy")),
+            us(b.sync_p99_us),
+            us(b.sync_max_us),
+            f"{b.off_cpu_ms:.1f} ms",
+            str(b.preemptions),
+            f"{b.worst_stall_ms:.1f} ms",
+            nbytes(b.page_alloc_bytes),
+            "" if b.max_load1 is None else f"{b.max_load1:.2f}",
+        )
+    return t
+
+
+def render_around(a: Around) -> RenderableType:
+    t = Table(
+        "offset",
+        "src",
+        "pid",
+        "tid",
+        "comm",
+        "what",
+        "dur",
+        "detail",
+        title=f"±{a.window_ms:g} ms around t = {a.ts_ns / 1e9:.6f} s",
+        title_justify="left",
+    )
+    for e in a.events:
+        t.add_row(
+            f"{e.offset_us:+.0f} µs",
+            e.source,
+            str(e.pid),
+            "" if e.tid is None else str(e.tid),
+            _s(e.comm),
+            _s(e.what),
+            us(e.dur_us),
+            _s(e.detail),
+        )
+    return t
+
+
 def print_record(record: Record, console: Console, *, as_json: bool) -> None:
     """Print ``record`` to ``console``: JSON, or its rich view."""
     if as_json:
@@ -224,5 +284,7 @@ def print_record(record: Record, console: Console, *, as_json: bool) -> None:
         ChainsResult: render_chains,
         StacksResult: render_stacks,
         SqlResult: render_sql,
+        Timeline: render_timeline,
+        Around: render_around,
     }[type(record)]  # type: ignore[index]
     console.print(view(record))  # type: ignore[operator]

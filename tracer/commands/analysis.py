@@ -113,6 +113,32 @@ def sql(
     _print(run_sql(db, query, limit=limit, timeout_s=timeout), json)
 
 
+def timeline(
+    db: DbOption = DEFAULT_DB,
+    pid: PidOption = None,
+    bucket: Annotated[int, typer.Option("--bucket", help="Bucket width in seconds.")] = 10,
+    around: Annotated[
+        float | None,
+        typer.Option("--around", help="Instead of buckets: every event within --window of this time (s since start)."),
+    ] = None,
+    window: Annotated[float, typer.Option("--window", help="Half-width of --around, in ms.")] = 5.0,
+    json: JsonOption = False,
+) -> None:
+    """Show when things happened: calls, syncs, off-CPU time and preemptions per time bucket, or a microsecond
+    timeline of every call, off-CPU interval and process event around one instant (a stall).
+
+    Example: tracer timeline --db trace.duckdb --bucket 10   ·   tracer timeline --db trace.duckdb --around 42.37
+    """
+    from tracer.analysis.timeline import around as around_fn
+    from tracer.analysis.timeline import buckets
+
+    with _open(db) as conn:
+        if around is None:
+            _print(buckets(conn, seconds=bucket, pid=pid), json)
+        else:
+            _print(around_fn(conn, int(around * 1e9), window_ms=window, pid=pid), json)
+
+
 mcp_app = typer.Typer(
     help="Serve the trace to an AI assistant over MCP.\n\nExample: tracer mcp serve --db trace.duckdb --http :8090",
     no_args_is_help=True,
@@ -161,6 +187,6 @@ def mcp_serve(
 
 def register(app: typer.Typer) -> None:
     """Add the analysis commands and the `mcp` group to ``app``."""
-    for f in (stats, chains, stacks, sql):
+    for f in (stats, chains, stacks, sql, timeline):
         app.command()(f)
     app.add_typer(mcp_app, name="mcp")
