@@ -134,7 +134,7 @@ TABLES: tuple[Table, ...] = (
             "preempted (switched out while runnable) | sleep (blocked) | io (uninterruptible)",
         ),
         ("runq_ns", "BIGINT", "of dur_ns, time runnable but waiting for a CPU"),
-        ("preempted_by_pid", "INTEGER", "task that took the CPU (preempted) or held it until the thread ran"),
+        ("preempted_by_pid", "INTEGER", "process that held the CPU until the thread got it back (NULL: no wait)"),
         ("preempted_by_comm", "VARCHAR", "its name"),
     ),
     _t(
