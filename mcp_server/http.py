@@ -34,9 +34,7 @@ def parse_listen(spec: str) -> tuple[str, int]:
     """Parse ``[HOST]:PORT`` ('':8090', '0.0.0.0:8090', '[::1]:8090'); an empty host means 127.0.0.1."""
     host, sep, port = spec.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(
-            f"bad --http address {spec!r}", "Use [HOST]:PORT, e.g. --http :8090 or --http 0.0.0.0:8090."
-        )
+        raise UsageError(f"bad --http address {spec!r}", "Use [HOST]:PORT, e.g. --http :8090 or --http 0.0.0.0:8090.")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port)
 
@@ -54,15 +52,9 @@ def read_token(token_file: Path | None, env_value: str | None) -> str | None:
     """Return the bearer token from ``token_file`` (first line) or the environment value; None if neither."""
     if token_file is not None:
         try:
-            token = (
-                token_file.read_text().strip().splitlines()[0].strip()
-                if token_file.read_text().strip()
-                else ""
-            )
+            token = token_file.read_text().strip().splitlines()[0].strip() if token_file.read_text().strip() else ""
         except OSError as e:
-            raise UsageError(
-                f"cannot read --token-file {token_file}: {e.strerror}", "Pass a readable file."
-            ) from None
+            raise UsageError(f"cannot read --token-file {token_file}: {e.strerror}", "Pass a readable file.") from None
         if not token:
             raise UsageError(
                 f"--token-file {token_file} is empty",
@@ -83,9 +75,7 @@ def security_for(host: str, port: int, extra_hosts: list[str]) -> TransportSecur
     origins = [f"http://{h}" for h in hosts] + [
         f"https://{h}" for h in hosts if not h.startswith(("127.", "local", "[::1]"))
     ]
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
-    )
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
 
 def build_app(
@@ -120,9 +110,7 @@ def build_app(
         async with mcp.session_manager.run():
             yield
 
-    app = FastAPI(
-        title="cuda-host-tracer MCP", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
-    )
+    app = FastAPI(title="cuda-host-tracer MCP", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -48,9 +48,7 @@ Investigation order:
    trace://schema resource first. Timestamps are ns since session start; ts_ns // 10000000000 buckets by 10 s.
 Quote the numbers the tools return; op_stats counts are exact, cuda_calls rows are a sample that keeps the tail."""  # noqa: E501
 
-READ_ONLY = ToolAnnotations(
-    read_only_hint=True, open_world_hint=False, idempotent_hint=True, destructive_hint=False
-)
+READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False, idempotent_hint=True, destructive_hint=False)
 
 Connect = Callable[[], duckdb.DuckDBPyConnection]
 
@@ -80,9 +78,7 @@ def build_server(db_path: str | Path, *, connect: Connect | None = None) -> MCPS
 
     @mcp.tool(title="Trace overview", annotations=READ_ONLY)
     def get_trace_stats(
-        pid: Annotated[
-            int | None, Field(description="Only this process; omit for the whole traced tree.")
-        ] = None,
+        pid: Annotated[int | None, Field(description="Only this process; omit for the whole traced tree.")] = None,
     ) -> TraceStats:
         """Overview of the recording. Call this first.
 
@@ -148,9 +144,7 @@ def build_server(db_path: str | Path, *, connect: Connect | None = None) -> MCPS
 
     @mcp.tool(title="Read-only SQL", annotations=READ_ONLY)
     def run_sql(
-        query: Annotated[
-            str, Field(description="One SELECT / WITH / DESCRIBE / SHOW / SUMMARIZE / EXPLAIN.")
-        ],
+        query: Annotated[str, Field(description="One SELECT / WITH / DESCRIBE / SHOW / SUMMARIZE / EXPLAIN.")],
         limit: Annotated[
             int, Field(description="Row cap (1-10000); truncated says if more existed.", ge=1, le=10000)
         ] = 1000,
@@ -194,6 +188,5 @@ def _check_pid(c: duckdb.DuckDBPyConnection, pid: int | None) -> None:
     if not c.execute("SELECT 1 FROM processes WHERE pid = ?", [pid]).fetchone():
         pids = [r[0] for r in c.execute("SELECT pid FROM processes ORDER BY pid LIMIT 20").fetchall()]
         raise ToolError(
-            f"pid {pid} is not in this trace; traced pids: {', '.join(map(str, pids))}. Omit pid for "
-            "the whole tree."
+            f"pid {pid} is not in this trace; traced pids: {', '.join(map(str, pids))}. Omit pid for the whole tree."
         )

@@ -128,9 +128,7 @@ CATALOG: tuple[ProbeSpec, ...] = (
         ("cudaStreamWaitEvent", "cudaStreamWaitEvent_ptsz"),
         stream_arg=0,
     ),
-    ProbeSpec(
-        "cudaGraphLaunch", "cudart", R, C.LAUNCH, ("cudaGraphLaunch", "cudaGraphLaunch_ptsz"), stream_arg=1
-    ),
+    ProbeSpec("cudaGraphLaunch", "cudart", R, C.LAUNCH, ("cudaGraphLaunch", "cudaGraphLaunch_ptsz"), stream_arg=1),
     # --- driver (libcuda.so.1) ---
     ProbeSpec("cuMemAlloc", "cuda", D, C.ALLOC, ("cuMemAlloc_v2", "cuMemAlloc"), bytes_arg=1),
     ProbeSpec("cuMemFree", "cuda", D, C.FREE, ("cuMemFree_v2", "cuMemFree")),
@@ -202,7 +200,12 @@ CATALOG: tuple[ProbeSpec, ...] = (
     ProbeSpec("cuCtxSynchronize", "cuda", D, C.SYNC, ("cuCtxSynchronize",)),
     ProbeSpec("cuEventSynchronize", "cuda", D, C.SYNC, ("cuEventSynchronize",)),
     ProbeSpec(
-        "cuGraphLaunch", "cuda", D, C.LAUNCH, ("cuGraphLaunch", "cuGraphLaunch_ptsz"), stream_arg=1,
+        "cuGraphLaunch",
+        "cuda",
+        D,
+        C.LAUNCH,
+        ("cuGraphLaunch", "cuGraphLaunch_ptsz"),
+        stream_arg=1,
         runtime_twin="cudaGraphLaunch",
     ),
 )

@@ -174,6 +174,7 @@ class Recorder:
         self._last_counters = np.zeros(4, dtype=np.int64)
         self._interrupted = False
         self.pyrt: Any = None
+        self._py_pending: dict[int, int] = {}  # pid -> configure attempts, while its interpreter is not found
         self._unwind_tables: Any = None
         self.py_version: str | None = None
         self._overhead_samples: list[float] = []
@@ -253,12 +254,18 @@ class Recorder:
             self._pyrt_configure(pid)
 
     def _pyrt_configure(self, pid: int) -> None:
+        target = None
         try:
             target = self.pyrt.configure(pid)
             if target is not None and not self.py_version:
                 self.py_version = ".".join(str(x) for x in target.version)
         except Exception as e:  # a process we cannot walk still gets its calls traced
             log.debug("python frames unavailable for %d: %s", pid, e)
+        # Right after exec a shared libpython is not mapped yet: try again later (at its CUDA library load, which
+        # stops the process, and every second) until it is, a few times at most.
+        tries = self._py_pending.pop(pid, 0)
+        if target is None and tries < 10:
+            self._py_pending[pid] = tries + 1
 
     def _scan_libraries(self) -> None:
         found: list[targets.LibraryFile] = list(self.lib_args)
@@ -453,6 +460,8 @@ class Recorder:
         """Attach to CUDA libraries a target just opened (libload.bpf.c stopped it), then let it run on."""
         opens, self.lib_opens = self.lib_opens, []
         for pid, path in opens:
+            if pid in self._py_pending and self.pyrt is not None:
+                self._pyrt_configure(pid)  # stopped here, with its interpreter mapped by now
             try:
                 if not path.startswith("/"):
                     path = os.path.join(os.readlink(f"/proc/{pid}/cwd"), path)
@@ -478,9 +487,9 @@ class Recorder:
             for c in chunks:
                 ev = decode_ustack_event(c)
                 self.ustacks[ev.stack_ref] = ev
+        self._handle_proc(self.proc.drain())  # first: an exec'd process is configured before it runs on
         self._handle_lib_opens()
         self._handle_knames(self.knames.drain())
-        self._handle_proc(self.proc.drain())
         for rec in self.stacks.drain():
             self._handle_stack(rec)
         self._handle_calls(self.calls.drain())
@@ -755,6 +764,8 @@ class Recorder:
         self._apply_overhead_budget()
         self._scan_libraries()
         self._scan_new_children()
+        for pid in list(self._py_pending):
+            self._pyrt_configure(pid)
         alive = sum(1 for p in self.procs.values() if p.exit_ns is None)
         stored = self.store.rows_written.get("cuda_calls", 0)
         self._status(

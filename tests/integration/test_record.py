@@ -118,7 +118,7 @@ def alloc(tmp: Path) -> Recording:
 
 @pytest.fixture(scope="module")
 def sync(tmp: Path) -> Recording:
-    return _record_cmd(tmp, "sync", "sync_heavy.py", "--steps", "10", "--kernel-us", "2500")
+    return _record_cmd(tmp, "sync", "sync_heavy.py", "--steps", "10", "--kernel-us", "4000")
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_bytes_per_stored_call(train: Recording) -> None:
 
 
 def test_sync_waits_are_long_and_off_cpu(sync: Recording) -> None:
-    # GIVEN sync_heavy.py --kernel-us 2500: every cudaStreamSynchronize waits ~2.5 ms, sleeping in the driver
+    # GIVEN sync_heavy.py --kernel-us 4000: each cudaStreamSynchronize finds >= 2 ms of queued work and sleeps
     # WHEN its stored rows are read
     rows = query(sync.db, "SELECT dur_ns, off_cpu_ns FROM cuda_calls WHERE op = 'cudaStreamSynchronize'")
     # THEN every one is there (slow calls are always stored), lasts >= 2 ms and was off CPU
