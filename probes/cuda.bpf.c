@@ -63,9 +63,10 @@ BPF_STACK_TRACE(native_stacks, NATIVE_STACKS);
  * hits/s into the overhead estimate that drives duty-cycling. */
 BPF_PERCPU_ARRAY(op_hits, u64, OP_COUNT);
 /* The span the duty-cycled (hot) probes were live in the current on-window: 0 first hit ns, 1 last hit ns,
- * 2 hits. User space reads and resets it after each detach; sum of spans / recording time = sampled fraction.
- * Measured from hits, not from attach/detach calls, because a detach takes ~0.1 s to take effect. */
-BPF_ARRAY(duty_span, u64, 3);
+ * 2 hits; 3 the first hot hit of the whole session. User space reads and resets 0-2 after each detach; sum of
+ * spans / (end - first hot hit) = sampled fraction. Measured from hits, not from attach/detach calls, because a
+ * detach takes ~0.1 s to take effect, and from the first hit, because a job launches nothing while it starts. */
+BPF_ARRAY(duty_span, u64, 4);
 
 /* An empty probe: user space times it on a libc function in its own process to learn this machine's trap cost. */
 int calib_probe(struct pt_regs *ctx)
@@ -102,9 +103,12 @@ static __always_inline int on_entry(struct pt_regs *ctx, u16 op, int bytes_arg, 
     if (hits)
         *hits += 1;
     if (hot) {
-        int i0 = 0, i1 = 1, i2 = 2;
+        int i0 = 0, i1 = 1, i2 = 2, i3 = 3;
         u64 now = bpf_ktime_get_ns();
         u64 *first = duty_span.lookup(&i0), *last = duty_span.lookup(&i1), *n = duty_span.lookup(&i2);
+        u64 *start = duty_span.lookup(&i3);
+        if (start && *start == 0)
+            *start = now;
         if (first && last && n) {
             if (*first == 0)
                 *first = now;

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 CALIB_CALLS = 4000
 # One cycle: probes on for fraction x PERIOD, then off. Detaching a uprobe takes ~0.1 s here (an RCU grace
 # period), so the period must be long against it for the on-time (and so the scaling) to be accurate.
-PERIOD_S = 2.0
+PERIOD_S = 5.0
 MIN_FRACTION = 0.05
 
 
@@ -145,17 +145,20 @@ class DutyCycler:
             self._detach()
             self._stop.wait((1 - f) * PERIOD_S)
 
-    def stop(self, total_s: float) -> float:
-        """Stop cycling (leaving the probes as they are); return the fraction of ``total_s`` the hot probes were
-        live (1.0 when they were never cycled)."""
+    def stop(self) -> float:
+        """Stop cycling (leaving the probes as they are); return the fraction of the time since the first hot hit
+        that the hot probes were live (1.0 when they were never cycled)."""
         self._stop.set()
         if self._thread:
             self._thread.join()
         if self.windows == 0:
             return 1.0
+        now = time.monotonic()
         if self._attached:
-            self.active_s += time.monotonic() - self._since
-        return min(1.0, self.active_s / total_s) if total_s > 0 else 1.0
+            self.active_s += now - self._since
+        first_hit = self.bpf["duty_span"][ct.c_int(3)].value / 1e9  # CLOCK_MONOTONIC, as time.monotonic()
+        total = now - first_hit if first_hit else 0.0
+        return min(1.0, self.active_s / total) if total > 0 else 1.0
 
 
 def required_fraction(hot_pct: float, rare_pct: float, budget_pct: float) -> float:

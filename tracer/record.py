@@ -880,8 +880,7 @@ class Recorder:
             except ProcessLookupError:
                 pass
         self._release_command()
-        loop_s = time.monotonic() - getattr(self, "_loop_start", time.monotonic())
-        self.launch_fraction = self.cycler.stop(loop_s) if hasattr(self, "_loop_start") else 1.0
+        self.launch_fraction = self.cycler.stop() if hasattr(self, "_loop_start") else 1.0
         if self.launch_fraction < 1.0:
             self.notes.append(
                 f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "

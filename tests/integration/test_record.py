@@ -396,3 +396,22 @@ def test_python_stack_of_cudamalloc(interp: str, mode: str, nested: Recording) -
     got = [(f, line) for kind, f, line in frames if kind == "python"]
     assert got == want
     assert frames[-1][:2] == ("cuda", "cudaMalloc")
+
+
+def test_each_thread_gets_its_own_stack(tmp: Path) -> None:
+    # GIVEN nested.py with 3 threads, thread i entering the chain through its own function thread_worker_<i>
+    rec = _record_cmd(tmp, "threads", "nested.py", "--mode", "thread", "--threads", "3", "--repeat", "2")
+    # WHEN each stored cudaMalloc is joined with the thread_worker_* frame of its stack
+    rows = query(
+        rec.db,
+        "SELECT c.tid, s.function FROM cuda_calls c JOIN stacks s USING (stack_id) "
+        "WHERE c.op = 'cudaMalloc' AND s.function LIKE 'thread_worker_%'",
+    )
+    # THEN every call's stack names exactly one worker, and that worker is its own thread's: 3 tids, 3 workers,
+    # one to one
+    by_tid: dict[int, set[str]] = {}
+    for tid, fn in rows:
+        by_tid.setdefault(tid, set()).add(fn)
+    assert len(by_tid) == 3, by_tid
+    assert all(len(fns) == 1 for fns in by_tid.values()), by_tid
+    assert len({next(iter(f)) for f in by_tid.values()}) == 3, by_tid
