@@ -199,11 +199,17 @@ struct code_key {
 /* key: (tgid, code object address) seen in a captured stack; value: 1. LRU: 65536 code objects is far more than
  * a training job runs; an evicted one only costs one more stop. */
 BPF_TABLE("lru_hash", struct code_key, u8, seen_code, 65536);
+/* index 0: 1 to hold processes on first sight of new code (the recorder, which continues them); 0 (the
+ * default, for other users of this program such as bench/probe_cost) never stops anything. */
+BPF_ARRAY(cfg_hold, u32, 1);
 
 /* 1 if any frame of the stack is a code object this process has not shown before (and remember them all). */
 static __always_inline int first_sight(struct stack_event *se, u32 tgid)
 {
-    int fresh = 0;
+    int fresh = 0, zero = 0;
+    u32 *hold = cfg_hold.lookup(&zero);
+    if (!hold || !*hold)
+        return 0;
     u8 one = 1;
     for (int i = 0; i < MAX_PY_FRAMES; i++) {
         if (i >= se->n_py)

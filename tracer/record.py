@@ -237,6 +237,8 @@ class Recorder:
         b["cfg_sched"][ct.c_int(1)] = ct.c_uint64(SCHED_KEEP_NS)
         b["cfg_sched"][ct.c_int(2)] = ct.c_uint64(self.opts.sched_sample_every)
         b["cfg_libgate"][ct.c_int(0)] = ct.c_uint32(1)
+        if self.pyrt is not None:  # cfg_hold exists only with the Python walker
+            b["cfg_hold"][ct.c_int(0)] = ct.c_uint32(1)
         b["cfg_ustack_every"][ct.c_int(0)] = ct.c_uint32(USTACK_EVERY)
 
     def _add_target(self, pid: int, ppid: int | None = None, first_ns: int = 0) -> None:
