@@ -867,9 +867,11 @@ class Recorder:
         self.overhead_pct = self._hot_pct * self.cycler.fraction + rare_pct
         self._overhead_samples.append(self.overhead_pct)
 
-    def _lost(self) -> int:
+    def _lost(self, kind: int | None = None) -> int:
+        """Ring-buffer drops: of one kind (0 calls, 1 stacks, 2 sched, 3 lifecycle; maps.h LOST_*) or all."""
         lost = self.bpf["lost"]
-        return int(sum(lost[ct.c_int(i)].value for i in range(4)))
+        kinds = range(4) if kind is None else (kind,)
+        return int(sum(lost[ct.c_int(i)].value for i in kinds))
 
     # --- the end -------------------------------------------------------------------------------------------
 
@@ -919,9 +921,14 @@ class Recorder:
         self.store.sync()
         traced = sum(o.calls for o in ops)
         stored = self.store.rows_written.get("cuda_calls", 0)
-        lost = self._lost()
-        if lost:
-            self.notes.append(f"{lost} events lost to full ring buffers: lower --max-events or poll faster")
+        lost = self._lost(0)  # session.events_lost counts call events, the unit of events_traced/stored
+        for kind, what in ((0, "call events"), (1, "stacks"), (2, "off-CPU intervals"), (3, "lifecycle events")):
+            n = self._lost(kind)
+            if n:
+                self.notes.append(
+                    f"{n} {what} lost to a full ring buffer (a burst faster than the recorder drains); "
+                    "counts in op_stats and sched_stats are still exact, only rows are missing"
+                )
         self._write_session_row(status, duration, traced, stored, lost)
         self._write_chains()
         self.store.close()
