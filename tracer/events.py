@@ -154,7 +154,12 @@ def decode_stack(c: bytes) -> StackRecord:
     )
 
 
+def cstr1(b: bytes) -> str:
+    """Decode one NUL-padded C string, up to its first NUL: BPF string reads leave stale bytes of a reused scratch
+    buffer after it."""
+    return bytes(b).split(b"\0", 1)[0].decode(errors="replace")
+
+
 def cstr(a: np.ndarray) -> list[str]:
     """Decode an array of NUL-padded byte strings (dtype S*) to Python strings."""
-    # up to the first NUL: BPF string reads leave stale bytes of a reused scratch buffer after it
-    return [s.split(b"\0", 1)[0].decode(errors="replace") for s in a.tolist()]
+    return [cstr1(s) for s in a.tolist()]

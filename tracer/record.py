@@ -273,8 +273,10 @@ class Recorder:
         found: list[targets.LibraryFile] = list(self.lib_args)
         for pid, p in list(self.procs.items()):
             if p.exit_ns is None:
-                found += targets.libraries_mapped(pid)
-                self._set_runtime_range(pid)
+                libs, span = targets.mapped_cuda(pid)
+                found += libs
+                if span:  # where libcudart sits: driver launches from there are runtime launches
+                    self.bpf["rt_ranges"][ct.c_uint32(pid)] = self.bpf["rt_ranges"].Leaf(*span)
         if not self._scanned_usual:
             self._scanned_usual = True
             extra = []
@@ -283,12 +285,6 @@ class Recorder:
                 extra += [str(p) for p in Path(d).glob("libcud*.so*")]
             found += targets.resolve_libraries(targets.usual_library_paths() + extra)
         self._attach(found)
-
-    def _set_runtime_range(self, pid: int) -> None:
-        """Tell BPF where libcudart is mapped in ``pid`` (driver launches from there are runtime launches)."""
-        span = targets.runtime_span(pid)
-        if span:
-            self.bpf["rt_ranges"][ct.c_uint32(pid)] = self.bpf["rt_ranges"].Leaf(*span)
 
     def _attach(self, found: list[targets.LibraryFile]) -> None:
         """Attach to each new library file; driver files first, and a runtime's driver along with it."""
@@ -502,7 +498,7 @@ class Recorder:
             return
         for e in ev:
             kind, pid, ts = int(e["kind"]), int(e["pid"]), int(e["ts_ns"]) - self.start_mono
-            comm = bytes(e["comm"]).split(b"\0", 1)[0].decode(errors="replace")
+            comm = events.cstr1(e["comm"])
             if kind == 0:  # fork
                 parent = self.procs.get(int(e["ppid"]))
                 cmd = targets.proc_cmdline(pid) or (parent.cmdline if parent else "")
@@ -513,9 +509,7 @@ class Recorder:
                 p = self.procs[pid]
                 if kind == 1:  # exec
                     p.comm = comm
-                    p.cmdline = targets.proc_cmdline(pid) or bytes(e["filename"]).split(b"\0", 1)[0].decode(
-                        errors="replace"
-                    )
+                    p.cmdline = targets.proc_cmdline(pid) or events.cstr1(e["filename"])
                     if self.pyrt is not None:
                         self._pyrt_configure(pid)
                 elif kind == 2:
@@ -784,56 +778,42 @@ class Recorder:
             if pid not in self.procs:
                 self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
 
-    def _drain_sched_aggs(self, before_sec: int | None) -> None:
-        rows: dict[str, list[Any]] = {
-            k: []
-            for k in (
-                "sec",
-                "pid",
-                "tid",
-                "switches",
-                "preemptions",
-                "off_cpu_ns",
-                "runq_ns",
-                "max_off_cpu_ns",
-            )
-        }
-        tbl = self.bpf["sched_aggs"]
-        done = []
-        for k, v in tbl.items():
-            if before_sec is not None and k.sec > before_sec:
-                continue
-            done.append(k)
-            for name, val in (
-                ("sec", k.sec),
-                ("pid", v.pid),
-                ("tid", k.tid),
-                ("switches", v.switches),
-                ("preemptions", v.preemptions),
-                ("off_cpu_ns", v.off_cpu_ns),
-                ("runq_ns", v.runq_ns),
-                ("max_off_cpu_ns", v.max_off_ns),
-            ):
-                rows[name].append(int(val))
-        for k in done:
+    def _take_finished(self, name: str, before_sec: int | None) -> list[tuple[Any, Any]]:
+        """Remove and return the (key, value) entries of a per-second BPF aggregate up to ``before_sec`` (all when
+        None): seconds still being counted stay in the kernel."""
+        tbl = self.bpf[name]
+        done = [(k, v) for k, v in tbl.items() if before_sec is None or k.sec <= before_sec]
+        for k, _ in done:
             del tbl[k]
-        self.store.put("sched_stats", rows)
-        prow: dict[str, list[Any]] = {k: [] for k in ("sec", "pid", "comm", "is_target", "preemptions", "runq_ns")}
-        ptbl = self.bpf["preempt_aggs"]
-        pdone = []
-        for k, v in ptbl.items():
-            if before_sec is not None and k.sec > before_sec:
-                continue
-            pdone.append(k)
-            prow["sec"].append(int(k.sec))
-            prow["pid"].append(int(k.pid))
-            prow["comm"].append(bytes(k.comm).split(b"\0", 1)[0].decode(errors="replace"))
-            prow["is_target"].append(bool(v.is_target))
-            prow["preemptions"].append(int(v.preemptions))
-            prow["runq_ns"].append(int(v.runq_ns))
-        for k in pdone:
-            del ptbl[k]
-        self.store.put("preemptors", prow)
+        return done
+
+    def _drain_sched_aggs(self, before_sec: int | None) -> None:
+        aggs = self._take_finished("sched_aggs", before_sec)
+        self.store.put(
+            "sched_stats",
+            {
+                "sec": [int(k.sec) for k, _ in aggs],
+                "pid": [int(v.pid) for _, v in aggs],
+                "tid": [int(k.tid) for k, _ in aggs],
+                "switches": [int(v.switches) for _, v in aggs],
+                "preemptions": [int(v.preemptions) for _, v in aggs],
+                "off_cpu_ns": [int(v.off_cpu_ns) for _, v in aggs],
+                "runq_ns": [int(v.runq_ns) for _, v in aggs],
+                "max_off_cpu_ns": [int(v.max_off_ns) for _, v in aggs],
+            },
+        )
+        pre = self._take_finished("preempt_aggs", before_sec)
+        self.store.put(
+            "preemptors",
+            {
+                "sec": [int(k.sec) for k, _ in pre],
+                "pid": [int(k.pid) for k, _ in pre],
+                "comm": [events.cstr1(k.comm) for k, _ in pre],
+                "is_target": [bool(v.is_target) for _, v in pre],
+                "preemptions": [int(v.preemptions) for _, v in pre],
+                "runq_ns": [int(v.runq_ns) for _, v in pre],
+            },
+        )
 
     def _apply_budget(self) -> None:
         """Keep stored call events under max_events_per_s by sampling the busiest ops 1 in N (counts stay exact
@@ -857,7 +837,7 @@ class Recorder:
         hits = np.array([sum(hc[ct.c_int(i)]) for i in range(len(CATALOG))], dtype=np.int64)
         delta, self._last_hits = hits - self._last_hits, hits
         per_hit = self.trap.entry_ns + self.trap.return_ns
-        hot = np.array([s.op_class == OpClass.LAUNCH for s in CATALOG])
+        hot = _IS_LAUNCH
         frac = max(self.cycler.fraction, MIN_FRACTION)
         # hits seen while duty-cycled are a sample: scale back up to the full rate before deciding
         hot_pct = 100.0 * delta[hot].sum() * per_hit / 1e9 / frac

@@ -80,44 +80,41 @@ def _as_library(path: str) -> LibraryFile | None:
     return LibraryFile(path, kind, *key)
 
 
-def libraries_mapped(pid: int) -> list[LibraryFile]:
-    """Return the CUDA libraries mapped in ``pid``; [] if the process is gone."""
-    out: list[LibraryFile] = []
+def mapped_cuda(pid: int) -> tuple[list[LibraryFile], tuple[int, int] | None]:
+    """Return, from one read of /proc/PID/maps, the CUDA libraries mapped in ``pid`` and the [lo, hi) address
+    span of its libcudart (None if none); ([], None) if the process is gone."""
     try:
         with open(f"/proc/{pid}/maps") as f:
             lines = f.readlines()
     except OSError:
-        return out
+        return [], None
+    libs: list[LibraryFile] = []
     seen: set[str] = set()
+    lo = hi = None
     for line in lines:
         parts = line.split(None, 5)
         if len(parts) < 6:
             continue
         path = parts[5].strip()
-        if not path.startswith("/") or path in seen or library_kind(path) is None:
+        kind = library_kind(path) if path.startswith("/") else None
+        if kind is None:
+            continue
+        if kind == "cudart":
+            a, b = (int(x, 16) for x in parts[0].split("-"))
+            lo, hi = (a, b) if lo is None or hi is None else (min(lo, a), max(hi, b))
+        if path in seen:
             continue
         seen.add(path)
         root_path = f"/proc/{pid}/root{path}"
         lib = _as_library(root_path if os.path.exists(root_path) else path)
         if lib:
-            out.append(lib)
-    return out
+            libs.append(lib)
+    return libs, (lo, hi) if lo is not None and hi is not None else None
 
 
-def runtime_span(pid: int) -> tuple[int, int] | None:
-    """Return the [lo, hi) address span of the libcudart mapped in ``pid``, or None."""
-    lo = hi = None
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and library_kind(parts[5].strip()) == "cudart":
-                    a, b = (int(x, 16) for x in parts[0].split("-"))
-                    lo = a if lo is None else min(lo, a)
-                    hi = b if hi is None else max(hi, b)
-    except OSError:
-        return None
-    return (lo, hi) if lo is not None and hi is not None else None
+def libraries_mapped(pid: int) -> list[LibraryFile]:
+    """Return the CUDA libraries mapped in ``pid``; [] if the process is gone."""
+    return mapped_cuda(pid)[0]
 
 
 def driver_for(runtime_path: str) -> list[LibraryFile]:
@@ -252,17 +249,3 @@ def check_pid(pid: int) -> None:
         raise TargetError(f"no process with pid {pid}", "check the pid with `ps -ef` (the job may have exited)")
     if pid == os.getpid():
         raise TargetError("the tracer cannot trace itself")
-
-
-def tid_list(pid: int) -> list[int]:
-    """Return the thread ids of ``pid``."""
-    try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return []
-
-
-def exe_path(pid: int) -> Path | None:
-    """Return the executable of ``pid`` through /proc (works across mount namespaces)."""
-    p = Path(f"/proc/{pid}/exe")
-    return p if p.exists() else None

@@ -54,6 +54,15 @@ def print_summary(s: RecordSummary) -> None:
     )
 
 
+def _exit_now() -> None:
+    """Exit 0 without the interpreter's teardown, once the DB is closed: the probes' slow release was handed to a
+    background child (program.detach_in_background), and a normal exit would still release each probe with a
+    grace period, seconds in all."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def record(
     ctx: typer.Context,
     pid: Annotated[
@@ -122,11 +131,7 @@ def record(
 
     err.print(f"recording into {db} … (Ctrl-C to stop)", highlight=False)
     print_summary(Recorder(opts, on_status=status).run())
-    # The DB is closed and the probes' slow teardown was handed to a background child (program.py); a normal
-    # interpreter exit would still release each probe with a grace period, seconds in all.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _exit_now()
 
 
 def doctor() -> None:
@@ -225,9 +230,7 @@ def demo(
         out.rule("tracer stacks --op cudaStreamSynchronize")
         print_record(top_stacks(conn, "cudaStreamSynchronize", limit=3), out, as_json=False)
     err.print(f"\nask an assistant: tracer mcp serve --db {db} --http :8090", highlight=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _exit_now()
 
 
 def register(app: typer.Typer) -> None:
