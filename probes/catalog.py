@@ -13,6 +13,7 @@ arguments) is a build away.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -23,7 +24,8 @@ class Layer(IntEnum):
 
 
 class OpClass(IntEnum):
-    """What an op does; drives sampling (launches are hot, the rest are rare and diagnostic) and the analyses."""
+    """What an op does; drives sampling (launches are hot, the rest are rare and diagnostic), the analyses and the
+    parts of a thread's time breakdown. This is the only op taxonomy: analyses ask the catalog, never the name."""
 
     LAUNCH = 0
     SYNC = 1
@@ -64,10 +66,24 @@ class ProbeSpec:
     # A driver launch called from inside libcudart is recorded as this runtime op (see maps.h rt_ranges), so the
     # runtime's own launch functions need no probe of their own: one trap per launch.
     runtime_twin: str | None = None
+    # A copy that returns only once the device is done with it (cudaMemcpy, cuMemcpyDtoH_v2): the host waits for
+    # the GPU, as in an explicit synchronize. The `loss.item()` trap is one of these.
+    sync_copy: bool = False
 
     @property
     def layer_name(self) -> str:
         return "runtime" if self.layer == Layer.RUNTIME else "driver"
+
+    @property
+    def waits_for_gpu(self) -> bool:
+        """True when the calling thread waits for the device: an explicit synchronize or a synchronous copy."""
+        return self.op_class == OpClass.SYNC or self.sync_copy
+
+    @property
+    def part(self) -> OpClass:
+        """The part of a thread's time breakdown this op's time goes to: its class, except that a synchronous copy
+        is time spent waiting for the GPU (SYNC)."""
+        return OpClass.SYNC if self.sync_copy else self.op_class
 
 
 R, D = Layer.RUNTIME, Layer.DRIVER
@@ -98,7 +114,9 @@ CATALOG: tuple[ProbeSpec, ...] = (
         func_arg=0,
         stream_arg=7,
     ),
-    ProbeSpec("cudaMemcpy", "cudart", R, C.COPY, ("cudaMemcpy", "cudaMemcpy_ptds"), bytes_arg=2, kind_arg=3),
+    ProbeSpec(
+        "cudaMemcpy", "cudart", R, C.COPY, ("cudaMemcpy", "cudaMemcpy_ptds"), bytes_arg=2, kind_arg=3, sync_copy=True
+    ),
     ProbeSpec(
         "cudaMemcpyAsync",
         "cudart",
@@ -120,11 +138,12 @@ CATALOG: tuple[ProbeSpec, ...] = (
     ),
     ProbeSpec("cudaDeviceSynchronize", "cudart", R, C.SYNC, ("cudaDeviceSynchronize",)),
     ProbeSpec("cudaEventSynchronize", "cudart", R, C.SYNC, ("cudaEventSynchronize",)),
+    # enqueues a device-side wait; the host thread does not block, so it is not a sync
     ProbeSpec(
         "cudaStreamWaitEvent",
         "cudart",
         R,
-        C.SYNC,
+        C.OTHER,
         ("cudaStreamWaitEvent", "cudaStreamWaitEvent_ptsz"),
         stream_arg=0,
     ),
@@ -140,6 +159,7 @@ CATALOG: tuple[ProbeSpec, ...] = (
         ("cuLaunchKernel", "cuLaunchKernel_ptsz"),
         func_arg=0,
         stream_arg=8,
+        runtime_twin="cudaLaunchKernel",
     ),
     ProbeSpec(
         "cuLaunchKernelEx",
@@ -150,6 +170,7 @@ CATALOG: tuple[ProbeSpec, ...] = (
         func_arg=1,
         stream_arg=0,
         stream_deref=32,
+        runtime_twin="cudaLaunchKernel",
     ),
     ProbeSpec(
         "cuMemcpyHtoD",
@@ -159,6 +180,7 @@ CATALOG: tuple[ProbeSpec, ...] = (
         ("cuMemcpyHtoD_v2", "cuMemcpyHtoD"),
         bytes_arg=2,
         fixed_kind=MemcpyKind.HOST_TO_DEVICE,
+        sync_copy=True,
     ),
     ProbeSpec(
         "cuMemcpyDtoH",
@@ -168,6 +190,7 @@ CATALOG: tuple[ProbeSpec, ...] = (
         ("cuMemcpyDtoH_v2", "cuMemcpyDtoH"),
         bytes_arg=2,
         fixed_kind=MemcpyKind.DEVICE_TO_HOST,
+        sync_copy=True,
     ),
     ProbeSpec(
         "cuMemcpyAsync",
@@ -212,6 +235,29 @@ CATALOG: tuple[ProbeSpec, ...] = (
 
 OP_NAMES: tuple[str, ...] = tuple(s.op for s in CATALOG)
 OP_IDS: dict[str, int] = {s.op: i for i, s in enumerate(CATALOG)}
+SPEC_BY_OP: dict[str, ProbeSpec] = {s.op: s for s in CATALOG}
+
+
+def spec_of(op: str) -> ProbeSpec | None:
+    """Return the catalog entry of an op name as stored in the DB (``cuda_calls.op``), or None if unknown."""
+    return SPEC_BY_OP.get(op)
+
+
+def ops_where(pred: Callable[[ProbeSpec], bool]) -> tuple[str, ...]:
+    """Return the op names whose catalog entry satisfies ``pred``, e.g. ``ops_where(lambda s: s.waits_for_gpu)``:
+    the list analyses bind into SQL (``op IN (...)``) instead of matching names."""
+    return tuple(s.op for s in CATALOG if pred(s))
+
+
+# The parts of a thread's time inside CUDA calls, in the column order of thread_breakdown (``<name>_ns``).
+CALL_PARTS: tuple[OpClass, ...] = (
+    OpClass.LAUNCH,
+    OpClass.SYNC,
+    OpClass.ALLOC,
+    OpClass.FREE,
+    OpClass.COPY,
+    OpClass.OTHER,
+)
 
 # Library file names as found in real installs (peers.md table 3): plain, versioned, auditwheel-mangled
 # (libcudart-9335f6a2.so.12) and CUDA 13 (.so.13).

@@ -9,6 +9,7 @@ import pytest
 from tracedb import build
 
 from tracer.cli import main
+from tracer.schema import SCHEMA_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_usage_errors(db, capsys, args, code, needle):
     [
         ("missing", "no trace DB"),
         ("garbage", "not a DuckDB file"),
-        ("newer", "schema version 2"),
+        ("newer", f"schema version {SCHEMA_VERSION + 1}"),
         ("recording", "still being recorded"),
     ],
 )
@@ -67,7 +68,7 @@ def test_db_problems_exit_5(tmp_path, capsys, problem, needle):
         build("healthy", p)
         c = duckdb.connect(str(p))
         c.execute(
-            "UPDATE meta SET value = '2' WHERE key = 'schema_version'"
+            f"UPDATE meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema_version'"
             if problem == "newer"
             else "UPDATE session SET status = 'recording'"
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APP_ID = "cuda-host-tracer"
 
 
@@ -70,6 +70,29 @@ TABLES: tuple[Table, ...] = (
         ("events_lost", "BIGINT", "events dropped because a ring buffer was full (kernel-side count)"),
         ("overhead_pct", "DOUBLE", "estimated tracing overhead on the target, percent of its CPU time"),
         ("notes", "VARCHAR", "warnings raised during recording (skipped symbols, late attaches)"),
+        ("recorder_pid", "INTEGER", "pid of the recorder process (role tracer in processes)"),
+        (
+            "recorder_start_ticks",
+            "BIGINT",
+            "the recorder's start time in clock ticks since boot (/proc/PID/stat field 22): with recorder_pid, tells "
+            "a live recording from one whose recorder is gone",
+        ),
+        ("boot_id", "VARCHAR", "/proc/sys/kernel/random/boot_id of the recording host (pids are per boot)"),
+        ("recorder_cpu_s", "DOUBLE", "CPU seconds (user + system) the recorder and its helpers used"),
+        ("recorder_peak_rss_bytes", "BIGINT", "the recorder's peak resident memory"),
+        ("startup_s", "DOUBLE", "seconds from the start of `tracer record` to the probes being live"),
+        ("compile_s", "DOUBLE", "of startup_s, compiling and loading the BPF program"),
+        ("attach_s", "DOUBLE", "of startup_s, attaching the probes"),
+        ("first_event_s", "DOUBLE", "seconds from the start of `tracer record` to the first recorded CUDA call"),
+        ("flush_s", "DOUBLE", "seconds the final flush took (aggregates, processes, session row, chains)"),
+        ("holds", "INTEGER", "times a target was stopped (SIGSTOP) to attach to a CUDA library it opened"),
+        ("held_ms", "DOUBLE", "total milliseconds targets spent stopped by the tracer"),
+        (
+            "command_fate",
+            "VARCHAR",
+            "for a launched command: exited | stopped (SIGTERM/SIGKILL at the end) | left running | interrupted",
+        ),
+        ("flushed_ns", "BIGINT", "ts_ns up to which rows have been written (advances while recording)"),
     ),
     _t(
         "processes",
@@ -81,6 +104,66 @@ TABLES: tuple[Table, ...] = (
         ("first_ns", "BIGINT", "first seen (ts_ns); 0 for processes alive at attach"),
         ("exit_ns", "BIGINT", "exit time (ts_ns), NULL if still alive at the end"),
         ("exit_code", "INTEGER", "exit status (code << 8 | signal, as wait(2)); NULL if unknown"),
+        ("role", "VARCHAR", "target (the traced tree) | tracer (the recorder and its helpers: never a culprit)"),
+    ),
+    _t(
+        "threads",
+        "Every thread of the traced tree that the time accounting saw: the span thread_breakdown covers.",
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id (= pid for a main thread)"),
+        ("comm", "VARCHAR", "thread name"),
+        ("first_ns", "BIGINT", "start of its accounted span (attach, or its first event)"),
+        ("end_ns", "BIGINT", "end of its accounted span (its exit, or the end of the recording)"),
+        ("exited", "BOOLEAN", "true when the thread exited during the recording"),
+        ("cuda_calls", "BIGINT", "CUDA calls it made (exact; launches scaled when duty-cycled)"),
+    ),
+    _t(
+        "thread_breakdown",
+        "Exact per-(thread, second) split of each target thread's wall time into parts that add up: wall_ns = "
+        "cpu_ns + launch_ns + sync_ns + alloc_ns + free_ns + copy_ns + other_ns + runq_self_ns + runq_tree_ns + "
+        "runq_other_ns + runq_tracer_ns + blocked_ns. Counted in kernel from the call probes and sched_switch; an "
+        "interval that spans seconds is split between them.",
+        ("sec", "BIGINT", "second since session start"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("wall_ns", "BIGINT", "accounted time of the thread in this second (the sum of the parts)"),
+        ("cpu_ns", "BIGINT", "on CPU outside CUDA calls: Python and host work"),
+        ("launch_ns", "BIGINT", "inside kernel launches (estimated from the live windows when launch_sampled < 1)"),
+        (
+            "sync_ns",
+            "BIGINT",
+            "inside calls that wait for the GPU: synchronize and synchronous copies (implicit syncs)",
+        ),
+        ("alloc_ns", "BIGINT", "inside allocations (cudaMalloc*, cuMemAlloc, host alloc; async ones too)"),
+        ("free_ns", "BIGINT", "inside frees"),
+        ("copy_ns", "BIGINT", "inside asynchronous copies"),
+        ("other_ns", "BIGINT", "inside other CUDA calls (memset, stream waits)"),
+        ("runq_self_ns", "BIGINT", "outside calls, runnable and waiting for a CPU held by a thread of its own process"),
+        ("runq_tree_ns", "BIGINT", "... held by another process of the traced tree (its own workers)"),
+        ("runq_other_ns", "BIGINT", "... held by a process outside the traced tree (other tenants)"),
+        ("runq_tracer_ns", "BIGINT", "... held by the tracer"),
+        ("blocked_ns", "BIGINT", "outside calls, off CPU and not runnable: sleep, futex (GIL, queues), I/O"),
+        ("io_ns", "BIGINT", "of blocked_ns, uninterruptible (disk I/O, page-fault I/O, mmap lock)"),
+        ("call_off_cpu_ns", "BIGINT", "of the time inside calls, off CPU (informational; already in the call parts)"),
+        ("call_runq_ns", "BIGINT", "of call_off_cpu_ns, runnable and waiting for a CPU"),
+        ("faults", "BIGINT", "user page faults taken by the thread"),
+        ("page_alloc_bytes", "BIGINT", "bytes of pages allocated in the thread's context (mm_page_alloc)"),
+        ("reclaim_ns", "BIGINT", "time in direct reclaim (vmscan direct_reclaim_begin..end)"),
+        ("launch_sampled", "DOUBLE", "share of this second the launch probes were live (1.0: launch_ns exact)"),
+    ),
+    _t(
+        "thread_wakers",
+        "Exact per-(thread, second, waker) totals of blocked intervals: who woke the thread (sched_waking), e.g. "
+        "the GIL holder or the worker that delivered a batch.",
+        ("sec", "BIGINT", "second since session start (of the wakeup)"),
+        ("pid", "INTEGER", "blocked thread's process id"),
+        ("tid", "INTEGER", "blocked thread"),
+        ("in_call", "BOOLEAN", "true when the thread was blocked inside a CUDA call"),
+        ("waker_pid", "INTEGER", "process of the waking task (0: an interrupt or the idle task)"),
+        ("waker_tid", "INTEGER", "waking thread"),
+        ("waker_comm", "VARCHAR", "its name"),
+        ("wakeups", "BIGINT", "wakeups of the thread by that waker"),
+        ("blocked_ns", "BIGINT", "blocked time that those wakeups ended"),
     ),
     _t(
         "cuda_calls",
@@ -99,6 +182,12 @@ TABLES: tuple[Table, ...] = (
         ("stack_id", "BIGINT", "stacks.stack_id of the call's stack, NULL if not captured"),
         ("off_cpu_ns", "BIGINT", "time the calling thread was off CPU during the call"),
         ("runq_ns", "BIGINT", "part of off_cpu_ns spent runnable, waiting for a CPU"),
+        (
+            "kernel_note",
+            "VARCHAR",
+            "launches only: why kernel is NULL (e.g. a stripped library, with its build-id; a driver handle whose "
+            "cuModuleGetFunction was not seen)",
+        ),
     ),
     _t(
         "op_stats",
@@ -116,6 +205,12 @@ TABLES: tuple[Table, ...] = (
         ("p99_ns", "BIGINT", "99th percentile"),
         ("bytes", "BIGINT", "total bytes moved / allocated"),
         ("sampled_fraction", "DOUBLE", "1.0 = every call counted; < 1 = probe duty-cycled, counts scaled"),
+        (
+            "error_pct",
+            "DOUBLE",
+            "bound on the relative error of scaled calls/total_ns in percent (0 when exact): from the parts of the "
+            "process's active span not covered by a live window",
+        ),
         ("hist", "STRUCT(lo_ns BIGINT, hi_ns BIGINT, count BIGINT)[]", "latency histogram buckets"),
     ),
     _t(
@@ -136,6 +231,10 @@ TABLES: tuple[Table, ...] = (
         ("runq_ns", "BIGINT", "of dur_ns, time runnable but waiting for a CPU"),
         ("preempted_by_pid", "INTEGER", "process that held the CPU until the thread got it back (NULL: no wait)"),
         ("preempted_by_comm", "VARCHAR", "its name"),
+        ("waker_pid", "INTEGER", "for a blocked interval, the process that woke the thread (NULL: preempted)"),
+        ("waker_tid", "INTEGER", "the waking thread"),
+        ("waker_comm", "VARCHAR", "its name"),
+        ("in_call", "BOOLEAN", "true when a CUDA call was in flight on the thread"),
     ),
     _t(
         "sched_stats",
@@ -151,11 +250,13 @@ TABLES: tuple[Table, ...] = (
     ),
     _t(
         "preemptors",
-        "Per-second CPU time taken from target threads by each other task, by (pid, comm).",
+        "Per-second CPU time taken from target threads by each other task, by (pid, comm) and waiting thread.",
         ("sec", "BIGINT", "second since session start"),
+        ("tid", "INTEGER", "the target thread that waited"),
         ("pid", "INTEGER", "preempting task's process id"),
         ("comm", "VARCHAR", "its name"),
         ("is_target", "BOOLEAN", "true when the preemptor is itself in the traced tree"),
+        ("is_tracer", "BOOLEAN", "true when the preemptor is the tracer (never a culprit)"),
         ("preemptions", "BIGINT", "times it took the CPU from a target thread"),
         ("runq_ns", "BIGINT", "run-queue wait it caused to target threads"),
     ),
@@ -184,6 +285,7 @@ TABLES: tuple[Table, ...] = (
         ("target_page_alloc_bytes", "BIGINT", "of those, by the traced tree"),
         ("page_faults", "BIGINT", "user page faults in the traced tree in the interval"),
         ("ctx_switches", "BIGINT", "context switches host-wide in the interval"),
+        ("tracer_cpu_ms", "DOUBLE", "CPU ms the tracer's own processes used in the interval"),
     ),
     _t(
         "stacks",
@@ -196,6 +298,11 @@ TABLES: tuple[Table, ...] = (
         ("function", "VARCHAR", "demangled function / Python qualname"),
         ("file", "VARCHAR", "source file when known"),
         ("line", "INTEGER", "source line when known"),
+        (
+            "line_approx",
+            "BOOLEAN",
+            "true when line is the function's def line because the executing line could not be decoded",
+        ),
     ),
     _t(
         "causal_chains",
@@ -206,7 +313,8 @@ TABLES: tuple[Table, ...] = (
         (
             "category",
             "VARCHAR",
-            "cpu_contention | process_churn | memory_pressure | allocation_churn | sync_stall",
+            "cpu_contention | sync_stall | allocation_churn | process_churn | memory_pressure | dataloader_starvation "
+            "| launch_bound | gpu_bound",
         ),
         ("start_ns", "BIGINT", "start of the affected time range"),
         ("end_ns", "BIGINT", "end"),
