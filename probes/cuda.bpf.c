@@ -1,72 +1,71 @@
-/* CUDA API calls: entry + return uprobes on libcudart / libcuda.
+/* CUDA API calls: one entry and one return program for every probed function of libcudart / libcuda.
  *
- * Entry stores the call's start time and arguments keyed by thread; return computes the latency, counts it in the
- * exact per-(pid, op) histogram (every call), and sends a call_event for a sample of calls (every call whose
- * latency reaches the op's slow threshold, plus 1 in N of the rest), with a stack for a sample of those.
- * Nested calls (the runtime calling a probed driver function on the same thread) are one event: the outer call
- * counts them in `nested` and the inner call is not counted on its own.
+ * User space attaches both with uprobe_multi links (tracer/links.py): one link per library and direction, with
+ * each function's op id as the link cookie, so there is one program to verify and one link to detach per
+ * library, and the duty-cycled launch functions have links of their own that can be closed and reopened in
+ * milliseconds. Per-op settings (which argument carries bytes, kind, stream, the function; sampling; the slow
+ * threshold) come from the op_cfg map, written from probes/catalog.py.
  *
- * The per-op probe functions (entry_<op> / return_<op>) are generated from probes/catalog.py, with every argument
- * index a compile-time constant, so each compiles to a few loads.
+ * Entry stores the call's start time and arguments keyed by thread; return computes the latency, counts it in
+ * the exact per-(pid, op) histogram (every call), adds its time to the thread's breakdown (accounting.h), and
+ * sends a call_event for a sample of calls (every call whose latency reaches the op's slow threshold, plus 1 in
+ * N of the rest), with a stack for a sample of those. Stacks are deduplicated in kernel: a stack is hashed and
+ * sent (with a copy of the user stack for unwinding) only the first time its process shows it; calls carry the
+ * hash. Nested calls (the runtime calling a probed driver function on the same thread) are one event: the outer
+ * call counts them in `nested`.
  */
 #include "common.h"
 #include "maps.h"
+#include "accounting.h"
 #include "native_stack.h"
+/* The return probe's later stages, as tail calls, so the verifier sees each from a clean state (the Python walk
+ * behind the return probe's sampling branches exceeds its complexity limit). Filled by tracer/program.py. */
+#define STAGE_STACK 0 /* call_with_stack */
+#define STAGE_CODES 1 /* py_read_codes (pycode.h) */
+BPF_PROG_ARRAY(stage_prog, 2);
+
 #ifdef WITH_PYFRAMES
 #include "pyframes.h"
+#include "pycode.h"
 #endif
 
 #ifndef CALLS_RB_PAGES
-#define CALLS_RB_PAGES 1024 /* 4 MiB = ~47k call_events: 0.5 s of a 100k calls/s burst at a 100 ms poll */
+#define CALLS_RB_PAGES 1024 /* 4 MiB = ~47k call_events: 2 s of the stored-row budget (20k/s) at a 200 ms drain */
 #endif
 #ifndef STACKS_RB_PAGES
-#define STACKS_RB_PAGES 1024 /* 4 MiB = ~4k full stacks; stacks are sampled */
+#define STACKS_RB_PAGES 256 /* 1 MiB = ~1000 full stack_events; only distinct stacks are sent */
+#endif
+#ifndef USTACK_RB_PAGES
+#define USTACK_RB_PAGES 1024 /* 4 MiB = ~250 user-stack copies of 16 KiB, one per distinct stack */
 #endif
 #ifndef NATIVE_STACKS
 #define NATIVE_STACKS 16384 /* distinct native stacks; a training job has hundreds */
 #endif
 
-#ifndef USTACK_RB_PAGES
-#define USTACK_RB_PAGES 1024 /* 4 MiB = ~250 user-stack copies of 16 KiB; they are a sample of the stacks */
-#endif
+static __u64 (*cht_attach_cookie)(void *ctx) = (void *)174; /* BPF_FUNC_get_attach_cookie (5.15+) */
 
 BPF_RINGBUF_OUTPUT(calls, CALLS_RB_PAGES);
 BPF_RINGBUF_OUTPUT(stacks_rb, STACKS_RB_PAGES);
-/* Copies of the user stack for .eh_frame unwinding in user space (native_stack.h), where frame pointers stop
- * (libpython, libffi, libtorch are built without them). Taken for stacks with new Python code and 1 in
- * cfg_ustack_every[0] of the other captured stacks. */
 BPF_RINGBUF_OUTPUT(ustack_rb, USTACK_RB_PAGES);
-BPF_ARRAY(cfg_ustack_every, u32, 1);
-BPF_PERCPU_ARRAY(ustack_cnt, u32, 1);
 
-/* key: struct hist_key (pid, op, slot); value: calls in that latency bucket. 65536 = ~90 (pid, op) pairs with
- * ~700 slots each worst case; in practice a pair fills a few dozen slots. */
+/* index: op id; value: its settings (common.h struct op_cfg), written by user space. */
+BPF_ARRAY(op_cfg, struct op_cfg, OP_COUNT);
+/* key: (pid, op, slot); value: calls in that latency bucket. 65536 = ~90 (pid, op) pairs with ~700 slots each
+ * worst case; in practice a pair fills a few dozen slots. */
 BPF_HASH(op_hist, struct hist_key, u64, 65536);
 /* key: (pid, op); value: exact totals. 16384 (pid, op) pairs. */
 BPF_HASH(op_totals, struct op_key, struct op_total, 16384);
-
-/* Per-op settings written by user space (index: op id). sample_every: store 1 call in N (0 or 1: all);
- * slow_ns: calls at least this long are always stored, with a stack; stack_every: stack for 1 stored call in N
- * (0: only slow calls). */
-BPF_ARRAY(cfg_sample_every, u32, OP_COUNT);
-BPF_ARRAY(cfg_slow_ns, u64, OP_COUNT);
-BPF_ARRAY(cfg_stack_every, u32, OP_COUNT);
-/* index: op id; value: per-CPU call counter used for 1-in-N sampling without atomics. */
+/* index: op id; value: per-CPU call counters for 1-in-N sampling of rows and of stacks, without atomics. */
 BPF_PERCPU_ARRAY(sample_cnt, u32, OP_COUNT);
 BPF_PERCPU_ARRAY(stack_cnt, u32, OP_COUNT);
+/* index: probe op id; value: per-CPU entry-probe hits by target threads (nested ones too): hits/s x the trap
+ * cost is the overhead estimate that drives duty-cycling (tracer/budget.py). */
+BPF_PERCPU_ARRAY(op_hits, u64, OP_COUNT);
 /* one slot per CPU: stack_event is ~1 KiB, too big for the 512-byte BPF stack. */
 BPF_PERCPU_ARRAY(stack_scratch, struct stack_event, 1);
-/* per-CPU sequence for stack_ref: (cpu << 48) | seq, never 0. */
-BPF_PERCPU_ARRAY(stack_seq, u64, 1);
 BPF_STACK_TRACE(native_stacks, NATIVE_STACKS);
-/* index: probe op id; value: per-CPU entry-probe hits by target threads (nested ones too). User space turns
- * hits/s into the overhead estimate that drives duty-cycling. */
-BPF_PERCPU_ARRAY(op_hits, u64, OP_COUNT);
-/* The span the duty-cycled (hot) probes were live in the current on-window: 0 first hit ns, 1 last hit ns,
- * 2 hits; 3 the first hot hit of the whole session. User space reads and resets 0-2 after each detach; sum of
- * spans / (end - first hot hit) = sampled fraction. Measured from hits, not from attach/detach calls, because a
- * detach takes ~0.1 s to take effect, and from the first hit, because a job launches nothing while it starts. */
-BPF_ARRAY(duty_span, u64, 4);
+/* key: stack hash already sent; value: 1. LRU: an evicted stack is sent again, which user space dedups. */
+BPF_TABLE("lru_hash", u64, u8, seen_stacks, 65536);
 
 /* An empty probe: user space times it on a libc function in its own process to learn this machine's trap cost. */
 int calib_probe(struct pt_regs *ctx)
@@ -86,72 +85,67 @@ static __always_inline u64 call_arg(struct pt_regs *ctx, int n)
     case 4: return PT_REGS_PARM5(ctx);
     case 5: return PT_REGS_PARM6(ctx);
     default:
+        if (n > 15)
+            return 0;
         bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 5)));
         return v;
     }
 }
 
-static __always_inline int on_entry(struct pt_regs *ctx, u16 op, int bytes_arg, int kind_arg, int fixed_kind,
-                                    int stream_arg, int stream_deref, int func_arg, int rt_twin, int hot)
+int cuda_entry(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
     if (!is_target(tgid))
         return 0;
-    u32 opi = op;
-    u64 *hits = op_hits.lookup(&opi);
+    u32 op = (u32)cht_attach_cookie(ctx);
+    struct op_cfg *c = op_cfg.lookup(&op);
+    if (!c)
+        return 0;
+    u64 *hits = op_hits.lookup(&op);
     if (hits)
         *hits += 1;
-    if (hot) {
-        int i0 = 0, i1 = 1, i2 = 2, i3 = 3;
-        u64 now = bpf_ktime_get_ns();
-        u64 *first = duty_span.lookup(&i0), *last = duty_span.lookup(&i1), *n = duty_span.lookup(&i2);
-        u64 *start = duty_span.lookup(&i3);
-        if (start && *start == 0)
-            *start = now;
-        if (first && last && n) {
-            if (*first == 0)
-                *first = now;
-            *last = now;
-            __sync_fetch_and_add(n, 1);
-        }
-    }
+    u64 sp = PT_REGS_SP(ctx);
     struct inflight *outer = inflight.lookup(&tid);
-    if (outer)
-        return 0; /* nested inside a probed call: the return probe counts it */
+    if (outer && sp <= outer->sp)
+        return 0; /* nested inside a probed call: deeper in the stack, or at the same depth when the outer one
+                   * tail-calls it (cudaFree: jmp cuMemFree_v2). A stale entry (a return missed while a link was
+                   * closed) is cleared by user space when it closes a link. */
 
+    u64 now = bpf_ktime_get_ns();
     struct inflight f = {};
     f.op = op;
-    f.probe_op = op;
     f.kind = 255;
-    if (rt_twin >= 0) {
+    f.sp = sp;
+    if (c->rt_twin >= 0) {
         /* at function entry the return address is at [sp]: called from inside libcudart = a runtime launch */
         struct lib_range *r = rt_ranges.lookup(&tgid);
         u64 ra = 0;
         if (r) {
-            bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx));
+            bpf_probe_read_user(&ra, sizeof(ra), (void *)sp);
             if (ra >= r->lo && ra < r->hi)
-                f.op = rt_twin;
+                f.op = c->rt_twin;
         }
     }
-    if (bytes_arg >= 0)
-        f.bytes = call_arg(ctx, bytes_arg);
-    if (kind_arg >= 0)
-        f.kind = (u8)call_arg(ctx, kind_arg);
-    else if (fixed_kind >= 0)
-        f.kind = (u8)fixed_kind;
-    if (stream_arg >= 0) {
-        f.stream = call_arg(ctx, stream_arg);
-        if (stream_deref >= 0) {
+    if (c->bytes_arg >= 0)
+        f.bytes = call_arg(ctx, c->bytes_arg);
+    if (c->kind_arg >= 0)
+        f.kind = (u8)call_arg(ctx, c->kind_arg);
+    else if (c->fixed_kind >= 0)
+        f.kind = (u8)c->fixed_kind;
+    if (c->stream_arg >= 0) {
+        f.stream = call_arg(ctx, c->stream_arg);
+        if (c->stream_deref >= 0) {
             u64 s = 0;
-            bpf_probe_read_user(&s, sizeof(s), (void *)(f.stream + stream_deref));
+            bpf_probe_read_user(&s, sizeof(s), (void *)(f.stream + c->stream_deref));
             f.stream = s;
         }
     }
-    if (func_arg >= 0)
-        f.func = call_arg(ctx, func_arg);
-    f.ts_ns = bpf_ktime_get_ns();
+    if (c->func_arg >= 0)
+        f.func = call_arg(ctx, c->func_arg);
+    f.ts_ns = now;
     inflight.update(&tid, &f);
+    acct_call_entry(tid, tgid, now);
     return 0;
 }
 
@@ -166,7 +160,7 @@ static __always_inline u16 hist_slot(u64 v)
     return slot;
 }
 
-static __always_inline void count_call(u32 tgid, u16 op, u64 dur, u64 bytes)
+static __always_inline void count_call(u32 tgid, u16 op, u64 dur, u64 bytes, u64 now)
 {
     struct hist_key hk = {.pid = tgid, .op = op, .slot = hist_slot(dur)};
     op_hist.atomic_increment(hk);
@@ -174,7 +168,7 @@ static __always_inline void count_call(u32 tgid, u16 op, u64 dur, u64 bytes)
     struct op_key ok = {.pid = tgid, .op = op};
     struct op_total *t = op_totals.lookup(&ok);
     if (!t) {
-        struct op_total init = {.min_ns = ~0ULL};
+        struct op_total init = {.min_ns = ~0ULL, .first_ns = now - dur};
         op_totals.insert(&ok, &init);
         t = op_totals.lookup(&ok);
         if (!t)
@@ -183,172 +177,156 @@ static __always_inline void count_call(u32 tgid, u16 op, u64 dur, u64 bytes)
     __sync_fetch_and_add(&t->calls, 1);
     __sync_fetch_and_add(&t->total_ns, dur);
     __sync_fetch_and_add(&t->bytes, bytes);
-    /* min/max races between CPUs only lose a concurrent extreme, never a count */
+    /* min/max/last race between CPUs only lose a concurrent extreme, never a count */
     if (dur < t->min_ns)
         t->min_ns = dur;
     if (dur > t->max_ns)
         t->max_ns = dur;
+    t->last_ns = now;
 }
 
-#ifdef WITH_PYFRAMES
-struct code_key {
-    u32 pid;
-    u32 _pad;
-    u64 code;
-};
-/* key: (tgid, code object address) seen in a captured stack; value: 1. LRU: 65536 code objects is far more than
- * a training job runs; an evicted one only costs one more stop. */
-BPF_TABLE("lru_hash", struct code_key, u8, seen_code, 65536);
-/* index 0: 1 to hold processes on first sight of new code (the recorder, which continues them); 0 (the
- * default, for other users of this program such as bench/probe_cost) never stops anything. */
-BPF_ARRAY(cfg_hold, u32, 1);
-
-/* 1 if any frame of the stack is a code object this process has not shown before (and remember them all). */
-static __always_inline int first_sight(struct stack_event *se, u32 tgid)
-{
-    int fresh = 0, zero = 0;
-    u32 *hold = cfg_hold.lookup(&zero);
-    if (!hold || !*hold)
-        return 0;
-    u8 one = 1;
-    for (int i = 0; i < MAX_PY_FRAMES; i++) {
-        if (i >= se->n_py)
-            break;
-        struct code_key k = {.pid = tgid, .code = se->frames[i].code};
-        if (!k.code)
-            continue;
-        if (!seen_code.lookup(&k)) {
-            seen_code.update(&k, &one);
-            fresh = 1;
-        }
-    }
-    return fresh;
-}
-#endif
-
-static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid)
+/* Hash the calling stack; send it (with a copy of the user stack) the first time this process shows it, and
+ * queue its new code objects (*new_codes: how many). Return the hash, or 0 when the stack could not be sent. */
+static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid, u32 *new_codes)
 {
     u32 zero = 0;
     struct stack_event *se = stack_scratch.lookup(&zero);
-    u64 *seq = stack_seq.lookup(&zero);
-    if (!se || !seq)
+    if (!se)
         return 0;
-    *seq += 1;
-    u64 ref = ((u64)bpf_get_smp_processor_id() << 48) | (*seq & 0xffffffffffffULL);
-    se->stack_ref = ref;
     se->pid = tgid;
     se->tid = tid;
     se->native_id = native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
     se->n_py = 0;
-    se->py_status = 1;
-    int stop = 0;
+    se->py_status = PYS_NO_CONFIG;
+    u64 h = (0xcbf29ce484222325ULL ^ tgid) * 0x100000001b3ULL;
 #ifdef WITH_PYFRAMES
-    walk_python(se, tgid);
-    stop = first_sight(se, tgid);
+    walk_python(se, tgid, &h);
 #endif
-    /* reserve first: a process is stopped only once its record is sure to reach user space, which continues it */
+    /* A Python stack is identified by its Python frames: the frame-pointer walk past an FP-less library (libffi,
+     * libpython) ends in stack garbage that differs call to call. Without Python frames the native walk is it. */
+    if (!se->n_py)
+        h = (h ^ (u64)(s64)se->native_id) * 0x100000001b3ULL;
+    h |= 1; /* never 0, which means "no stack" */
+    se->stack_ref = h;
+    if (seen_stacks.lookup(&h))
+        return h;
     struct stack_event *r = stacks_rb.ringbuf_reserve(sizeof(struct stack_event));
     if (!r) {
         count_lost(LOST_STACKS);
         return 0;
     }
     bpf_probe_read_kernel(r, sizeof(*r), se);
-    if (stop) {
-        /* hold the process until user space has read the new code objects: a short-lived worker, or a script
-         * whose <module> code is freed as soon as its body returns, would be gone before the next poll */
-        r->py_status |= PYS_STOPPED;
-        bpf_send_signal(19 /* SIGSTOP */);
+    stacks_rb.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    u8 one = 1;
+    seen_stacks.update(&h, &one);
+#ifdef WITH_PYFRAMES
+    *new_codes = queue_new_codes(se, tgid);
+#endif
+    struct ustack_event *u = ustack_rb.ringbuf_reserve(sizeof(struct ustack_event));
+    if (u) {
+        copy_user_stack(ctx, u);
+        u->stack_ref = h;
+        u->pid = tgid;
+        u->tid = tid;
+        u->native_id = se->native_id;
+        ustack_rb.ringbuf_submit(u, BPF_RB_NO_WAKEUP);
     }
-    stacks_rb.ringbuf_submit(r, 0);
-
-    int want_copy = stop;
-    u32 *every = cfg_ustack_every.lookup(&zero), *cnt = ustack_cnt.lookup(&zero);
-    if (!want_copy && every && *every && cnt) {
-        *cnt += 1;
-        want_copy = (*cnt % *every) == 0;
-    }
-    if (want_copy) {
-        struct ustack_event *u = ustack_rb.ringbuf_reserve(sizeof(struct ustack_event));
-        if (u) {
-            copy_user_stack(ctx, u);
-            u->stack_ref = ref;
-            u->pid = tgid;
-            u->tid = tid;
-            u->native_id = se->native_id;
-            ustack_rb.ringbuf_submit(u, 0);
-        }
-    }
-    return ref;
+    return h;
 }
 
-static __always_inline int on_return(struct pt_regs *ctx, u16 op)
+/* The call being returned from, on its way to the ring buffer: one per CPU, so a tail call can finish it. */
+BPF_PERCPU_ARRAY(call_scratch, struct call_event, 1);
+
+int cuda_return(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
     struct inflight *f = inflight.lookup(&tid);
     if (!f)
         return 0;
-    if (f->probe_op != op) {
-        /* a probed call nested inside the outer one on this thread */
+    if (PT_REGS_SP(ctx) <= f->sp) {
+        /* a probed call nested inside the outer one returned: the outer's return pops past its entry sp (a
+         * tail-called inner one returns straight to the outer's caller, and so closes the outer call itself) */
         f->nested += 1;
         return 0;
     }
     u64 now = bpf_ktime_get_ns();
     u64 dur = now - f->ts_ns;
-    op = f->op;
-    count_call(tgid, op, dur, f->bytes);
+    u32 op = f->op;
+    struct op_cfg *c = op_cfg.lookup(&op);
+    if (!c) {
+        inflight.delete(&tid);
+        return 0;
+    }
+    count_call(tgid, op, dur, f->bytes, now);
+    acct_call_return(tid, tgid, c->part, f->ts_ns, now);
 
-    u32 opi = op;
-    u64 *slow = cfg_slow_ns.lookup(&opi);
-    int is_slow = slow && *slow && dur >= *slow;
+    int is_slow = c->slow_ns && dur >= c->slow_ns;
     int keep = is_slow;
     if (!keep) {
-        u32 *every = cfg_sample_every.lookup(&opi);
-        u32 *cnt = sample_cnt.lookup(&opi);
-        u32 n = every ? *every : 1;
-        if (n <= 1) {
+        u32 *cnt = sample_cnt.lookup(&op);
+        if (c->sample_every <= 1) {
             keep = 1;
         } else if (cnt) {
             *cnt += 1;
-            keep = (*cnt % n) == 0;
+            keep = (*cnt % c->sample_every) == 0;
         }
     }
     if (!keep) {
         inflight.delete(&tid);
         return 0;
     }
-
-    u64 stack_ref = 0;
     int want_stack = is_slow;
-    if (!want_stack) {
-        u32 *every = cfg_stack_every.lookup(&opi);
-        u32 *cnt = stack_cnt.lookup(&opi);
-        if (every && *every && cnt) {
+    if (!want_stack && c->stack_every) {
+        u32 *cnt = stack_cnt.lookup(&op);
+        if (cnt) {
             *cnt += 1;
-            want_stack = (*cnt % *every) == 0;
+            want_stack = (*cnt % c->stack_every) == 0;
         }
     }
-    if (want_stack)
-        stack_ref = capture_stack(ctx, tgid, tid);
-
-    struct call_event ev = {};
-    ev.ts_ns = f->ts_ns;
-    ev.dur_ns = dur;
-    ev.bytes = f->bytes;
-    ev.stream = f->stream;
-    ev.func = f->func;
-    ev.off_cpu_ns = f->off_cpu_ns;
-    ev.runq_ns = f->runq_ns;
-    ev.stack_ref = stack_ref;
-    ev.pid = tgid;
-    ev.tid = tid;
-    ev.ret = (s32)PT_REGS_RC(ctx);
-    ev.op = op;
-    ev.kind = f->kind;
-    ev.flags = (f->nested ? CALL_F_NESTED : 0) | (is_slow ? CALL_F_SLOW : 0);
-    ev.nested = f->nested;
+    u32 zero = 0;
+    struct call_event *ev = call_scratch.lookup(&zero);
+    if (!ev) {
+        inflight.delete(&tid);
+        return 0;
+    }
+    ev->ts_ns = f->ts_ns;
+    ev->dur_ns = dur;
+    ev->bytes = f->bytes;
+    ev->stream = f->stream;
+    ev->func = f->func;
+    ev->off_cpu_ns = f->off_cpu_ns;
+    ev->runq_ns = f->runq_ns;
+    ev->stack_ref = 0;
+    ev->pid = tgid;
+    ev->tid = tid;
+    ev->ret = (s32)PT_REGS_RC(ctx);
+    ev->op = op;
+    ev->kind = f->kind;
+    ev->flags = (f->nested ? CALL_F_NESTED : 0) | (is_slow ? CALL_F_SLOW : 0);
+    ev->nested = f->nested;
+    ev->_pad = 0;
     inflight.delete(&tid);
-    if (calls.ringbuf_output(&ev, sizeof(ev), 0))
+    if (want_stack)
+        stage_prog.call(ctx, STAGE_STACK); /* call_with_stack: hashes the stack and sends the event; no return */
+    /* no stack wanted, or the tail call failed: send the call alone */
+    if (calls.ringbuf_output(ev, sizeof(*ev), BPF_RB_NO_WAKEUP))
         count_lost(LOST_CALLS);
+    return 0;
+}
+
+/* Stage STAGE_STACK: the call in call_scratch with its stack's hash; then read its new code objects. */
+int call_with_stack(struct pt_regs *ctx)
+{
+    u32 zero = 0;
+    struct call_event *ev = call_scratch.lookup(&zero);
+    if (!ev)
+        return 0;
+    u32 new_codes = 0;
+    ev->stack_ref = capture_stack(ctx, ev->pid, ev->tid, &new_codes);
+    if (calls.ringbuf_output(ev, sizeof(*ev), BPF_RB_NO_WAKEUP))
+        count_lost(LOST_CALLS);
+    if (new_codes)
+        stage_prog.call(ctx, STAGE_CODES); /* py_read_codes reads them */
     return 0;
 }

@@ -4,19 +4,11 @@
  * handles from cuModuleGetFunction(CUfunction *out, CUmodule, const char *name) and
  * cuLibraryGetKernel(CUkernel *out, CUlibrary, const char *name): entry keeps (out, name) per thread, return reads
  * the handle and sends (pid, handle, mangled name) to user space, which demangles it. These calls are rare (once
- * per kernel per process), so every one is sent.
+ * per kernel per process), so every one is sent. Attached with uprobe_multi links like the call probes; struct
+ * kname_event is in common.h.
  */
 #include "common.h"
 #include "maps.h"
-
-#define KNAME_MAX 192
-
-struct kname_event {
-    u64 handle;
-    u32 pid;
-    u32 _pad;
-    char name[KNAME_MAX];
-};
 
 struct kname_args {
     u64 out;
@@ -53,7 +45,7 @@ int kname_return(struct pt_regs *ctx)
         e->handle = 0;
         bpf_probe_read_user(&e->handle, sizeof(e->handle), (void *)a->out);
         bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)a->name);
-        knames_rb.ringbuf_output(e, sizeof(*e), 0);
+        knames_rb.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP);
     }
     kname_inflight.delete(&tid);
     return 0;

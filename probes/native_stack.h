@@ -4,8 +4,8 @@
  * (libpython, libffi, most -O2 C++), typically after 3 frames. Copying the raw stack from %rsp and unwinding it
  * with each module's .eh_frame CFI recovers the whole chain (21 frames vs 3 in the prototype).
  *
- * Cost: ~300 ns for 4 KB, ~1.6 us for 16 KB per copy, and the event is 16 KB on the ring buffer: send it for a
- * sample of calls (a new call site, or 1/N), never for every call.
+ * Cost: ~300 ns for 4 KB, ~1.6 us for 16 KB per copy, and the event is 16 KB on the ring buffer: it is sent once
+ * per distinct stack (cuda.bpf.c dedups stacks in kernel), never for every call.
  *
  * Usage (the struct is too big for the 512-byte BPF stack; reserve it in a ring buffer):
  *
@@ -15,29 +15,12 @@
  *     e->stack_ref = ...; e->pid = ...; e->tid = ...; e->native_id = ...;
  *     ustacks.ringbuf_submit(e, 0);
  *
- * tracer/unwind.py mirrors this layout (USTACK_DTYPE); change both together.
+ * struct ustack_event is in common.h; tracer/events.py mirrors it.
  */
 #ifndef CHT_NATIVE_STACK_H
 #define CHT_NATIVE_STACK_H
 
-#include <uapi/linux/ptrace.h>
-
-#ifndef USTACK_MAX
-#define USTACK_MAX 16384 /* bytes copied from %rsp at most: enough for ~20-40 C/C++ frames */
-#endif
-
-/* One copied user stack. 48 + USTACK_MAX bytes (16432 by default). */
-struct ustack_event {
-    u64 stack_ref;  /* the stack_event / call_event this belongs to; set by the caller */
-    u64 ip;         /* user registers at the probe */
-    u64 sp;
-    u64 bp;
-    u32 pid;        /* tgid; set by the caller */
-    u32 tid;        /* set by the caller */
-    u32 len;        /* valid bytes in data[], copied from sp upwards; 0 if nothing could be read */
-    s32 native_id;  /* id in `native_stacks` (frame-pointer walk) or < 0; set by the caller */
-    u8 data[USTACK_MAX];
-};
+#include "common.h"
 
 /* Save ip/sp/bp and copy the user stack from sp into e->data. Returns the bytes copied (also in e->len).
  *

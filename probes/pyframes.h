@@ -14,7 +14,8 @@
  *   5. up to MAX_PY_FRAMES frames, one bpf_probe_read_user each: slot i = {code, lasti}, code = 0 for C-stack shim
  *      frames (3.12+), which user space skips. Slot i is written unconditionally: a conditional index made the
  *      verifier's state count explode in the prototype.
- * Everything else (names, files, line numbers) is decoded in user space from the code object address.
+ * Names, files and lines are decoded in user space from the code object, which pycode.h reads in BPF the first
+ * time a process shows it.
  *
  * Paste this file into the program text (tracer/program.py inlines includes): bcc rewrites map methods such as
  * pycfg.lookup() only in the main text, and an #included copy fails to load with "unknown opcode 8d".
@@ -32,13 +33,6 @@
 #define PYCFG_MAX_PROCS 4096
 #endif
 
-/* stack_event.py_status */
-#define PYS_OK 0
-#define PYS_NO_CONFIG 1  /* the process has no pycfg entry: not Python, or user space has not configured it yet */
-#define PYS_NO_TSTATE 2  /* no PyThreadState for this thread: a C/C++ thread that never ran Python (NCCL, autograd) */
-#define PYS_TRUNCATED 3  /* more than MAX_PY_FRAMES frames; the outermost ones are missing */
-#define PYS_READ_FAIL 4  /* a user-memory read failed mid-walk; frames [0, n_py) are still valid */
-
 /* py_cfg.flags */
 #define PYCFG_F_LASTI_INT 1  /* 3.10: frame->f_lasti is an int in code units, not an instruction pointer */
 #define PYCFG_F_CFRAME 2     /* 3.11, 3.12: tstate->cframe->current_frame */
@@ -46,7 +40,7 @@
 
 #define PY_FRAME_READ 128    /* bytes of frame struct fetched per frame; cfg->frame_read <= this */
 
-/* Per-interpreter layout, written by tracer/pyruntime.py (ctypes mirror: PyCfg). 48 bytes. */
+/* Per-interpreter layout, written by tracer/pyruntime.py (ctypes mirror: PyCfg). 56 bytes. */
 struct py_cfg {
     u64 tss_key_addr;    /* address of the Py_tss_t {int _is_initialized; int _key} holding the GILState key */
     u64 runtime_addr;    /* &_PyRuntime, for diagnostics and a future thread-list fallback */
@@ -62,8 +56,13 @@ struct py_cfg {
     u16 frame_read;      /* bytes to read per frame, <= PY_FRAME_READ, covers every offset above */
     u16 pthread_spec1;   /* offsetof(struct pthread, specific_1stblock) (glibc x86_64: 0x310) */
     u16 pthread_spec2;   /* offsetof(struct pthread, specific) (glibc x86_64: 0x510), keys >= 32 */
+    u16 co_filename;     /* PyCodeObject -> co_filename (str) */
+    u16 co_name;         /* -> co_qualname (3.11+) or co_name (3.10) */
+    u16 co_firstlineno;  /* -> co_firstlineno (int) */
+    u16 co_linetable;    /* -> co_linetable (bytes) */
+    u16 str_data;        /* offset of a compact ASCII str's characters: sizeof(PyASCIIObject), 48 <= 3.11, 40 after */
     u8 owner_skip;       /* skip frames whose owner >= this (3 on 3.12-3.14: CSTACK/INTERPRETER shims); 255 none */
-    u8 _pad[7];
+    u8 _pad[5];
 };
 
 /* key: tgid; value: that process's interpreter layout; PYCFG_MAX_PROCS: one per traced Python process (workers
@@ -101,10 +100,12 @@ static __always_inline u64 py_tstate(struct py_cfg *cfg)
     return tstate;
 }
 
-/* Fill se->frames[0..n) innermost first, set se->n_py and se->py_status; return n_py. tgid = process id.
- * Slots whose code is 0 are shim frames: skip them when decoding. */
-static __always_inline int walk_python(struct stack_event *se, u32 tgid)
+/* Fill se->frames[0..n) innermost first, set se->n_py and se->py_status; return the frames' hash, folded into
+ * *hash (code objects and instruction indices: two stacks that differ in a line differ in hash). tgid = process
+ * id. Slots whose code is 0 are shim frames: skip them when decoding. */
+static __always_inline int walk_python(struct stack_event *se, u32 tgid, u64 *hash)
 {
+    u64 h = *hash;
     se->n_py = 0;
     struct py_cfg *cfg = pycfg.lookup(&tgid);
     if (!cfg) {
@@ -162,13 +163,37 @@ static __always_inline int walk_python(struct stack_event *se, u32 tgid)
         pf->code = code;
         pf->lasti = lasti;
         pf->_pad = 0;
+        h = (h ^ code ^ ((u64)lasti << 40)) * 0x100000001b3ULL;
         frame = *(u64 *)(buf + o_prev);
     }
     if (status == PYS_OK && frame && i >= MAX_PY_FRAMES)
         status = PYS_TRUNCATED;
     se->n_py = i;
     se->py_status = status;
+    *hash = h;
     return i;
+}
+
+/* A CPython binary's layout, registered by user space for its (dev, ino): its py_cfg with tss_key_addr and
+ * runtime_addr at link-time addresses, and its text segment, so that the kernel can configure a process that
+ * maps it at exec or mmap time, adding the load bias (libload.bpf.c python_mapped). */
+struct py_bin {
+    struct py_cfg cfg;
+    u64 text_vaddr;  /* p_vaddr of the first executable PT_LOAD */
+    u64 text_offset; /* its p_offset */
+    u32 is_lib;      /* 1: a shared libpython (configured at the mmap of its text); 0: an executable (at exec);
+                      * 2: named like an interpreter but without CPython in it (never held again) */
+    u32 _pad;
+};
+/* key: the binary's file; value: its layout. 256: interpreters on one host. */
+BPF_HASH(py_binaries, struct file_key, struct py_bin, 256);
+
+static __always_inline void pycfg_from_binary(u32 tgid, struct py_bin *b, u64 bias)
+{
+    struct py_cfg c = b->cfg;
+    c.tss_key_addr += bias;
+    c.runtime_addr += bias;
+    pycfg.update(&tgid, &c);
 }
 
 /* Fork: the child's address space is a copy, so the parent's layout and addresses hold. Called by the host

@@ -16,15 +16,50 @@ PROBES = Path(__file__).resolve().parents[1] / "probes"
 
 # One hash map per struct: bcc turns each value type into a ctypes structure (``table.Leaf``) from the layout
 # clang computed for the kernel target, which is what the ring buffers carry.
-LAYOUT_PROGRAM = r"""
-#include "common.h"
-BPF_HASH(call_ev, u32, struct call_event, 1);
-BPF_HASH(sched_ev, u32, struct sched_event, 1);
-BPF_HASH(proc_ev, u32, struct proc_event, 1);
-BPF_HASH(stack_ev, u32, struct stack_event, 1);
-BPF_HASH(py_fr, u32, struct py_frame, 1);
-int noop(void *ctx) { return 0; }
-"""
+# (map name, struct) for every struct user space decodes; the dtype each must match is in FIXED below.
+STRUCTS = {
+    "call_ev": "call_event",
+    "sched_ev": "sched_event",
+    "proc_ev": "proc_event",
+    "stack_ev": "stack_event",
+    "py_fr": "py_frame",
+    "code_ev": "code_event",
+    "map_ev": "map_event",
+    "kname_ev": "kname_event",
+    "ustack_ev": "ustack_event",
+    "tb_key": "tb_key",
+    "tb_val": "tb_val",
+    "wake_key": "wake_key",
+    "wake_val": "wake_val",
+    "preempt_key": "preempt_key",
+    "preempt_val": "preempt_val",
+    "op_key": "op_key",
+    "op_total": "op_total",
+    "hist_key": "hist_key",
+}
+LAYOUT_PROGRAM = (
+    '#include "common.h"\n'
+    + "".join(f"BPF_HASH({m}, u32, struct {st}, 1);\n" for m, st in STRUCTS.items())
+    + "int noop(void *ctx) { return 0; }\n"
+)
+FIXED = [
+    ("call_ev", events.CALL_DTYPE),
+    ("sched_ev", events.SCHED_DTYPE),
+    ("proc_ev", events.PROC_DTYPE),
+    ("py_fr", events.PY_FRAME_DTYPE),
+    ("code_ev", events.CODE_DTYPE),
+    ("map_ev", events.MAP_DTYPE),
+    ("kname_ev", events.KNAME_DTYPE),
+    ("tb_key", events.TB_KEY_DTYPE),
+    ("tb_val", events.TB_VAL_DTYPE),
+    ("wake_key", events.WAKE_KEY_DTYPE),
+    ("wake_val", events.WAKE_VAL_DTYPE),
+    ("preempt_key", events.PREEMPT_KEY_DTYPE),
+    ("preempt_val", events.PREEMPT_VAL_DTYPE),
+    ("op_key", events.OP_KEY_DTYPE),
+    ("op_total", events.OP_TOTAL_DTYPE),
+    ("hist_key", events.HIST_KEY_DTYPE),
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +69,18 @@ def leaves() -> dict[str, type]:
     bcc = pytest.importorskip("bcc")
     b = bcc.BPF(text=LAYOUT_PROGRAM, cflags=[f"-I{PROBES}"])
     try:
-        return {name: b[name.encode()].Leaf for name in ("call_ev", "sched_ev", "proc_ev", "stack_ev", "py_fr")}
+        return {name: b[name.encode()].Leaf for name in STRUCTS}
     finally:
         b.cleanup()
 
 
 def _c_fields(leaf: type) -> dict[str, tuple[int, int]]:
     """Return name -> (offset, size) of a ctypes structure's named fields (bcc's padding fields dropped)."""
-    return {name: (getattr(leaf, name).offset, getattr(leaf, name).size)
-            for name, *_ in leaf._fields_ if not name.startswith("__pad")}
+    return {
+        name: (getattr(leaf, name).offset, getattr(leaf, name).size)
+        for name, *_ in leaf._fields_
+        if not name.startswith("__pad")
+    }
 
 
 def _np_fields(dt: np.dtype) -> dict[str, tuple[int, int]]:
@@ -50,16 +88,29 @@ def _np_fields(dt: np.dtype) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize(
-    "leaf, dtype",
-    [("call_ev", events.CALL_DTYPE), ("sched_ev", events.SCHED_DTYPE), ("proc_ev", events.PROC_DTYPE),
-     ("py_fr", events.PY_FRAME_DTYPE)],
-)
+@pytest.mark.parametrize("leaf, dtype", FIXED, ids=[f for f, _ in FIXED])
 def test_fixed_records_match_common_h(leaf: str, dtype: np.dtype, leaves: dict[str, type]) -> None:
     # GIVEN the struct as bcc laid it out; THEN the dtype has its size and every field at the same offset/size
     c = leaves[leaf]
     assert ct.sizeof(c) == dtype.itemsize
     assert _c_fields(c) == _np_fields(dtype)
+
+
+@pytest.mark.bpf
+def test_ustack_header_matches_common_h(leaves: dict[str, type]) -> None:
+    # GIVEN struct ustack_event: the header dtype covers every field before the copied bytes
+    c = leaves["ustack_ev"]
+    fields = _c_fields(c)
+    data_off, data_size = fields.pop("data")
+    assert fields == _np_fields(events.USTACK_HEADER_DTYPE)
+    assert data_off == events.USTACK_HEADER_DTYPE.itemsize and data_size == events.C.USTACK_MAX
+
+
+def test_constants_come_from_common_h() -> None:
+    # the C constants user space needs are read from the header itself, so they cannot drift
+    assert events.C.TB_NFIELDS == events.TB_VAL_DTYPE["v"].shape[0]
+    assert events.C.PROC_THREAD_END == events.PROC_KINDS.index("thread_end")
+    assert len(events.TB_PARTS) == 12 and set(events.TB_PARTS) <= set(events.TB_COLUMNS)
 
 
 @pytest.mark.bpf
@@ -102,15 +153,37 @@ def test_drain_rejects_a_wrong_size_record() -> None:
         buf.drain()
 
 
-def test_stack_buffer_decodes_frames_and_rejects_a_short_header() -> None:
+def test_decode_stack_keeps_frames_and_rejects_a_short_header() -> None:
     h = np.zeros(1, dtype=events.STACK_HEADER_DTYPE)
     h["stack_ref"], h["pid"], h["tid"], h["native_id"], h["n_py"] = 9, 1, 2, -1, 2
     fr = np.zeros(2, dtype=events.PY_FRAME_DTYPE)
     fr["code"], fr["lasti"] = [0x1000, 0x2000], [5, 6]
-    buf = events.StackBuffer()
-    _feed(buf, h.tobytes() + fr.tobytes())
-    (rec,) = buf.drain()
+    rec = events.decode_stack(h.tobytes() + fr.tobytes())
     assert (rec.stack_ref, rec.pid, rec.tid, rec.native_id, rec.frames) == (9, 1, 2, -1, ((0x1000, 5), (0x2000, 6)))
-    _feed(buf, bytes(events.STACK_HEADER_DTYPE.itemsize - 1))
     with pytest.raises(events.DecodeError):
-        buf.drain()
+        events.decode_stack(bytes(events.STACK_HEADER_DTYPE.itemsize - 1))
+
+
+def test_decode_ustack_cuts_at_len() -> None:
+    h = np.zeros(1, dtype=events.USTACK_HEADER_DTYPE)
+    h["stack_ref"], h["ip"], h["sp"], h["bp"], h["pid"], h["tid"], h["len"], h["native_id"] = (
+        5,
+        0x401000,
+        0x7FFD0000,
+        0x7FFD0100,
+        10,
+        11,
+        8,
+        -14,
+    )
+    rec = events.decode_ustack(h.tobytes() + b"ABCDEFGH" + bytes(64))
+    assert (rec.stack_ref, rec.pid, rec.tid, rec.native_id) == (5, 10, 11, -14)
+    assert (rec.ip, rec.sp, rec.bp, rec.data) == (0x401000, 0x7FFD0000, 0x7FFD0100, b"ABCDEFGH")
+    with pytest.raises(events.DecodeError):
+        events.decode_ustack(b"short")
+
+
+def test_map_names_come_outermost_first() -> None:
+    e = np.zeros(1, dtype=events.MAP_DTYPE)[0]
+    e["names"][:3] = [b"libcudart.so.12\0junk", b"lib", b"usr"]
+    assert events.map_names(e["names"], 3) == ["usr", "lib", "libcudart.so.12"]

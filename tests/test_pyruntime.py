@@ -238,7 +238,7 @@ def test_cfg_per_version() -> None:
         info = BinaryInfo("x", "b", ver, "ET_DYN", 0, 0, dict(TABLE[ver]), "table")
         return build_cfg(PyTarget(1, info, 0))
 
-    assert ct.sizeof(pyruntime.PyCfg) == 48
+    assert ct.sizeof(pyruntime.PyCfg) == 56
     c310, c311, c312, c313 = cfg((3, 10)), cfg((3, 11)), cfg((3, 12)), cfg((3, 13))
     assert c310.flags == pyruntime.PYCFG_F_LASTI_INT and c310.frame_read == 104
     assert c311.flags == pyruntime.PYCFG_F_CFRAME and c311.owner_skip == 255 and c311.f_owner == 0xFFFF

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import json
 
-from rich.console import Console
+from rich.console import Console, Group
 
 from tracer.analysis.chains import CausalChain, ChainsResult
 from tracer.analysis.sql import SqlResult
 from tracer.analysis.stacks import Frame, StacksResult, StackStat
-from tracer.render import nbytes, print_record, to_json, us
+from tracer.analysis.stats import ProcessStat
+from tracer.render import (
+    NATIVE_RUN,
+    TOP_PROCESS_GROUPS,
+    _evidence_view,
+    _few,
+    _fold_native,
+    group_processes,
+    nbytes,
+    print_record,
+    render_processes,
+    to_json,
+    us,
+)
 
 
 def text_of(record) -> str:
@@ -65,9 +78,7 @@ def test_stacks_view():
         frames=frames,
     )
     out = text_of(
-        StacksResult(
-            op="cudaMalloc", pid=None, op_calls_total=5883, stored_calls=4009, distinct_stacks=1, stacks=[s]
-        )
+        StacksResult(op="cudaMalloc", pid=None, op_calls_total=5883, stored_calls=4009, distinct_stacks=1, stacks=[s])
     )
     lines = out.splitlines()
     assert "#1 a.py:74 allocate_batch  4,009 calls  avg 1.0ms" in out and "207.0 GB" in out
@@ -77,8 +88,114 @@ def test_stacks_view():
 
 
 def test_json_is_the_record():
-    r = SqlResult(
-        columns=["a"], column_types=["INTEGER"], rows=[[1]], row_count=1, truncated=False, elapsed_ms=1.0
-    )
+    r = SqlResult(columns=["a"], column_types=["INTEGER"], rows=[[1]], row_count=1, truncated=False, elapsed_ms=1.0)
     assert json.loads(to_json(r)) == r.model_dump()
     assert "1 rows," in " ".join(text_of(r).split())
+
+
+# -- output that scales (issue 13): grouped processes, short lists, folded native frames ---------------------------
+
+
+def proc(pid, comm, role, calls=0, off=0.1, worst=1.0, exit_s=None, code=None):
+    return ProcessStat(
+        pid=pid,
+        ppid=1,
+        comm=comm,
+        role=role,
+        cuda_calls=calls,
+        context_switches=10,
+        preemptions=3,
+        off_cpu_s=off,
+        runq_s=off / 2,
+        worst_stall_ms=worst,
+        first_s=0.0,
+        exit_s=exit_s,
+        exit_code=code,
+    )
+
+
+def table_text(renderable, width=120) -> str:
+    c = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    c.print(renderable)
+    return c.export_text()
+
+
+# a respawning loader: 1 main, 184 workers (one failed), then 9 one-off helpers with distinct names
+RESPAWN = (
+    [proc(100, "python3", "main", calls=22_825, off=17.2, worst=5831.0, exit_s=25.5, code=0)]
+    + [
+        proc(
+            200 + i, "pt_data_worker", "dataloader_worker", off=0.25, worst=100.0 + i, exit_s=14.0, code=256 * (i == 7)
+        )
+        for i in range(184)
+    ]
+    + [proc(900 + i, f"helper{i}", "child", off=0.01) for i in range(9)]
+)
+
+
+def test_processes_are_grouped_by_comm_and_role_with_totals():
+    groups = group_processes(RESPAWN)
+    assert [(g.comm, len(g.pids)) for g in groups[:2]] == [("python3", 1), ("pt_data_worker", 184)]
+    w = groups[1]
+    assert w.context_switches == 184 * 10 and w.off_cpu_s == sum(p.off_cpu_s for p in RESPAWN[1:185])
+    assert w.worst_stall_ms == 100.0 + 183 and (w.exited, w.failed) == (184, 1)
+    assert sum(len(g.pids) for g in groups) == len(RESPAWN) == 194
+
+
+def test_process_table_shows_the_top_groups_then_how_many_more():
+    out = table_text(render_processes(RESPAWN))
+    rows = [line for line in out.splitlines() if line.startswith(("python3", "pt_data_worker", "helper"))]
+    assert len(rows) == TOP_PROCESS_GROUPS
+    worker = next(line for line in rows if line.startswith("pt_data_worker"))
+    assert " 184 " in worker and "200…383" in worker and "46.00s" in worker and "1 failed" in worker
+    # 11 groups: 8 shown, 3 helpers left, each one process
+    assert "and 3 more (3 processes, 0 CUDA calls; tracer stats --all)" in out
+    assert "194 processes grouped by (comm, role); one row each: tracer stats --all" in out
+
+
+def test_process_table_all_has_one_row_per_process():
+    out = table_text(render_processes(RESPAWN, show_all=True), width=160)
+    assert sum(line.startswith("pt_data_worker") for line in out.splitlines()) == 184
+    assert "more" not in out and "grouped" not in out
+
+
+def test_numbers_are_never_cut_in_the_process_table():
+    # the widest real names at 120 columns: rich narrows comm/role, never a number
+    many = [proc(4_194_000, "a-very-long-process-name", "dataloader_worker", calls=123_456_789, off=12345.67)]
+    out = table_text(render_processes(many * 2), width=120)
+    for number in ("246,913,578", "24691.34s", "12345.67s", "4194000…4194000"):
+        assert number in out, out
+
+
+def test_long_evidence_lists_and_pids_say_how_many_in_all():
+    evidence = {
+        "wave_times_s": [float(i) for i in range(49)],
+        "forks": 147,
+        "worst_call_ms": 21.2,
+        "stalls": [{"wave_s": i, "slow_calls": 10 + i} for i in range(12)],
+    }
+    out = " ".join(table_text(Group(*_evidence_view(evidence))).split())
+    assert "wave_times_s: 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, … (49 in all)" in out and "48.0" not in out
+    assert "forks 147 · worst_call_ms 21.2" in out
+    assert "wave_s=4, slow_calls=14" in out and "wave_s=5," not in out and "… (12 in all)" in out
+    assert _few(list(range(1000, 1017)), 6) == "1000, 1001, 1002, 1003, 1004, 1005, … (17 in all)"
+    assert _few([1, 2], 6) == "1, 2"
+
+
+def test_long_native_runs_are_folded_python_and_cuda_frames_kept():
+    native = [Frame(kind="native", module="python3.11", function=f"f{i}", file=None, line=None) for i in range(11)]
+    frames = [
+        *native,
+        Frame(kind="python", module="t.py", function="step", file="t.py", line=94),
+        Frame(kind="cuda", module="libcudart", function="cudaStreamSynchronize", file=None, line=None),
+    ]
+    folded = _fold_native(frames)
+    assert folded[:2] == native[:2] and folded[2] == 7 and folded[3:5] == native[-2:] and folded[5:] == frames[11:]
+    short = native[:NATIVE_RUN] + frames[11:]
+    assert _fold_native(short) == short
+    s = StackStat(
+        stack_id=1, label="t.py:94 step", calls=1, avg_us=1, min_us=1, max_us=1, total_bytes=0, pids=[1], frames=frames
+    )
+    out = text_of(StacksResult(op="x", pid=None, op_calls_total=1, stored_calls=1, distinct_stacks=4, stacks=[s]))
+    assert "⋮ 7 native frames" in out and "f4" not in out and "f10" in out and "t.py:94" in out
+    assert "and 3 more stacks" in out

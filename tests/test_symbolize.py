@@ -6,23 +6,14 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tracer.symbolize import ElfSymbols, ProcessMaps, Symbolizer, demangle, stack_addrs
-from tracer.unwind import (
-    USTACK_DTYPE,
-    USTACK_HEADER,
-    EhFrameTable,
-    Regs,
-    _eval_expr,
-    _Stack,
-    decode_ustack_event,
-    unwind,
-)
+from tracer.procmaps import MapCache, ProcessMap, read_maps
+from tracer.symbolize import ElfSymbols, Symbolizer, demangle, stack_addrs
+from tracer.unwind import EhFrameTable, Regs, _eval_expr, _Stack, unwind
 
 REPO = Path(__file__).resolve().parents[1]
 DISPATCH = "ns::detail::dispatch(void (*)(float*, int), int)"
@@ -66,42 +57,6 @@ def _addr(fn: object) -> int:
     return value
 
 
-# --- maps ---------------------------------------------------------------------------------------------------
-
-MAPS_TEXT = """\
-55d0c0a00000-55d0c0a6f000 r--p 00000000 fe:01 1234    /usr/bin/python3.11
-55d0c0a6f000-55d0c0d2e000 r-xp 0006f000 fe:01 1234    /usr/bin/python3.11
-55d0c1000000-55d0c1100000 rw-p 00000000 00:00 0       [heap]
-7f0000000000-7f0000001000 r-xp 00001000 fe:01 99      /opt/lib/libfoo.so (deleted)
-7f0000002000-7f0000003000 rw-p 00000000 00:00 0
-7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0       [stack]
-"""
-
-
-def test_maps_parse_keeps_file_mappings_and_resolves_under_root() -> None:
-    maps = ProcessMaps.parse(42, MAPS_TEXT, root="/proc/42/root")
-    paths = [e.path for e in maps.entries]
-    assert paths == ["/usr/bin/python3.11", "/usr/bin/python3.11", "/opt/lib/libfoo.so"]
-    text = maps.find(0x55D0C0A70010)
-    assert text is not None and text.offset == 0x6F000 and text.perms == "r-xp"
-    assert text.host_path == "/proc/42/root/usr/bin/python3.11"
-    assert maps.find(0x55D0C1000010) is None  # [heap]
-    assert maps.find(0x7F0000002000) is None  # anonymous
-    assert maps.find(0x7F0000001000) is None  # one past the end
-    assert maps.modules() == ["/usr/bin/python3.11", "/opt/lib/libfoo.so"]
-
-
-def test_snapshot_of_self_finds_the_loaded_fixture(lib: ctypes.CDLL) -> None:
-    maps = ProcessMaps.snapshot(os.getpid())
-    entry = maps.find(_addr(lib.cxxfix_leaf))
-    assert entry is not None and entry.path == lib._name
-
-
-def test_snapshot_of_missing_pid_raises() -> None:
-    with pytest.raises(ProcessLookupError):
-        ProcessMaps.snapshot(2**22 + 1)
-
-
 # --- ELF symbols and demangling -----------------------------------------------------------------------------
 
 
@@ -134,7 +89,7 @@ def test_symbolize_code_addresses_demangled(lib: ctypes.CDLL) -> None:
     assert frame.function == "cxxfix_leaf" and frame.offset == 2
     assert frame.module == os.path.basename(lib._name)
     assert frame.build_id and frame.addr == leaf + 2
-    assert frame.file == "cxxfix.cpp" and frame.line > 0
+    assert frame.file == "cxxfix.cpp" and frame.line > 0  # a small library's .debug_line is decoded
 
 
 def test_unknown_address_is_question_mark() -> None:
@@ -143,32 +98,32 @@ def test_unknown_address_is_question_mark() -> None:
     assert frame.function == "?" and frame.module == ""
 
 
-def test_located_addresses_resolve_after_the_maps_are_gone(lib: ctypes.CDLL) -> None:
-    # GIVEN addresses pinned at "event time"
-    live = Symbolizer()
-    leaf = _addr(lib.cxxfix_leaf)
-    locs = live.locate(os.getpid(), [leaf])
-    # WHEN another symbolizer (no maps for this pid) resolves them later
-    later = Symbolizer()
-    (frame,) = later.symbolize_located(locs, [leaf])
-    # THEN the (build-id, path, offset) record is enough
+def test_addresses_resolve_from_the_map_after_the_process_is_gone(lib: ctypes.CDLL) -> None:
+    # GIVEN this process's map, kept under a pid that no longer exists (as the recorder keeps an exited target's)
+    gone = 2**22 + 3
+    maps = MapCache()
+    for m in read_maps(os.getpid()):
+        maps.add(gone, m)
+    # WHEN a symbolizer resolves addresses of that pid: THEN the cached map is enough, /proc is never read
+    sym = Symbolizer(maps)
+    (frame,) = sym.symbolize(gone, [_addr(lib.cxxfix_leaf)])
     assert frame.function == "cxxfix_leaf" and frame.offset == 0
+    assert sym.kernel_name(gone, lib.cxxfix_kernel_ptr(0)) == (VECTOR_ADD, None)
+    assert maps.proc_reads == 0
 
 
 def test_kernel_name_resolves_host_stub_pointers(lib: ctypes.CDLL) -> None:
     sym = Symbolizer()
-    assert sym.kernel_name(os.getpid(), lib.cxxfix_kernel_ptr(0)) == VECTOR_ADD
-    assert sym.kernel_name(os.getpid(), lib.cxxfix_kernel_ptr(1)) == SCALE
-    assert sym.kernel_name(os.getpid(), 0) is None
+    assert sym.kernel_name(os.getpid(), lib.cxxfix_kernel_ptr(0)) == (VECTOR_ADD, None)
+    assert sym.kernel_name(os.getpid(), lib.cxxfix_kernel_ptr(1)) == (SCALE, None)
+    name, why = sym.kernel_name(os.getpid(), 0)
+    assert name is None and why
 
 
-def test_kernel_name_from_noted_cufunction() -> None:
-    sym = Symbolizer()
+def test_a_heap_pointer_is_a_driver_handle_whose_name_was_not_seen() -> None:
     handle = ctypes.addressof(ctypes.create_string_buffer(64))  # a heap pointer, like a real CUfunction
-    assert sym.kernel_name(os.getpid(), handle) is None
-    sym.note_cufunction(os.getpid(), handle, "_ZN7kernels10vector_addIfEEvPfi")
-    assert sym.kernel_name(os.getpid(), handle) == VECTOR_ADD
-    assert sym.kernel_name(os.getpid() + 1, handle) is None
+    name, why = Symbolizer().kernel_name(os.getpid(), handle)
+    assert name is None and "cuModuleGetFunction" in (why or "")
 
 
 def test_stack_addrs_walks_and_ignores_missing_ids() -> None:
@@ -206,7 +161,7 @@ def test_unwind_recovers_cxx_chain_and_interpreter(lib: ctypes.CDLL) -> None:
     # GIVEN a stack copied inside cxxfix_leaf (the way probes/native_stack.h copies it)
     cap = _capture_own_stack(lib)
     data = ctypes.string_at(ctypes.addressof(cap) + Capture.data.offset, cap.len)
-    maps = ProcessMaps.snapshot(os.getpid())
+    maps = ProcessMap(read_maps(os.getpid()))
     # WHEN it is unwound with .eh_frame
     addrs = unwind(os.getpid(), Regs(cap.ip, cap.sp, cap.bp), data, maps)
     frames = Symbolizer().symbolize(os.getpid(), addrs)
@@ -221,7 +176,7 @@ def test_unwind_recovers_cxx_chain_and_interpreter(lib: ctypes.CDLL) -> None:
 def test_unwind_stops_at_the_end_of_a_short_copy(lib: ctypes.CDLL) -> None:
     cap = _capture_own_stack(lib)
     data = ctypes.string_at(ctypes.addressof(cap) + Capture.data.offset, 64)
-    addrs = unwind(os.getpid(), Regs(cap.ip, cap.sp, cap.bp), data, ProcessMaps.snapshot(os.getpid()))
+    addrs = unwind(os.getpid(), Regs(cap.ip, cap.sp, cap.bp), data, ProcessMap(read_maps(os.getpid())))
     assert 1 <= len(addrs) < 5
 
 
@@ -244,15 +199,3 @@ def test_plt_style_cfa_expression() -> None:
     assert _eval_expr(expr, {7: 0x1000, 16: 0x2000}, stack) == 0x1008
     assert _eval_expr(expr, {7: 0x1000, 16: 0x200B}, stack) == 0x1010
     assert _eval_expr(bytes([0x96]), {}, stack) is None  # DW_OP_nop alone leaves nothing
-
-
-def test_decode_ustack_event_matches_the_header_layout() -> None:
-    assert USTACK_DTYPE.itemsize == USTACK_HEADER + 16384
-    header = struct.pack("<4Q3Ii", 5, 0x401000, 0x7FFD0000, 0x7FFD0100, 10, 11, 8, -14)
-    raw = header + b"ABCDEFGH" + b"\0" * 64
-    ev = decode_ustack_event(raw)
-    assert (ev.stack_ref, ev.pid, ev.tid, ev.native_id) == (5, 10, 11, -14)
-    assert ev.regs == Regs(0x401000, 0x7FFD0000, 0x7FFD0100)
-    assert ev.stack == b"ABCDEFGH"
-    with pytest.raises(ValueError):
-        decode_ustack_event(b"short")

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
+
+if TYPE_CHECKING:
+    import click
 
 from tracer.errors import TracerError
 
@@ -46,7 +51,43 @@ def _register() -> None:
     analysis_cmds.register(app)
 
 
+class _FlagHelp:
+    """typer's rich help prints the value type after every option, ``<bool>`` even after flags that take no value
+    (and ``<int>`` after ``-v``); a flag whose metavar is empty prints nothing there."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        for p in self.get_params(ctx):  # type: ignore[attr-defined]
+            if getattr(p, "is_flag", False) or getattr(p, "count", False):
+                p.metavar = ""
+        super().format_help(ctx, formatter)  # type: ignore[misc]
+
+
+class _Command(_FlagHelp, TyperCommand):
+    pass
+
+
+class _Group(_FlagHelp, TyperGroup):
+    pass
+
+
+def _flag_help(t: typer.Typer) -> None:
+    """Build every command and group of ``t`` with the flag-aware help above."""
+    t.info.cls = _Group
+    for c in t.registered_commands:
+        if c.cls in (None, TyperCommand):  # a command with a class of its own keeps it
+            c.cls = _Command
+    for g in t.registered_groups:
+        if g.typer_instance is not None:
+            _flag_help(g.typer_instance)
+
+
 _register()
+_flag_help(app)
+
+
+# typer 0.29+ raises the exceptions of the click it vendors, not click's own: take their base from typer's
+# BadParameter (BadParameter -> UsageError -> ClickException), whichever click typer runs on
+_CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,12 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # typer --help / typer.Exit
         return int(e.code or 0)
     except Exception as e:  # click usage errors carry their own exit codes
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            return e.exit_code
-        if isinstance(e, click.exceptions.Abort):
+        if isinstance(e, _CLICK_ERROR):
+            e.show()  # type: ignore[attr-defined]
+            return e.exit_code  # type: ignore[attr-defined]
+        if isinstance(e, typer.Abort):
             return 130
         raise
     return 0

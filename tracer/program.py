@@ -1,44 +1,54 @@
-"""The BPF program: source assembly from probes/, compile flags, and uprobe attachment per library file.
+"""The BPF program: source assembly from probes/, compile flags, loading its programs, and the probes per library.
 
-One program holds every concern (cuda.bpf.c, host.bpf.c, and pyframes.h when the Python walker is enabled), so
-the maps they share (probes/maps.h) are one set. The per-op probe functions are generated from the catalog with
-constant argument indices.
+One program holds every concern, so the maps they share (probes/maps.h) are one set. The CUDA probes are two
+programs (cuda_entry, cuda_return) for every op: the op is the uprobe_multi link's cookie and its settings come
+from the op_cfg map (:func:`configure_ops`), so the verifier sees each program once and a library is attached
+with a few links (:class:`ProbeSet`), whatever the catalog's size.
 """
 
 from __future__ import annotations
 
+import ctypes as ct
 import logging
 import os
 import re
-import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from probes.catalog import CATALOG, OP_COUNT_MAX, OP_IDS, OpClass, ProbeSpec, specs_for
+from probes.catalog import CATALOG, OP_COUNT_MAX, OP_IDS, OpClass, specs_for
+from tracer.links import UPROBE_MULTI, Link, attach_multi
 
 log = logging.getLogger(__name__)
 
 PROBES_DIR = Path(__file__).resolve().parent.parent / "probes"
+# In this order: a file uses only what the files before it define (host_count from sched.bpf.c in memory.bpf.c,
+# emit_exe_map from libload.bpf.c in lifecycle.bpf.c).
+SOURCES = ("cuda.bpf.c", "sched.bpf.c", "libload.bpf.c", "lifecycle.bpf.c", "memory.bpf.c", "kernel_names.bpf.c")
 
-
-def _stub(op_id: int, spec: ProbeSpec) -> str:
-    twin = OP_IDS[spec.runtime_twin] if spec.runtime_twin else -1
-    args = (
-        spec.bytes_arg,
-        spec.kind_arg,
-        spec.fixed_kind,
-        spec.stream_arg,
-        spec.stream_deref,
-        spec.func_arg,
-        twin,
-        int(spec.op_class == OpClass.LAUNCH),
-    )
-    argl = ", ".join(str(int(a)) for a in args)
-    return (
-        f"int entry_{spec.op}(struct pt_regs *ctx) {{ return on_entry(ctx, {op_id}, {argl}); }}\n"
-        f"int return_{spec.op}(struct pt_regs *ctx) {{ return on_return(ctx, {op_id}); }}\n"
-    )
-
+# -D name: (struct, member) read from the running kernel's BTF for probes/files.h and lifecycle.bpf.c.
+KERNEL_OFFSETS: dict[str, tuple[str, str]] = {
+    "OFF_TASK_FILES": ("task_struct", "files"),
+    "OFF_TASK_MM": ("task_struct", "mm"),
+    "OFF_FILES_FDT": ("files_struct", "fdt"),
+    "OFF_FDT_MAX_FDS": ("fdtable", "max_fds"),
+    "OFF_FDT_FD": ("fdtable", "fd"),
+    "OFF_FILE_INODE": ("file", "f_inode"),
+    "OFF_FILE_PATH": ("file", "f_path"),
+    "OFF_PATH_DENTRY": ("path", "dentry"),
+    "OFF_INODE_INO": ("inode", "i_ino"),
+    "OFF_INODE_SB": ("inode", "i_sb"),
+    "OFF_SB_DEV": ("super_block", "s_dev"),
+    "OFF_DENTRY_NAME": ("dentry", "d_name"),
+    "OFF_QSTR_NAME": ("qstr", "name"),
+    "OFF_DENTRY_PARENT": ("dentry", "d_parent"),
+    "OFF_MM_EXE_FILE": ("mm_struct", "exe_file"),
+    "OFF_MM_START_CODE": ("mm_struct", "start_code"),
+    "OFF_MM_END_CODE": ("mm_struct", "end_code"),
+    "EXIT_CODE_OFF": ("task_struct", "exit_code"),
+}
 
 _INCLUDE = re.compile(r'^#include "([^"]+)"\s*$', re.M)
 
@@ -62,15 +72,10 @@ def _inline_includes(path: Path, seen: set[str]) -> str:
     return _INCLUDE.sub(repl, path.read_text())
 
 
-def program_text(with_pyframes: bool) -> str:
-    """Return the full BPF C text: the probe sources plus one entry/return function pair per catalog op."""
+def program_text() -> str:
+    """Return the full BPF C text: every probe source, each shared header once."""
     seen: set[str] = set()
-    parts = [
-        _inline_includes(PROBES_DIR / name, seen)
-        for name in ("cuda.bpf.c", "host.bpf.c", "libload.bpf.c", "kernel_names.bpf.c")
-    ]
-    parts += [_stub(i, s) for i, s in enumerate(CATALOG)]
-    return "\n".join(parts) + "\n"
+    return "\n".join(_inline_includes(PROBES_DIR / name, seen) for name in SOURCES) + "\n"
 
 
 @dataclass
@@ -81,7 +86,13 @@ class ProgramOptions:
 
 
 def cflags(opts: ProgramOptions) -> list[str]:
-    """Return the compile flags: include path, sizes, kernel-derived offsets."""
+    """Return the compile flags: include path, sizes, and kernel struct offsets from BTF.
+
+    Raises:
+        tracer.btf.BtfError: the running kernel's BTF lacks a member the probes read.
+    """
+    from tracer import btf
+
     flags = [
         f"-I{PROBES_DIR}",
         f"-DOP_COUNT={OP_COUNT_MAX}",
@@ -90,12 +101,7 @@ def cflags(opts: ProgramOptions) -> list[str]:
         "-Wno-unused-function",
         "-Wno-macro-redefined",
     ]
-    try:
-        from tracer import btf
-
-        flags.append(f"-DEXIT_CODE_OFF={btf.member_offset('task_struct', 'exit_code')}")
-    except Exception as e:  # BTF reader missing or no BTF: exit codes come from /proc polling instead
-        log.debug("no task_struct.exit_code offset: %s", e)
+    flags += [f"-D{name}={btf.member_offset(s, m)}" for name, (s, m) in KERNEL_OFFSETS.items()]
     if opts.with_pyframes:
         from tracer import pyruntime
 
@@ -103,88 +109,206 @@ def cflags(opts: ProgramOptions) -> list[str]:
     return flags + opts.extra_cflags
 
 
-def compile_program(opts: ProgramOptions):
-    """Compile and load the program; return the ``bcc.BPF`` object."""
+@dataclass(frozen=True)
+class Programs:
+    """File descriptors of the loaded uprobe programs."""
+
+    entry: int
+    ret: int
+    kname_entry: int
+    kname_return: int
+
+
+def _compile(opts: ProgramOptions) -> Any:
     from bcc import BPF
 
-    return BPF(text=program_text(opts.with_pyframes), cflags=cflags(opts))
+    return BPF(text=program_text(), cflags=cflags(opts))
 
 
-# Driver functions that hand out launch handles with the kernel's name (probes/kernel_names.bpf.c).
-KERNEL_NAME_SYMBOLS = frozenset({"cuModuleGetFunction", "cuLibraryGetKernel"})
+_prewarm: tuple[ProgramOptions, Future[Any]] | None = None
+
+
+def prewarm(opts: ProgramOptions) -> None:
+    """Start compiling the program in a thread now; :func:`compile_program` with the same options takes the result.
+
+    Compiling is seconds of clang inside a ctypes call, which releases the GIL, so it runs on another core while
+    the CLI imports its modules and the recorder sets up: `tracer record` is then live about a second sooner.
+    """
+    global _prewarm
+    if _prewarm is None:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="bpf-compile")
+        _prewarm = (opts, pool.submit(_compile, opts))
+        pool.shutdown(wait=False)
+
+
+def compile_program(opts: ProgramOptions) -> Any:
+    """Compile and load the program; return the ``bcc.BPF`` object (tracepoints already attached by bcc)."""
+    global _prewarm
+    if _prewarm is not None and _prewarm[0] == opts:
+        future = _prewarm[1]
+        _prewarm = None
+        return future.result()
+    return _compile(opts)
+
+
+# The return probe's tail-called stages (cuda.bpf.c stage_prog), by slot.
+STAGES = ("call_with_stack", "py_read_codes")
+
+
+def load_programs(bpf: Any, with_pyframes: bool) -> Programs:
+    """Load the uprobe programs for uprobe_multi links, and the return probe's stages into their tail-call slots."""
+    from bcc import BPF
+
+    def load(name: str) -> int:
+        return int(bpf.load_func(name, BPF.KPROBE, attach_type=UPROBE_MULTI).fd)
+
+    progs = Programs(load("cuda_entry"), load("cuda_return"), load("kname_entry"), load("kname_return"))
+    table = bpf["stage_prog"]
+    for slot, name in enumerate(STAGES):
+        if name == "py_read_codes" and not with_pyframes:
+            continue
+        table[ct.c_int(slot)] = ct.c_int(load(name))
+    return progs
+
+
+# Default slow thresholds (ns) per op class: calls this slow are always stored, with a stack. A launch that takes
+# 200 us is already 20-50x its normal cost; a sync, copy or allocation past 1 ms is a visible stall.
+SLOW_NS = {
+    OpClass.LAUNCH: 200_000,
+    OpClass.SYNC: 1_000_000,
+    OpClass.ALLOC: 1_000_000,
+    OpClass.FREE: 1_000_000,
+    OpClass.COPY: 1_000_000,
+    OpClass.OTHER: 1_000_000,
+}
+# A stack for 1 stored call in N: launches are the hot path (a Python walk costs ~0.5-1.5 us), the rest are rare
+# and diagnostic. Stacks are deduplicated in kernel, so this bounds the walk cost, not the data.
+STACK_EVERY = {OpClass.LAUNCH: 64}
+
+
+def configure_ops(bpf: Any) -> None:
+    """Write every catalog op's probe settings into the op_cfg map."""
+    table = bpf["op_cfg"]
+    for op_id, spec in enumerate(CATALOG):
+        v = table.Leaf()
+        v.bytes_arg, v.kind_arg, v.fixed_kind = spec.bytes_arg, spec.kind_arg, spec.fixed_kind
+        v.stream_arg, v.stream_deref, v.func_arg = spec.stream_arg, spec.stream_deref, spec.func_arg
+        v.rt_twin = OP_IDS[spec.runtime_twin] if spec.runtime_twin else -1
+        v.part = int(spec.part)
+        v.hot = int(spec.op_class == OpClass.LAUNCH)
+        v.sample_every = 1
+        v.slow_ns = SLOW_NS[spec.op_class]
+        v.stack_every = STACK_EVERY.get(spec.op_class, 1)
+        table[ct.c_int(op_id)] = v
+
+
+def set_sample_every(bpf: Any, op_id: int, every: int) -> None:
+    """Store 1 call in ``every`` of op ``op_id`` from now on (slow calls are always stored)."""
+    table = bpf["op_cfg"]
+    v = table[ct.c_int(op_id)]
+    v.sample_every = every
+    table[ct.c_int(op_id)] = v
+
+
+def sample_every(bpf: Any, op_id: int) -> int:
+    return int(bpf["op_cfg"][ct.c_int(op_id)].sample_every)
 
 
 @dataclass
-class AttachResult:
+class ProbeSet:
+    """One entry link and its return link over a set of functions of one file; can be closed and reopened."""
+
     path: str
-    attached: list[str] = field(default_factory=list)  # op names
-    probes: list[tuple[str, str]] = field(default_factory=list)  # (symbol, op) pairs attached
+    offsets: tuple[int, ...]
+    cookies: tuple[int, ...]
+    entry_prog: int
+    return_prog: int
+    entry: Link | None = None
+    ret: Link | None = None
+
+    def open(self) -> None:
+        """Attach: the return probes first, so every call that enters has its return seen."""
+        if self.ret is None:
+            self.ret = attach_multi(self.return_prog, self.path, self.offsets, self.cookies, retprobe=True)
+        if self.entry is None:
+            self.entry = attach_multi(self.entry_prog, self.path, self.offsets, self.cookies, retprobe=False)
+
+    def close(self) -> None:
+        """Detach: the entry probes first (their close waits for a grace period, by which time every call that
+        entered has returned through its return probe), then the return probes."""
+        for name in ("entry", "ret"):
+            link = getattr(self, name)
+            if link is not None:
+                link.close()
+                setattr(self, name, None)
+
+    @property
+    def live(self) -> bool:
+        return self.entry is not None
+
+
+@dataclass
+class AttachedLibrary:
+    """The probes on one library file."""
+
+    path: str
+    kind: str  # "cudart" | "cuda"
+    ops: list[str] = field(default_factory=list)  # op names attached
     skipped: list[str] = field(default_factory=list)  # ops whose symbols the file does not export
+    probes: list[ProbeSet] = field(default_factory=list)  # always on
+    hot: ProbeSet | None = None  # the launch functions: duty-cycled (tracer/budget.py)
+
+    def close(self) -> None:
+        for p in self.probes:
+            p.close()
+        if self.hot is not None:
+            self.hot.close()
 
 
-def attach_library(bpf, path: str, library: str, skip: frozenset[str] = frozenset()) -> AttachResult:
-    """Attach entry/return uprobes for every catalog op of ``library`` found in the file at ``path``.
+# Driver functions that hand out launch handles with the kernel's name (probes/kernel_names.bpf.c).
+KERNEL_NAME_SYMBOLS = ("cuModuleGetFunction", "cuLibraryGetKernel")
 
-    A symbol the file does not export is skipped, not an error: real libraries differ by version. Variants
-    (``_v2``, ``_ptsz``) of one op all feed the same op id. Probes attach to the file (inode), so they fire in
-    every process that maps it, now or later; the in-kernel tgid filter keeps only the traced tree.
+
+def attach_library(
+    progs: Programs, path: str, library: str, exports: dict[str, int], skip: Iterable[str] = ()
+) -> AttachedLibrary:
+    """Attach the probes of every catalog op of ``library`` that the file at ``path`` exports.
+
+    ``exports`` maps the file's exported function names to file offsets (targets.exported_offsets). A symbol the
+    file does not export is skipped, not an error: real libraries differ by version. Variants (``_v2``,
+    ``_ptsz``) of one op all feed the same op id. Probes belong to the file (inode), so they fire in every process
+    that maps it, now or later; the in-kernel tgid filter keeps only the traced tree.
+
+    Raises:
+        tracer.links.LinkError: the kernel refused a link.
     """
-    from tracer.targets import exported_functions
-
-    exported = exported_functions(path)
-    res = AttachResult(path)
-    for _op_id, spec in specs_for(library):
+    res = AttachedLibrary(path, library)
+    skip = set(skip)
+    rare: list[tuple[int, int]] = []
+    hot: list[tuple[int, int]] = []
+    for op_id, spec in specs_for(library):
         if spec.op in skip:
             continue
-        found = [s for s in spec.symbols if s in exported]
+        found = [exports[s] for s in spec.symbols if s in exports]
         if not found:
             res.skipped.append(spec.op)
             continue
-        for sym in found:
-            bpf.attach_uprobe(name=path, sym=sym, fn_name=f"entry_{spec.op}")
-            bpf.attach_uretprobe(name=path, sym=sym, fn_name=f"return_{spec.op}")
-            res.probes.append((sym, spec.op))
-        res.attached.append(spec.op)
+        dest = hot if spec.op_class == OpClass.LAUNCH else rare
+        dest += [(off, op_id) for off in dict.fromkeys(found)]  # aliases at one offset: probe it once
+        res.ops.append(spec.op)
+    for group, is_hot in ((rare, False), (hot, True)):
+        if not group:
+            continue
+        ps = ProbeSet(path, tuple(o for o, _ in group), tuple(c for _, c in group), progs.entry, progs.ret)
+        ps.open()
+        if is_hot:
+            res.hot = ps
+        else:
+            res.probes.append(ps)
     if library == "cuda":
-        for sym in KERNEL_NAME_SYMBOLS & exported:
-            bpf.attach_uprobe(name=path, sym=sym, fn_name="kname_entry")
-            bpf.attach_uretprobe(name=path, sym=sym, fn_name="kname_return")
+        knames = [exports[s] for s in KERNEL_NAME_SYMBOLS if s in exports]
+        if knames:
+            ps = ProbeSet(path, tuple(knames), (0,) * len(knames), progs.kname_entry, progs.kname_return)
+            ps.open()
+            res.probes.append(ps)
     return res
-
-
-def detach_in_background(bpf) -> None:
-    """Hand the probes' teardown to a detached child process, so the recorder exits at once.
-
-    Unregistering a uprobe waits for an RCU grace period: ~0.1 s each in a VM, seconds for a full catalog. A
-    forked child inherits the perf-event fds; this process drops its references (cheap while another holder
-    remains), and the child closes them, in parallel, after this process is gone. The target filter is emptied
-    first, so the probes do nothing meanwhile but the trap.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    try:
-        bpf["targets"].clear()
-    except Exception:
-        pass
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            # Start only once the recorder is gone: its exit would otherwise queue behind these releases.
-            deadline = time.monotonic() + 60
-            while os.getppid() == parent and time.monotonic() < deadline:
-                time.sleep(0.02)
-            # let go of the terminal and any pipes, so nobody waiting on the recorder's output waits for this
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            keys = list(bpf.uprobe_fds.keys())
-            with ThreadPoolExecutor(16) as ex:
-                list(ex.map(bpf.detach_uprobe_event, keys))
-            bpf.cleanup()
-        finally:
-            os._exit(0)
-    # this process: forget the probe fds so bcc's atexit cleanup does not detach them one by one
-    bpf.uprobe_fds.clear()
-    bpf.tracepoint_fds.clear()

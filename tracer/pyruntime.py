@@ -25,15 +25,20 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tracer import btf
+from tracer.events import C, cstr1
+from tracer.procmaps import Mapping, read_maps
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 PTHREAD_SPECIFIC_1ST = 0x310  # glibc x86_64 2.27-2.38: offsetof(struct pthread, specific_1stblock)
 PTHREAD_SPECIFIC_2ND = 0x510  # offsetof(struct pthread, specific)
 NO_OFFSET = 0xFFFF
 
+NOT_PYTHON = 2  # py_bin.is_lib of a file named like an interpreter that does not embed CPython (pyframes.h)
 # py_cfg.flags, as in probes/pyframes.h
 PYCFG_F_LASTI_INT = 1
 PYCFG_F_CFRAME = 2
@@ -117,6 +122,7 @@ class BinaryInfo:
     offsets: dict[str, int | None]
     source: str  # "dwarf", "debug_offsets" or "table" (+ "+disasm" when the TSS offset came from code)
     load_segments: list[tuple[int, int]] = field(default_factory=list)  # (p_offset, p_vaddr) of PT_LOADs
+    text_segments: list[tuple[int, int, bool]] = field(default_factory=list)  # (p_offset, p_vaddr, executable)
 
 
 @dataclass
@@ -143,12 +149,14 @@ class PyTarget:
 
 @dataclass(frozen=True)
 class PyFrameInfo:
-    """One resolved Python frame. line is the executing line (1-based); 0 when unknown."""
+    """One resolved Python frame. line is the executing line (1-based); 0 when unknown. ``approx``: the line is
+    the def line, because the executing one could not be decoded (a line table cut at CODE_LT_MAX bytes)."""
 
     filename: str
     qualname: str
     line: int
     firstlineno: int
+    approx: bool = False
 
     @property
     def resolved(self) -> bool:
@@ -156,7 +164,7 @@ class PyFrameInfo:
 
 
 class PyCfg(ct.Structure):
-    """ctypes mirror of struct py_cfg in probes/pyframes.h (48 bytes)."""
+    """ctypes mirror of struct py_cfg in probes/pyframes.h (56 bytes)."""
 
     _fields_ = [
         ("tss_key_addr", ct.c_uint64),
@@ -173,8 +181,13 @@ class PyCfg(ct.Structure):
         ("frame_read", ct.c_uint16),
         ("pthread_spec1", ct.c_uint16),
         ("pthread_spec2", ct.c_uint16),
+        ("co_filename", ct.c_uint16),
+        ("co_name", ct.c_uint16),
+        ("co_firstlineno", ct.c_uint16),
+        ("co_linetable", ct.c_uint16),
+        ("str_data", ct.c_uint16),
         ("owner_skip", ct.c_uint8),
-        ("_pad", ct.c_uint8 * 7),
+        ("_pad", ct.c_uint8 * 5),
     ]
 
 
@@ -208,8 +221,18 @@ def build_cfg(t: PyTarget) -> PyCfg:
         frame_read=min((read + 7) & ~7, 128),
         pthread_spec1=PTHREAD_SPECIFIC_1ST,
         pthread_spec2=PTHREAD_SPECIFIC_2ND,
+        co_filename=o["co_filename"] or 0,
+        co_name=o.get("co_qualname") or o["co_name"] or 0,
+        co_firstlineno=o["co_firstlineno"] or 0,
+        co_linetable=o["co_linetable"] or 0,
+        str_data=ascii_data_offset(ver),
         owner_skip=3 if owner is not None else 255,
     )
+
+
+def ascii_data_offset(version: tuple[int, int]) -> int:
+    """Offset of a compact ASCII str's characters: sizeof(PyASCIIObject), which lost its wstr pointer in 3.12."""
+    return 48 if version <= (3, 11) else 40
 
 
 def cflags() -> list[str]:
@@ -457,11 +480,14 @@ def analyze_binary(path: str, *, use_cache: bool = True) -> BinaryInfo | None:
                     d.pop("cache_version")
                     d["version"] = tuple(d["version"])
                     d["load_segments"] = [tuple(s) for s in d["load_segments"]]
+                    d["text_segments"] = [tuple(s) for s in d.get("text_segments", [])]
                     return BinaryInfo(**d)
             except (OSError, ValueError, TypeError, KeyError):
                 pass
 
-        segs = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        segs = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in loads]
+        text_segments = [(s["p_offset"], s["p_vaddr"], bool(s["p_flags"] & 1)) for s in loads]
 
         def read_vaddr(vaddr: int, n: int) -> bytes | None:
             off = _vaddr_to_offset(segs, vaddr)
@@ -546,6 +572,7 @@ def analyze_binary(path: str, *, use_cache: bool = True) -> BinaryInfo | None:
             offsets=offsets,
             source=source,
             load_segments=[(o, v) for o, v, _ in segs],
+            text_segments=text_segments,
         )
     if use_cache:
         try:
@@ -559,23 +586,11 @@ def analyze_binary(path: str, *, use_cache: bool = True) -> BinaryInfo | None:
     return info
 
 
-def _read_maps(pid: int) -> list[tuple[int, int, int, str]]:
-    """(start, end, file offset, path) of the file-backed mappings of `pid`."""
-    out = []
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            if len(parts) < 6 or not parts[5].startswith("/"):
-                continue
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            out.append((start, end, int(parts[2], 16), parts[5].rstrip("\n")))
-    return out
-
-
-def _load_bias(info: BinaryInfo, maps: list[tuple[int, int, int, str]], path: str) -> int | None:
+def _load_bias(info: BinaryInfo, maps: list[Mapping], path: str) -> int | None:
     if info.elf_type == "ET_EXEC":
         return 0
-    for start, _end, off, p in maps:
+    for m in maps:
+        start, off, p = m.start, m.offset, m.path
         if p != path:
             continue
         for p_offset, p_vaddr in info.load_segments:
@@ -627,7 +642,8 @@ class _CodeInfo:
     qualname: str
     firstlineno: int
     linetable: bytes
-    lines: dict[int, int] = field(default_factory=dict)
+    truncated: bool = False  # the line table was cut (CODE_LT_MAX) or unreadable: later lines are approximate
+    lines: dict[int, tuple[int, bool]] = field(default_factory=dict)  # lasti -> (line, approx)
 
 
 class PyRuntimeManager:
@@ -643,6 +659,7 @@ class PyRuntimeManager:
         self.parents: dict[int, int] = {}
         self._binaries: dict[tuple[str, int, int], BinaryInfo | None] = {}
         self._codes: dict[tuple[int, int], _CodeInfo | None] = {}
+        self._registered: dict[tuple[int, int], BinaryInfo | None] = {}  # (st_dev, st_ino) in py_binaries
 
     # -- configuration ---------------------------------------------------------------------------------------
 
@@ -665,14 +682,14 @@ class PyRuntimeManager:
         """Detects CPython in `pid` (a mapped libpython, else the executable) and writes its pycfg entry.
         Returns None when the process is not CPython, is gone, or has an unsupported layout."""
         try:
-            maps = _read_maps(pid)
+            maps = read_maps(pid)
             exe = os.readlink(f"/proc/{pid}/exe")
         except OSError:
             return None
         candidates = []
-        for _s, _e, _o, p in maps:
-            if re.search(r"/libpython3\.\d+[^/]*\.so", p) and p not in candidates:
-                candidates.append(p)
+        for m in maps:
+            if re.search(r"/libpython3\.\d+[^/]*\.so", m.path) and m.path not in candidates:
+                candidates.append(m.path)
         if exe not in candidates:
             candidates.append(exe)
         for path in candidates:
@@ -688,8 +705,59 @@ class PyRuntimeManager:
                 return None
             self.targets[pid] = target
             self._write_cfg(target)
+            self.register(path, pid)
             return target
         return None
+
+    def register(self, path: str, pid: int | None = None) -> BinaryInfo | None:
+        """Analyse the file at ``path`` and register its layout in the ``py_binaries`` map, so the kernel configures
+        every process that maps it from now on (at exec, or at the mmap of a libpython), with no race and no hold.
+        A file that does not embed CPython is registered as such (an executable named python* that links a
+        libpython is not held again). Returns its layout, or None."""
+        info = self._binary(path, pid) if pid is not None else self._binary(path, 0)
+        real = path if os.path.exists(path) else f"/proc/{pid}/root{path}"
+        try:
+            st = os.stat(real)
+        except OSError:
+            return info
+        if (st.st_dev, st.st_ino) in self._registered:
+            return info
+        self._registered[(st.st_dev, st.st_ino)] = info if info is not None and info.offsets.get("tss") else None
+        if self.bpf is None:
+            return info
+        table = self.bpf["py_binaries"]
+        k = table.Key()
+        k.ino, k.dev = st.st_ino, (os.major(st.st_dev) << 20) | os.minor(st.st_dev)
+        v = table.Leaf()
+        if info is None or not info.offsets.get("tss"):
+            v.is_lib = NOT_PYTHON
+        else:
+            cfg = build_cfg(PyTarget(0, info, 0))
+            ct.memmove(ct.addressof(v.cfg), ct.addressof(cfg), ct.sizeof(cfg))
+            text = next(((o, va) for o, va, x in info.text_segments if x), None)
+            if text is None:
+                return info
+            v.text_offset, v.text_vaddr = text
+            v.is_lib = int(bool(re.search(r"libpython3", os.path.basename(path))))
+        table[k] = v
+        return info
+
+    def note_mapped(self, pid: int, dev: int, ino: int, start: int, pgoff: int, is_exe: bool) -> PyTarget | None:
+        """A registered interpreter was mapped by ``pid`` (its exec, or its libpython's text at ``start`` holding file
+        offset ``pgoff``): the kernel configured the walker itself; note the layout here too, so frames of a process
+        that exits before it could be looked at still decode. Returns the target, or None if not an interpreter."""
+        info = self._registered.get((dev, ino))
+        if info is None:
+            return None
+        text = next(((o, va) for o, va, x in info.text_segments if x), None)
+        if text is None:
+            return None
+        bias = start - text[1] if is_exe else start - pgoff + text[0] - text[1]
+        if info.elf_type == "ET_EXEC":
+            bias = 0
+        target = PyTarget(pid=pid, binary=info, bias=bias)
+        self.targets[pid] = target
+        return target
 
     def _write_cfg(self, t: PyTarget) -> None:
         if self.bpf is None:
@@ -740,27 +808,33 @@ class PyRuntimeManager:
             mem.close()
 
     def _code(self, pid: int, addr: int) -> tuple[_CodeInfo | None, PyTarget | None]:
-        seen: set[int] = set()
+        """The code object at ``addr`` as ``pid`` saw it, and the layout to decode it with: from BPF's code events
+        (of the process or an ancestor it was forked from), else read from the live process or its ancestors."""
+        chain: list[int] = []
         p: int | None = pid
-        while p is not None and p not in seen:
-            seen.add(p)
-            t = self.targets.get(p)
-            if t is not None:
-                key = (p, addr)
-                if key not in self._codes or self._codes[key] is None:
-                    info = self._read_code(p, t, addr)
-                    if info is not None or key not in self._codes:
-                        self._codes[key] = info
-                if self._codes[key] is not None:
-                    return self._codes[key], t
+        while p is not None and p not in chain:
+            chain.append(p)
             p = self.parents.get(p)
+        layout = next((self.targets[q] for q in chain if q in self.targets), None)
+        for q in chain:
+            info = self._codes.get((q, addr))
+            if info is not None:
+                return info, layout
+        for q in chain:
+            t = self.targets.get(q)
+            if t is None:
+                continue
+            info = self._read_code(q, t, addr)
+            if info is not None:
+                self._codes[(q, addr)] = info
+                return info, t
         return None, None
 
     def resolve(self, pid: int, frames: list[tuple[int, int]]) -> list[PyFrameInfo]:
         """Frames (code object address, lasti) as walked in BPF, innermost first, to PyFrameInfo. Slots with
-        code 0 (shim frames) are dropped. A frame that cannot be read comes back with filename "" and
-        qualname ``<unresolved 0x...>``. Reads /proc/PID/mem once per (pid, code), falling back to the fork
-        parent's memory (note_fork)."""
+        code 0 (shim frames) are dropped. Code objects come from BPF's code events (add_code_events); one never
+        sent is read from /proc/PID/mem once per (pid, code), falling back to the fork parent's memory
+        (note_fork). A frame that cannot be read comes back with filename "" and qualname ``<unresolved 0x...>``."""
         out = []
         for code, lasti in frames:
             if not code:
@@ -769,14 +843,32 @@ class PyRuntimeManager:
             if info is None or t is None:
                 out.append(PyFrameInfo("", f"<unresolved {code:#x}>", 0, 0))
                 continue
-            line = info.lines.get(lasti)
-            if line is None:
-                line = decode_line(t.version, info.linetable, info.firstlineno, lasti) or 0
-                info.lines[lasti] = line
-            out.append(PyFrameInfo(info.filename, info.qualname, line, info.firstlineno))
+            hit = info.lines.get(lasti)
+            if hit is None:
+                line = decode_line(t.version, info.linetable, info.firstlineno, lasti)
+                # an instruction the table does not cover (cut table) or marks lineless: say the def line, flagged
+                hit = (line, False) if line is not None else (info.firstlineno, True)
+                info.lines[lasti] = hit
+            out.append(PyFrameInfo(info.filename, info.qualname, hit[0], info.firstlineno, hit[1]))
         return out
 
-    def prefetch(self, pid: int, frames: list[tuple[int, int]]) -> None:
-        """Reads the code objects of `frames` now (e.g. from a ring-buffer callback), so that the stack still
-        resolves after a short-lived process exits."""
-        self.resolve(pid, frames)
+    def add_code_events(self, ev: np.ndarray) -> None:
+        """Take code objects read in BPF (a batch of events.CODE_DTYPE): what names each frame and decodes its
+        lines, keyed by (pid, code address). A name BPF could not read (not compact ASCII) is read from the
+        process if it still runs."""
+        log.debug("%d code objects read in BPF, pids %s", len(ev), sorted(set(ev["pid"].tolist())))
+        for e in ev:
+            pid, code, flags = int(e["pid"]), int(e["code"]), int(e["flags"])
+            name, file = cstr1(e["qualname"]), cstr1(e["filename"])
+            if flags & (C.CODE_F_NAME_UNREAD | C.CODE_F_FILE_UNREAD) and pid in self.targets:
+                live = self._read_code(pid, self.targets[pid], code)
+                if live is not None:
+                    name = live.qualname if flags & C.CODE_F_NAME_UNREAD else name
+                    file = live.filename if flags & C.CODE_F_FILE_UNREAD else file
+            n = int(e["lt_len"])
+            truncated = bool(flags & C.CODE_F_LT_UNREAD) or int(e["lt_full"]) > n
+            self._codes[(pid, code)] = _CodeInfo(
+                file, name or f"<unreadable {code:#x}>", int(e["firstlineno"]), e["linetable"][:n].tobytes(), truncated
+            )
+
+

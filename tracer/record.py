@@ -1,10 +1,15 @@
-"""A recording session: attach to the target tree, poll the ring buffers, write the DB, flush on every way out.
+"""A recording session: start the probes, run the drain loop, write the DB, flush on every way out.
 
-The loop (every POLL_MS): drain the four ring buffers (lifecycle first, so processes exist before their calls),
-decode them in batches (tracer/events.py), resolve stacks, queue Arrow batches to the store's writer thread. Every
-second: host sample, finished per-second scheduling aggregates, the sampling budget, newly mapped libraries, and
-the status line. The run ends on Ctrl-C, ``--duration``, or when the whole target tree has exited; each path
-ends in :meth:`Recorder.finish`, which writes the exact aggregates and the session row and closes the DB.
+The pieces (one module each): the BPF program and its links (program.py, links.py), the attached libraries and
+holds (attach.py), the process tree (proctree.py), the event-fed process maps (procmaps.py), stack and kernel-name
+resolution (stack_resolver.py), the overhead budget (budget.py), the guardian (guardian.py), the column builders
+(rows.py) and the store (store.py). This module only orders them in time.
+
+The loop: every DRAIN_S the ring buffers are drained in dependency order (mappings, lifecycle, code objects,
+kernel names, stacks, calls, off-CPU intervals) and the batches go to the store's writer thread. Every second:
+a host sample, the finished seconds of the per-second aggregates, the sampling and overhead budgets, and the
+status line. The run ends on Ctrl-C, ``--duration``, or when the whole target tree has exited; each path ends in
+:meth:`Recorder.finish`, which writes the exact aggregates and the session row and closes the DB.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -23,51 +29,38 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from probes.catalog import CATALOG, DRIVER_COVERED, MEMCPY_KIND_NAMES, NO_ARG, OP_IDS, OP_NAMES, OpClass
-from tracer import __version__, events, targets
-from tracer.budget import MIN_FRACTION, DutyCycler, Probe, TrapCost, calibrate, required_fraction
+from probes.catalog import CATALOG, OpClass
+from tracer import __version__, bpfmaps, events, guardian, rows, targets
+from tracer.attach import Attacher, runtime_launch_op_ids
+from tracer.budget import Activity, DutyCycler, OverheadEstimator, launch_scales, trap_cost
 from tracer.errors import EnvironmentProblem, TargetError, UsageError
-from tracer.hist import percentile, slot_bounds
-from tracer.program import ProgramOptions, attach_library, compile_program, detach_in_background
+from tracer.procmaps import MapCache, Mapping, kernel_dev
+from tracer.proctree import ProcessTree
+from tracer.program import (
+    ProgramOptions,
+    compile_program,
+    configure_ops,
+    load_programs,
+    sample_every,
+    set_sample_every,
+)
+from tracer.stack_resolver import StackResolver
 from tracer.store import Store, check_db_path
 from tracer.sysinfo import ProcSampler, environment
 
 log = logging.getLogger(__name__)
 
-POLL_MS = 100
-# Default slow thresholds (ns) per op class: calls this slow are always stored, with a stack. A launch that
-# takes 200 us is already 20-50x its normal cost; a sync, copy or allocation past 1 ms is a visible stall.
-SLOW_NS = {
-    OpClass.LAUNCH: 200_000,
-    OpClass.SYNC: 1_000_000,
-    OpClass.ALLOC: 1_000_000,
-    OpClass.FREE: 1_000_000,
-    OpClass.COPY: 1_000_000,
-    OpClass.OTHER: 1_000_000,
-}
-# Stack for 1 stored call in N: launches are the hot path, everything else is rare and diagnostic.
-STACK_EVERY = {OpClass.LAUNCH: 64}
+DRAIN_S = 0.2  # ring buffers are drained on this timer (bulk events do not wake the recorder, BPF_RB_NO_WAKEUP)
 # Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
 SCHED_KEEP_NS = 1_000_000
 SCHED_SAMPLE_EVERY = 16
-# Copy the user stack (16 KiB) for 1 in N captured stacks, besides every stack with new Python code: enough to
-# see each call path's full native frames without the bandwidth of copying every one.
-USTACK_EVERY = 32
-
-
-PYS_STOPPED = 0x8000  # common.h: the stack's process waits for SIGCONT
-
-# Per-op lookup tables for building cuda_calls columns without per-row Python work.
-_OP_DICT = pa.array(OP_NAMES)
-_LAYER_DICT = pa.array(["runtime", "driver"])
-_LAYER_OF = np.array([int(s.layer) for s in CATALOG], dtype=np.int32)
-_HAS_BYTES = np.array([s.bytes_arg != NO_ARG for s in CATALOG])
-_HAS_STREAM = np.array([s.stream_arg != NO_ARG for s in CATALOG])
-_IS_LAUNCH = np.array([s.op_class == OpClass.LAUNCH for s in CATALOG])
-_KIND_NAMES = [MEMCPY_KIND_NAMES[k] for k in sorted(MEMCPY_KIND_NAMES)]
-_KIND_DICT = pa.array(_KIND_NAMES)
+COMMAND_GRACE_S = 5.0  # --duration ends a launched command with SIGTERM, then SIGKILL after this long
+_HOT_OPS = np.array([s.op_class == OpClass.LAUNCH for s in CATALOG])
+_RUNTIME_LAUNCH_OPS = np.array(sorted(runtime_launch_op_ids()))
+_CACHE_DIR = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cuda-host-tracer"
+)
 
 
 @dataclass
@@ -81,34 +74,9 @@ class RecordOptions:
     max_events_per_s: int = 20_000  # stored cuda_calls rows per second before sampling kicks in
     python_stacks: bool = True
     overhead_budget: float = 2.0  # percent of one CPU the probes may cost the target; launches duty-cycled above it
-    launch_probes: str = "driver"  # "driver": one trap per launch; "both": also probe the runtime's launch calls
+    launch_probes: str = "auto"  # auto | driver | both (tracer/attach.py)
     sched_sample_every: int = SCHED_SAMPLE_EVERY
-    status: bool = True
-
-
-@dataclass
-class ProcInfo:
-    pid: int
-    ppid: int
-    comm: str
-    cmdline: str
-    first_ns: int
-    exit_ns: int | None = None
-    exit_code: int | None = None
-
-
-@dataclass
-class OpSummary:
-    op: str
-    layer: str
-    calls: int
-    p50_ns: int
-    p99_ns: int
-    max_ns: int
-
-    @property
-    def tail_ratio(self) -> float:
-        return self.p99_ns / self.p50_ns if self.p50_ns else 0.0
+    keep_command: bool = False  # at --duration, leave a launched command running instead of stopping it
 
 
 @dataclass
@@ -121,8 +89,16 @@ class RecordSummary:
     events_lost: int
     processes: int
     libraries: list[str]
-    ops: list[OpSummary]
+    ops: list[rows.OpSummary]
     notes: list[str]
+    startup_s: float = 0.0
+    first_event_s: float | None = None
+    flush_s: float = 0.0
+    recorder_cpu_s: float = 0.0
+    recorder_peak_rss_bytes: int = 0
+    holds: int = 0
+    held_ms: float = 0.0
+    command_fate: str | None = None
 
 
 def check_environment() -> None:
@@ -147,39 +123,65 @@ def check_environment() -> None:
             subprocess.run(["mount", "-t", fs, fs, where], capture_output=True)
 
 
-def _pyruntime_available() -> bool:
+def _since_process_start_s() -> float:
+    """Seconds since this process started (field 22 of /proc/self/stat against CLOCK_BOOTTIME)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _start_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def _boot_id() -> str:
     try:
-        from tracer import pyruntime  # noqa: F401
-    except ImportError:
-        return False
-    return (Path(__file__).resolve().parent.parent / "probes" / "pyframes.h").exists()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 class Recorder:
-    """One recording into one DB. ``run()`` returns the summary; every exit path goes through ``finish()``."""
+    """One recording into one DB. ``run()`` returns the summary; every exit path goes through ``finish()``.
+
+    Args:
+        on_status: called with a one-line status about once a second, and with messages worth showing.
+    """
 
     def __init__(self, opts: RecordOptions, on_status: Callable[[str], None] | None = None) -> None:
         self.opts = opts
         self.on_status = on_status
         self.notes: list[str] = []
-        self.procs: dict[int, ProcInfo] = {}
-        self.attached: dict[tuple[int, int], targets.LibraryFile] = {}
-        self.stack_ids: dict[Any, int] = {}  # dedup key -> stack_id
-        self.ref_frames: dict[int, tuple[Any, ...]] = {}  # BPF stack_ref -> frames, until its call arrives
-        self.kernel_names: dict[tuple[int, int], str | None] = {}  # (pid, func) -> name, cache
-        self.handle_names: dict[tuple[int, int], str] = {}  # (pid, CUfunction/CUkernel) -> name, from probes
-        self.stored_per_op = np.zeros(len(CATALOG), dtype=np.int64)
         self.stop_reason: str | None = None
         self.child: int | None = None
-        self._last_counters = np.zeros(4, dtype=np.int64)
+        self.command_fate: str | None = None
         self._interrupted = False
-        self.pyrt: Any = None
-        self._py_pending: dict[int, int] = {}  # pid -> configure attempts, while its interpreter is not found
-        self._unwind_tables: Any = None
+        self._go_fd: int | None = None
+        self._since_start0 = _since_process_start_s()  # process start -> now, at construction
+        self._mono0 = time.monotonic()
+        self.phases: dict[str, float] = {}
+        self.first_event_ns: int | None = None
         self.py_version: str | None = None
-        self._overhead_samples: list[float] = []
-        self.overhead_pct = 0.0
-        self.symbolizer: Any = None
+        self.pyrt: Any = None
+        self._py_pending: dict[int, int] = {}  # pid -> configure attempts while its interpreter is not found
+        self._exited_at: dict[int, float] = {}  # pid -> when its exit was seen (its map is dropped later)
+        self.stored_per_op = np.zeros(len(CATALOG), dtype=np.int64)
+        self._last_hits = np.zeros(len(CATALOG), dtype=np.int64)
+        self._last_tick = time.monotonic()
+        self._last_cpu = _cpu_s()
+        self._launch_tally = [0, 0]  # runtime launch events, of which nested (for --launch-probes auto)
+        self._calls_by_tid: dict[int, int] = {}
+
+    def _elapsed(self) -> float:
+        """Seconds since the `tracer record` process started."""
+        return self._since_start0 + (time.monotonic() - self._mono0)
 
     # --- set-up -------------------------------------------------------------------------------------------
 
@@ -191,8 +193,8 @@ class Recorder:
             raise UsageError("--duration must be positive")
         if o.overhead_budget <= 0:
             raise UsageError("--overhead-budget must be a positive percentage", "e.g. --overhead-budget 2")
-        if o.launch_probes not in ("driver", "both"):
-            raise UsageError(f"unknown --launch-probes {o.launch_probes!r}", "use driver or both")
+        if o.launch_probes not in ("auto", "driver", "both"):
+            raise UsageError(f"unknown --launch-probes {o.launch_probes!r}", "use auto, driver or both")
         check_db_path(o.db, o.force)
         if o.pid is not None:
             targets.check_pid(o.pid)
@@ -203,7 +205,7 @@ class Recorder:
         self.lib_args = [targets.check_library_arg(p) for p in o.libs]
 
     def _start_command(self) -> int:
-        """Fork the command held before exec until the probes are attached; return its pid."""
+        """Fork the command, held before exec until the probes are attached; return its pid."""
         assert self.opts.command
         r, w = os.pipe()
         pid = os.fork()
@@ -221,102 +223,55 @@ class Recorder:
         return pid
 
     def _release_command(self) -> None:
-        fd = getattr(self, "_go_fd", None)
-        if fd is not None:
-            os.write(fd, b"g")
-            os.close(fd)
+        if self._go_fd is not None:
+            os.write(self._go_fd, b"g")
+            os.close(self._go_fd)
             self._go_fd = None
 
-    def _configure_maps(self) -> None:
+    def _configure_bpf(self) -> None:
         b = self.bpf
-        for i, spec in enumerate(CATALOG):
-            b["cfg_sample_every"][ct.c_int(i)] = ct.c_uint32(1)
-            b["cfg_slow_ns"][ct.c_int(i)] = ct.c_uint64(SLOW_NS[spec.op_class])
-            b["cfg_stack_every"][ct.c_int(i)] = ct.c_uint32(STACK_EVERY.get(spec.op_class, 1))
-        b["cfg_sched"][ct.c_int(0)] = ct.c_uint64(self.start_mono)
-        b["cfg_sched"][ct.c_int(1)] = ct.c_uint64(SCHED_KEEP_NS)
-        b["cfg_sched"][ct.c_int(2)] = ct.c_uint64(self.opts.sched_sample_every)
-        b["cfg_libgate"][ct.c_int(0)] = ct.c_uint32(1)
-        if self.pyrt is not None:  # cfg_hold exists only with the Python walker
-            b["cfg_hold"][ct.c_int(0)] = ct.c_uint32(1)
-        b["cfg_ustack_every"][ct.c_int(0)] = ct.c_uint32(USTACK_EVERY)
+        configure_ops(b)
+        cfg = b["cfg"]
+        for idx, val in (
+            (events.C.CFG_START_NS, self.start_mono),
+            (events.C.CFG_SCHED_KEEP_NS, SCHED_KEEP_NS),
+            (events.C.CFG_SCHED_EVERY, self.opts.sched_sample_every),
+            (events.C.CFG_LIBGATE, 1),
+        ):
+            cfg[ct.c_int(idx)] = ct.c_uint64(val)
 
-    def _add_target(self, pid: int, ppid: int | None = None, first_ns: int = 0) -> None:
-        st = targets.proc_stat(pid)
+    def _set_gate(self, on: bool) -> None:
+        self.bpf["cfg"][ct.c_int(events.C.CFG_LIBGATE)] = ct.c_uint64(int(on))
+
+    def _add_tracer_pid(self, pid: int) -> None:
+        self.bpf["tracer_pids"][ct.c_uint32(pid)] = ct.c_uint8(1)
+
+    def _add_target(self, pid: int, ppid: int | None = None, first_ns: int = 0, python: bool = True) -> None:
+        """A process joins the traced tree. ``python``: configure its Python walker now (not for the launched
+        command's fork, which is a copy of the recorder until it execs)."""
         self.bpf["targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
-        if pid not in self.procs:
-            self.procs[pid] = ProcInfo(
-                pid,
-                ppid if ppid is not None else (st[1] if st else 0),
-                st[0] if st else "",
-                targets.proc_cmdline(pid),
-                first_ns,
-            )
-        if self.pyrt is not None:
+        try:  # a launched command is forked by the recorder, so the kernel made it a tracer process at first
+            del self.bpf["tracer_pids"][ct.c_uint32(pid)]
+        except KeyError:
+            pass
+        self.tree.add_target(pid, ppid, first_ns)
+        self.maps.attach(pid)
+        if self.pyrt is not None and python:
             self._pyrt_configure(pid)
 
     def _pyrt_configure(self, pid: int) -> None:
         target = None
         try:
             target = self.pyrt.configure(pid)
-            if target is not None and not self.py_version:
-                self.py_version = ".".join(str(x) for x in target.version)
-        except Exception as e:  # a process we cannot walk still gets its calls traced
+        except Exception as e:  # noqa: BLE001 - a process we cannot walk still gets its calls traced
             log.debug("python frames unavailable for %d: %s", pid, e)
-        # Right after exec a shared libpython is not mapped yet: try again later (at its CUDA library load, which
-        # stops the process, and every second) until it is, a few times at most.
+        # Right after exec a shared libpython is not mapped yet: try again when it is (its map event) or every
+        # second, a few times at most.
         tries = self._py_pending.pop(pid, 0)
         if target is None and tries < 10:
             self._py_pending[pid] = tries + 1
 
-    def _scan_libraries(self) -> None:
-        found: list[targets.LibraryFile] = list(self.lib_args)
-        for pid, p in list(self.procs.items()):
-            if p.exit_ns is None:
-                libs, span = targets.mapped_cuda(pid)
-                found += libs
-                if span:  # where libcudart sits: driver launches from there are runtime launches
-                    self.bpf["rt_ranges"][ct.c_uint32(pid)] = self.bpf["rt_ranges"].Leaf(*span)
-        if not self._scanned_usual:
-            self._scanned_usual = True
-            extra = []
-            env_dirs = os.environ.get("LD_LIBRARY_PATH", "")
-            for d in filter(None, env_dirs.split(":")):
-                extra += [str(p) for p in Path(d).glob("libcud*.so*")]
-            found += targets.resolve_libraries(targets.usual_library_paths() + extra)
-        self._attach(found)
-
-    def _attach(self, found: list[targets.LibraryFile]) -> None:
-        """Attach to each new library file; driver files first, and a runtime's driver along with it."""
-        new = [lib for lib in found if (lib.dev, lib.ino) not in self.attached]
-        for lib in [x for x in new if x.kind == "cudart"]:
-            # libcudart dlopens libcuda.so.1 at CUDA init: attach it now, so the runtime's launches are seen
-            # (and relabelled) by the driver probes alone
-            new += targets.driver_for(lib.path)
-        new.sort(key=lambda x: x.kind != "cuda")
-        for lib in new:
-            key = (lib.dev, lib.ino)
-            if key in self.attached:
-                continue
-            skip: frozenset[str] = frozenset()
-            if lib.kind == "cudart" and self.opts.launch_probes == "driver" and self._driver_attached:
-                skip = DRIVER_COVERED
-            try:
-                res = attach_library(self.bpf, lib.path, lib.kind, skip=skip)
-            except Exception as e:
-                self.notes.append(f"could not attach to {lib.path}: {e}")
-                continue
-            self.attached[key] = lib
-            if lib.kind == "cuda" and "cuLaunchKernel" in res.attached:
-                self._driver_attached = True
-            for sym, op in res.probes:
-                if CATALOG[OP_IDS[op]].op_class == OpClass.LAUNCH:
-                    self.cycler.add(Probe(lib.path, sym, op))
-            if res.skipped:
-                self.notes.append(f"{os.path.basename(lib.path)}: not exported, skipped: {', '.join(res.skipped)}")
-            log.info("attached %d ops to %s", len(res.attached), lib.path)
-
-    # --- the loop ------------------------------------------------------------------------------------------
+    # --- the run -------------------------------------------------------------------------------------------
 
     def run(self) -> RecordSummary:
         """Record until stopped; return the summary. Raises TracerError before anything is written."""
@@ -324,62 +279,56 @@ class Recorder:
         check_environment()
         self.start_mono = time.monotonic_ns()
         self.started_at = datetime.now(timezone.utc)
-        use_py = self.opts.python_stacks and _pyruntime_available()
+        use_py = self.opts.python_stacks
+        t = time.monotonic()
         try:
             self.bpf = compile_program(ProgramOptions(with_pyframes=use_py))
+            self.progs = load_programs(self.bpf, use_py)
         except Exception as e:
             raise EnvironmentProblem(f"the BPF program failed to load: {e}", "run `tracer doctor`") from None
+        self.phases["compile_s"] = time.monotonic() - t
+        self._configure_bpf()
+        # The guardian first: from here on the probes may stop a process, and nothing may leave one stopped.
+        self.guardian = guardian.spawn(self.bpf["held"].map_fd, self.bpf["cfg"].map_fd, events.C.CFG_LIBGATE)
+        self.tree = ProcessTree(self.start_mono)
+        for pid, comm in ((os.getpid(), "tracer"), (self.guardian.pid, "tracer-guardian")):
+            self._add_tracer_pid(pid)
+            self.tree.add_tracer(pid, comm)
         if use_py:
             from tracer.pyruntime import PyRuntimeManager
 
             self.pyrt = PyRuntimeManager(self.bpf)
-        try:
-            from tracer.symbolize import Symbolizer
-            from tracer.unwind import UnwindTables
-
-            self.symbolizer = Symbolizer()
-            self._unwind_tables = UnwindTables()
-        except ImportError:
-            self.symbolizer = None
-        log.info("BPF program loaded after %.2f s", (time.monotonic_ns() - self.start_mono) / 1e9)
-        self._configure_maps()
-        try:
-            self.trap = calibrate(self.bpf)
-        except Exception as e:  # no libc labs to time: assume this VM's typical cost
-            log.warning("trap cost calibration failed (%s); assuming 12 us", e)
-            self.trap = TrapCost(12_000.0, 1_000.0)
-        log.info("trap cost %.1f us (+%.1f us return)", self.trap.entry_ns / 1e3, self.trap.return_ns / 1e3)
-        self.cycler = DutyCycler(self.bpf)
-        self._last_hits = np.zeros(len(CATALOG), dtype=np.int64)
-        self._hot_pct = 0.0
-        self.calls = events.RawBuffer(events.CALL_DTYPE)
-        self.sched = events.RawBuffer(events.SCHED_DTYPE)
-        self.proc = events.RawBuffer(events.PROC_DTYPE)
-        self.knames = events.RawBuffer(events.KNAME_DTYPE)
-        self.stacks = events.StackBuffer(on_record=self._prefetch_stack)
-        self.lib_opens: list[tuple[int, str]] = []
-        self.bpf["calls"].open_ring_buffer(self.calls.callback)
-        self.bpf["sched_rb"].open_ring_buffer(self.sched.callback)
-        self.bpf["proc_rb"].open_ring_buffer(self.proc.callback)
-        self.bpf["stacks_rb"].open_ring_buffer(self.stacks.callback)
-        self.bpf["libload_rb"].open_ring_buffer(self._on_lib_open)
-        self.bpf["knames_rb"].open_ring_buffer(self.knames.callback)
-        self.ustack_chunks: list[bytes] = []
-        self.ustacks: dict[int, Any] = {}  # stack_ref -> UstackEvent, until its stack record is handled
-        self.bpf["ustack_rb"].open_ring_buffer(self._on_ustack)
+        self.maps = MapCache()
+        native = self.bpf["native_stacks"]
+        self.resolver = StackResolver(
+            self.maps,
+            self.pyrt,
+            native_walk=lambda sid: [int(a) for a in native.walk(sid)],
+            put_stack=lambda sid, frames: self.store.put("stacks", rows.stack_columns(sid, frames)),
+            parent_of=lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
+        )
+        self.cycler = DutyCycler(count_hot=self._hot_calls_by_pid)
+        self.attacher = Attacher(
+            self.bpf, self.progs, self.maps.resolver, self.cycler, self.opts.launch_probes, self.notes
+        )
+        self._open_rings()
         self.sampler = ProcSampler()
-        self._scanned_usual = False
-        self._driver_attached = False
-
         self.store = Store(self.opts.db, force=self.opts.force)
         # From here on every way out (Ctrl-C, the target exiting, an error) goes through finish().
-        old_int = signal.signal(signal.SIGINT, self._on_sigint)
-        old_term = signal.signal(signal.SIGTERM, self._on_sigint)
+        old_int = signal.signal(signal.SIGINT, self._on_signal)
+        old_term = signal.signal(signal.SIGTERM, self._on_signal)
         try:
             self._write_session_row("recording")
+            t = time.monotonic()
             self._attach_targets()
+            self.phases["attach_s"] = time.monotonic() - t
             self._read_host_counters()
+            self.phases["startup_s"] = self._elapsed()
             self._release_command()
+            self.trap, measured = trap_cost(_load_uprobe(self.bpf, "calib_probe"), _CACHE_DIR)
+            if measured:
+                log.info("trap cost %.1f us (+%.1f us return)", self.trap.entry_ns / 1e3, self.trap.return_ns / 1e3)
+            self.estimator = OverheadEstimator(self.trap, self.opts.overhead_budget)
             self._loop()
         finally:
             # Ctrl-C from here on must not cut the flush short: the DB is written in full first.
@@ -392,26 +341,65 @@ class Recorder:
                 signal.signal(signal.SIGTERM, old_term)
         return summary
 
+    def _open_rings(self) -> None:
+        """Ring buffers, each into a buffer drained by the loop (the callbacks only copy bytes)."""
+        self.rb_maps = events.RawBuffer(events.MAP_DTYPE)
+        self.rb_proc = events.RawBuffer(events.PROC_DTYPE)
+        self.rb_codes = events.RawBuffer(events.CODE_DTYPE)
+        self.rb_knames = events.RawBuffer(events.KNAME_DTYPE)
+        self.rb_calls = events.RawBuffer(events.CALL_DTYPE)
+        self.rb_sched = events.RawBuffer(events.SCHED_DTYPE)
+        self.rb_stacks: list[bytes] = []
+        self.rb_ustacks: list[bytes] = []
+        b = self.bpf
+        b["maps_rb"].open_ring_buffer(self.rb_maps.callback)
+        b["proc_rb"].open_ring_buffer(self.rb_proc.callback)
+        b["knames_rb"].open_ring_buffer(self.rb_knames.callback)
+        # stacks before their user-stack copies: a copy that comes a drain early waits for its stack
+        b["stacks_rb"].open_ring_buffer(lambda _c, d, n: self.rb_stacks.append(ct.string_at(d, n)))
+        b["ustack_rb"].open_ring_buffer(lambda _c, d, n: self.rb_ustacks.append(ct.string_at(d, n)))
+        b["calls"].open_ring_buffer(self.rb_calls.callback)
+        b["sched_rb"].open_ring_buffer(self.rb_sched.callback)
+        if self.pyrt is not None:
+            b["codes_rb"].open_ring_buffer(self.rb_codes.callback)
+
     def _attach_targets(self) -> None:
         if self.opts.pid is not None:
             for pid in targets.descendants(self.opts.pid):
                 self._add_target(pid)
             self.root = self.opts.pid
         else:
+            exe = shutil.which(self.opts.command[0]) if self.opts.command else None
+            if self.pyrt is not None and exe:
+                self.pyrt.register(os.path.realpath(exe))  # a python command then needs no hold at its exec
             self.child = self._start_command()
             self.root = self.child
-            self._add_target(self.child, ppid=os.getpid())
-        self._scan_libraries()
-        if not any(targets.libraries_mapped(pid) for pid in self.procs):
+            self._add_target(self.child, ppid=os.getpid(), python=False)
+        found = list(self.lib_args)
+        for pid in self.tree.alive():
+            libs, span = targets.mapped_cuda(pid)
+            found += libs
+            if span:  # where libcudart's text sits: driver launches from there are runtime launches
+                self.bpf["rt_ranges"][ct.c_uint32(pid)] = self.bpf["rt_ranges"].Leaf(*span)
+        for d in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")):
+            found += targets.resolve_libraries([str(p) for p in Path(d).glob("libcud*.so*")])
+        found += targets.resolve_libraries(targets.usual_library_paths())
+        self.attacher.attach(found)
+        if self.opts.pid is not None:
+            # children forked between the /proc scan and the fork tracepoint's first hit
+            for pid in targets.descendants(self.opts.pid):
+                if pid not in self.tree.procs:
+                    self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
+        if not any(targets.libraries_mapped(pid) for pid in self.tree.alive()):
             self._status("no CUDA library loaded by the target yet; waiting for one to be loaded...")
 
     def _loop(self) -> None:
-        self._loop_start = time.monotonic()
-        self.cycler.start(self._loop_start)
+        self.cycler.start()
         deadline = time.monotonic() + self.opts.duration if self.opts.duration else None
         next_tick = time.monotonic() + 1.0
         while not self._interrupted:
-            self.bpf.ring_buffer_poll(POLL_MS)
+            self.bpf.ring_buffer_poll(int(DRAIN_S * 1000))  # returns early only for a hold (forced wakeup)
+            self.bpf.ring_buffer_consume()
             self._drain()
             now = time.monotonic()
             if now >= next_tick:
@@ -422,11 +410,10 @@ class Recorder:
                 return
             if self._tree_exited():
                 self.stop_reason = "target_exited"
-                log.info("target tree exited after %.2f s", (time.monotonic_ns() - self.start_mono) / 1e9)
                 return
         self.stop_reason = "interrupted"
 
-    def _on_sigint(self, _sig: int, _frame: Any) -> None:
+    def _on_signal(self, _sig: int, _frame: Any) -> None:
         self._interrupted = True
 
     def _status(self, msg: str) -> None:
@@ -440,306 +427,129 @@ class Recorder:
             except ChildProcessError:
                 pid, status = self.child, 0
             if pid == self.child:
-                p = self.procs.get(self.child)
+                p = self.tree.procs.get(self.child)
                 if p and p.exit_code is None:
                     p.exit_code = status
                 self.child = None
-        return not any(targets.is_alive(pid) for pid, p in self.procs.items() if p.exit_ns is None)
+                self.command_fate = "exited"
+        return not any(targets.is_alive(pid) for pid in self.tree.alive())
 
-    def _rel(self, ts: np.ndarray) -> np.ndarray:
-        return ts.astype(np.int64) - self.start_mono
-
-    def _on_lib_open(self, _ctx: int, data: int, _size: int) -> None:
-        pid = ct.cast(data, ct.POINTER(ct.c_uint32))[0]
-        path = ct.string_at(data + 8).decode(errors="replace")
-        self.lib_opens.append((pid, path))
-
-    def _handle_lib_opens(self) -> None:
-        """Attach to CUDA libraries a target just opened (libload.bpf.c stopped it), then let it run on."""
-        opens, self.lib_opens = self.lib_opens, []
-        for pid, path in opens:
-            if pid in self._py_pending and self.pyrt is not None:
-                self._pyrt_configure(pid)  # stopped here, with its interpreter mapped by now
-            try:
-                if not path.startswith("/"):
-                    path = os.path.join(os.readlink(f"/proc/{pid}/cwd"), path)
-                rooted = f"/proc/{pid}/root{path}"
-                lib = targets.resolve_libraries([rooted if os.path.exists(rooted) else path])
-                self._attach(lib)
-            except OSError as e:
-                log.debug("library open by %d (%s) not resolved: %s", pid, path, e)
-            finally:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-
-    def _on_ustack(self, _ctx: int, data: int, size: int) -> None:
-        self.ustack_chunks.append(ct.string_at(data, size))
+    # --- draining ------------------------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        if self.ustack_chunks and self.symbolizer is not None:
-            from tracer.unwind import decode_ustack_event
+        """Everything the ring buffers hold, in dependency order: lifecycle first (an exec'd process gets its
+        Python walker before the library open that holds it is released), then mappings."""
+        self._handle_proc(self.rb_proc.drain())
+        self._handle_maps(self.rb_maps.drain())
+        if self.pyrt is not None:
+            codes = self.rb_codes.drain()
+            if len(codes):
+                self.pyrt.add_code_events(codes)
+        kn = self.rb_knames.drain()
+        if len(kn):
+            found = self.resolver.add_knames(kn)
+            self.store.put(
+                "kernel_names",
+                {"pid": [r[0] for r in found], "func": [r[1] for r in found], "name": [r[2] for r in found]},
+            )
+        ustacks, self.rb_ustacks = self.rb_ustacks, []
+        stacks, self.rb_stacks = self.rb_stacks, []
+        self.resolver.add_ustacks(ustacks)
+        self.resolver.add_stacks(stacks)
+        self._handle_calls(self.rb_calls.drain())
+        sched = self.rb_sched.drain()
+        if len(sched):
+            self.store.put("sched", rows.sched_columns(sched, self.start_mono))
 
-            chunks, self.ustack_chunks = self.ustack_chunks, []
-            for c in chunks:
-                ev = decode_ustack_event(c)
-                self.ustacks[ev.stack_ref] = ev
-        self._handle_proc(self.proc.drain())  # first: an exec'd process is configured before it runs on
-        self._handle_lib_opens()
-        self._handle_knames(self.knames.drain())
-        for rec in self.stacks.drain():
-            self._handle_stack(rec)
-        self._handle_calls(self.calls.drain())
-        self._handle_sched(self.sched.drain())
+    def _handle_maps(self, ev: np.ndarray) -> None:
+        if len(ev) == 0:
+            return
+        opens = ev[ev["kind"] == events.C.MAP_LIB_OPEN]
+        for e in ev[ev["kind"] != events.C.MAP_LIB_OPEN]:
+            pid, dev, ino = int(e["pid"]), kernel_dev(int(e["dev"])), int(e["ino"])
+            names = events.map_names(e["names"], int(e["depth"]))
+            path = self.maps.resolver.resolve(dev, ino, names, pid) or ""
+            start, length, offset = int(e["start"]), int(e["len"]), int(e["pgoff"])
+            if int(e["kind"]) == events.C.MAP_EXE:
+                # a new image; its text was mapped by the kernel at start_code, which holds the file's first
+                # executable PT_LOAD
+                self.maps.on_exec(pid)
+                elf = self.resolver.symbolizer.elves.get(path) if path else None
+                offset = elf.text[0] if elf is not None and elf.text is not None else 0
+            shown = path.split(f"/proc/{pid}/root", 1)[-1] if path else "/" + "/".join(names)
+            self.maps.add(pid, Mapping(start, start + length, offset, shown, path, dev, ino))
+            is_exe = int(e["kind"]) == events.C.MAP_EXE
+            if self.pyrt is not None and self.pyrt.note_mapped(pid, dev, ino, start, int(e["pgoff"]), is_exe):
+                self._py_pending.pop(pid, None)  # configured in kernel, from its registered binary
+            if int(e["flags"]) & events.C.MAPF_HELD_PYTHON:
+                # an interpreter seen for the first time: held at exec (or at its libpython's mmap) until its layout
+                # is registered for the kernel, which configures every later process that maps it by itself
+                if self.pyrt is not None and path:
+                    self.pyrt.register(path, pid)
+                    self._pyrt_configure(pid)
+                self.attacher.release(pid)
+            elif self.pyrt is not None and pid in self._py_pending and "python" in os.path.basename(shown):
+                self._pyrt_configure(pid)  # its interpreter is mapped now
+        if len(opens):
+            self.attacher.handle_opens(opens, on_continue=self._before_continue)
+
+    def _before_continue(self, pid: int) -> None:
+        """A held process is about to run on: configure its Python walker while it cannot race us."""
+        if self.pyrt is not None and pid in self._py_pending:
+            self._pyrt_configure(pid)
 
     def _handle_proc(self, ev: np.ndarray) -> None:
         if len(ev) == 0:
             return
-        for e in ev:
-            kind, pid, ts = int(e["kind"]), int(e["pid"]), int(e["ts_ns"]) - self.start_mono
-            comm = events.cstr1(e["comm"])
-            if kind == 0:  # fork
-                parent = self.procs.get(int(e["ppid"]))
-                cmd = targets.proc_cmdline(pid) or (parent.cmdline if parent else "")
-                self.procs.setdefault(pid, ProcInfo(pid, int(e["ppid"]), comm, cmd, ts))
-                if self.pyrt is not None and hasattr(self.pyrt, "note_fork"):
-                    self.pyrt.note_fork(int(e["ppid"]), pid)
-            elif pid in self.procs:
-                p = self.procs[pid]
-                if kind == 1:  # exec
-                    p.comm = comm
-                    p.cmdline = targets.proc_cmdline(pid) or events.cstr1(e["filename"])
-                    if self.pyrt is not None:
-                        self._pyrt_configure(pid)
-                elif kind == 2:
-                    p.exit_ns = ts
-                    p.exit_code = int(e["exit_code"]) if int(e["exit_code"]) >= 0 else p.exit_code
-                elif kind == 3:
-                    p.comm = comm
-        self.store.put(
-            "process_events",
-            {
-                "ts_ns": self._rel(ev["ts_ns"]),
-                "kind": [events.PROC_KINDS[k] for k in ev["kind"].tolist()],
-                "pid": ev["pid"].astype(np.int32),
-                "ppid": [
-                    int(p) if k == 0 else None for k, p in zip(ev["kind"].tolist(), ev["ppid"].tolist(), strict=True)
-                ],
-                "child": [
-                    int(c) if k == 0 else None for k, c in zip(ev["kind"].tolist(), ev["child"].tolist(), strict=True)
-                ],
-                "comm": events.cstr(ev["comm"]),
-                "filename": [f or None for f in events.cstr(ev["filename"])],
-                "exit_code": [
-                    int(x) if k == 2 and x >= 0 else None
-                    for k, x in zip(ev["kind"].tolist(), ev["exit_code"].tolist(), strict=True)
-                ],
-            },
-        )
-
-    def _prefetch_stack(self, rec: events.StackRecord) -> None:
-        """Read a new stack's code objects at once, while the process (and its <module> code) still exists; the
-        BPF side stopped the process if any of them is new (PYS_STOPPED), so let it go on afterwards."""
-        try:
-            if self.pyrt is not None and rec.frames:
-                self.pyrt.prefetch(rec.pid, list(rec.frames))
-        except Exception as e:
-            log.debug("prefetch for %d failed: %s", rec.pid, e)
-        finally:
-            if rec.py_status & PYS_STOPPED:
-                try:
-                    os.kill(rec.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-
-    def _handle_stack(self, rec: events.StackRecord) -> None:
-        # frames are (kind, module, function, file, line), outermost first
-        native: list[tuple[str, str, str | None, str | None, int | None]] = []
-        ustack = self.ustacks.pop(rec.stack_ref, None)
-        if ustack is not None:
-            native = self._unwind_native(ustack)
-        if not native and rec.native_id >= 0:
-            try:
-                addrs = [a for a in self.bpf["native_stacks"].walk(rec.native_id)]
-            except Exception:
-                addrs = []
-            native = self._symbolize_native(rec.pid, addrs)
-        py: list[tuple[str, str, str | None, str | None, int | None]] = []
-        if rec.frames and self.pyrt is not None:
-            try:
-                infos = self.pyrt.resolve(rec.pid, list(rec.frames))
-            except Exception as e:
-                log.debug("python frames of %d unresolved: %s", rec.pid, e)
-                infos = []
-            for fi in reversed(infos):  # outermost first
-                py.append(("python", fi.filename, fi.qualname, fi.filename, fi.line))
-        self.ref_frames[rec.stack_ref] = tuple(_merge_stacks(py, native))
-
-    def _stack_id(self, ref: int, op: int) -> int | None:
-        """Return the stack_id of a captured stack plus its CUDA entry point, writing the stack on first sight."""
-        frames = self.ref_frames.pop(ref, None)
-        if frames is None:
-            return None
-        spec = CATALOG[op]
-        frames = frames + (("cuda", f"lib{spec.library}", spec.op, None, None),)
-        sid = self.stack_ids.get(frames)
-        if sid is None:
-            sid = len(self.stack_ids) + 1
-            self.stack_ids[frames] = sid
-            self.store.put(
-                "stacks",
-                {
-                    "stack_id": [sid] * len(frames),
-                    "depth": list(range(len(frames))),
-                    "kind": [f[0] for f in frames],
-                    "module": [f[1] for f in frames],
-                    "function": [f[2] for f in frames],
-                    "file": [f[3] for f in frames],
-                    "line": [f[4] for f in frames],
-                },
-            )
-        return sid
-
-    def _unwind_native(self, ev: Any) -> list[tuple[str, str, str | None, str | None, int | None]]:
-        """Unwind a copied user stack with .eh_frame; return symbolized frames outermost first ([] on failure)."""
-        from tracer.unwind import unwind_event
-
-        try:
-            maps = self.symbolizer.snapshot(ev.pid)
-            if maps is None:
-                return []
-            addrs = unwind_event(ev, maps, tables=self._unwind_tables)
-        except Exception as e:
-            log.debug("unwind for %d failed: %s", ev.pid, e)
-            return []
-        return self._symbolize_native(ev.pid, addrs)
-
-    def _symbolize_native(
-        self, pid: int, addrs: list[int]
-    ) -> list[tuple[str, str, str | None, str | None, int | None]]:
-        """Return native frames outermost first."""
-        out = []
-        if self.symbolizer is not None:
-            try:
-                for f in self.symbolizer.symbolize(pid, addrs):
-                    if f.module:  # an FP walk through a library without frame pointers ends in a stack address
-                        out.append(("native", os.path.basename(f.module), f.function, f.file, f.line))
-            except Exception as e:
-                log.debug("symbolize failed: %s", e)
-                out = []
-        if not out:
-            out = [("native", "?", f"0x{a:x}", None, None) for a in addrs]
-        out.reverse()
-        return out
-
-    def _handle_knames(self, ev: np.ndarray) -> None:
-        """Remember launch handles named by cuModuleGetFunction / cuLibraryGetKernel."""
-        if len(ev) == 0:
-            return
-        from tracer.symbolize import demangle
-
-        pids, handles = ev["pid"].tolist(), ev["handle"].tolist()
-        names = [demangle(n) for n in events.cstr(ev["name"])]
-        for pid, handle, name in zip(pids, handles, names, strict=True):
-            self.handle_names[(pid, handle)] = name
-            self.kernel_names.pop((pid, handle), None)
-        self.store.put("kernel_names", {"pid": pids, "func": handles, "name": names})
-
-    def _kernel_name(self, pid: int, func: int) -> str | None:
-        """Name of a launch target: a named driver handle (here or in an ancestor, for forked workers), else the
-        host stub symbol the runtime was given."""
-        key = (pid, func)
-        if key not in self.kernel_names:
-            name = None
-            p: int | None = pid
-            while p and name is None:
-                name = self.handle_names.get((p, func))
-                p = self.procs[p].ppid if p in self.procs else None
-            if name is None and self.symbolizer is not None and func:
-                try:
-                    name = self.symbolizer.kernel_name(pid, func)
-                except Exception:
-                    name = None
-            self.kernel_names[key] = name
-        return self.kernel_names[key]
+        ch = self.tree.apply(ev)
+        # execs first: a process that exec'd and then forked in this batch passes its new layout on
+        for pid in ch.execs:
+            if self.pyrt is not None:
+                self.pyrt.targets.pop(pid, None)  # a new image: the old layout is gone (BPF dropped its pycfg)
+                self._py_pending.pop(pid, None)
+                self._pyrt_configure(pid)
+        for parent, child in ch.forks:
+            self.maps.on_fork(parent, child)
+            if self.pyrt is not None:
+                self.pyrt.note_fork(parent, child)
+        for pid in ch.exits:
+            self._exited_at[pid] = time.monotonic()
+        cols = rows.proc_event_columns(ev, self.start_mono)
+        if len(cols["pid"]):
+            self.store.put("process_events", cols)
 
     def _handle_calls(self, ev: np.ndarray) -> None:
-        """Turn a batch of call events into one cuda_calls batch: column-wise, with per-row Python work only for
-        the (few) distinct launch targets and the (sampled) stacks."""
-        n = len(ev)
-        if n == 0:
-            return
-        ops = ev["op"].astype(np.int32)
-        self.stored_per_op += np.bincount(ops, minlength=len(CATALOG))[: len(CATALOG)]
-        kinds = ev["kind"]
-        kernel = np.full(n, None, dtype=object)
-        sel = np.nonzero(_IS_LAUNCH[ops] & (ev["func"] != 0))[0]
-        if len(sel):
-            pairs = np.stack([ev["pid"][sel].astype(np.uint64), ev["func"][sel]], axis=1)
-            uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
-            names = np.array([self._kernel_name(int(p), int(f)) for p, f in uniq.tolist()], dtype=object)
-            kernel[sel] = names[inverse.reshape(-1)]
-        stack_id = np.full(n, None, dtype=object)
-        refs = ev["stack_ref"]
-        for i in np.nonzero(refs)[0].tolist():
-            stack_id[i] = self._stack_id(int(refs[i]), int(ops[i]))
-        self.store.put(
-            "cuda_calls",
-            {
-                "ts_ns": self._rel(ev["ts_ns"]),
-                "dur_ns": ev["dur_ns"].astype(np.int64),
-                "pid": ev["pid"].astype(np.int32),
-                "tid": ev["tid"].astype(np.int32),
-                "op": pa.DictionaryArray.from_arrays(pa.array(ops), _OP_DICT).cast(pa.string()),
-                "layer": pa.DictionaryArray.from_arrays(pa.array(_LAYER_OF[ops]), _LAYER_DICT).cast(pa.string()),
-                "bytes": pa.array(ev["bytes"].astype(np.int64), mask=~_HAS_BYTES[ops]),
-                "kind": pa.DictionaryArray.from_arrays(
-                    pa.array(np.minimum(kinds, len(_KIND_NAMES) - 1).astype(np.int32), mask=kinds >= len(_KIND_NAMES)),
-                    _KIND_DICT,
-                ).cast(pa.string()),
-                "stream": pa.array(ev["stream"], mask=~_HAS_STREAM[ops]),
-                "kernel": pa.array(kernel, type=pa.string()),
-                "ret": ev["ret"],
-                "stack_id": pa.array(stack_id, type=pa.int64()),
-                "off_cpu_ns": ev["off_cpu_ns"].astype(np.int64),
-                "runq_ns": ev["runq_ns"].astype(np.int64),
-            },
-        )
-
-    def _handle_sched(self, ev: np.ndarray) -> None:
         if len(ev) == 0:
             return
-        by = ev["by_pid"]
-        self.store.put(
-            "sched",
-            {
-                "ts_ns": self._rel(ev["ts_ns"]),
-                "dur_ns": ev["dur_ns"].astype(np.int64),
-                "pid": ev["pid"].astype(np.int32),
-                "tid": ev["tid"].astype(np.int32),
-                "comm": events.cstr(ev["comm"]),
-                "cpu": ev["cpu"].astype(np.int32),
-                "reason": [events.SCHED_REASONS[r] for r in ev["reason"].tolist()],
-                "runq_ns": ev["runq_ns"].astype(np.int64),
-                "preempted_by_pid": pa.array(by.astype(np.int32), mask=by == 0),
-                "preempted_by_comm": [c or None for c in events.cstr(ev["by_comm"])],
-            },
-        )
+        if self.first_event_ns is None:
+            self.first_event_ns = int(ev["ts_ns"].min())
+        ops = ev["op"].astype(np.int64)
+        self.stored_per_op += np.bincount(ops, minlength=len(CATALOG))[: len(CATALOG)]
+        rt = np.isin(ops, _RUNTIME_LAUNCH_OPS)
+        if rt.any():
+            self._launch_tally[0] += int(rt.sum())
+            self._launch_tally[1] += int((rt & ((ev["flags"] & events.C.CALL_F_NESTED) != 0)).sum())
+        kernels, notes = self.resolver.kernels(ev)
+        stack_ids = self.resolver.stack_ids(ev["stack_ref"], ops)
+        self.store.put("cuda_calls", rows.call_columns(ev, self.start_mono, kernels, notes, stack_ids))
 
     # --- every second --------------------------------------------------------------------------------------
 
     def _read_host_counters(self) -> np.ndarray:
         hc = self.bpf["host_counters"]
-        vals = np.array([sum(hc[ct.c_int(i)]) for i in range(4)], dtype=np.int64)
-        delta = vals - self._last_counters
+        vals = np.array([sum(hc[ct.c_int(i)]) for i in range(events.C.HC_COUNT)], dtype=np.int64)
+        delta = vals - getattr(self, "_last_counters", vals)
         self._last_counters = vals
         return delta
 
     def _tick(self) -> None:
+        now = time.monotonic()
         ts = time.monotonic_ns() - self.start_mono
         s = self.sampler.sample()
         d = self._read_host_counters()
+        cpu = _cpu_s()
+        tracer_ms = (cpu - self._last_cpu) * 1e3
+        self._last_cpu = cpu
         self.store.put(
             "host_samples",
             {
@@ -749,280 +559,337 @@ class Recorder:
                 "runnable": [s.runnable],
                 "mem_available_bytes": [s.mem_available_bytes],
                 "swap_used_bytes": [s.swap_used_bytes],
-                "page_alloc_bytes": [int(d[0])],
-                "target_page_alloc_bytes": [int(d[1])],
-                "page_faults": [int(d[2])],
-                "ctx_switches": [int(d[3])],
+                "page_alloc_bytes": [int(d[events.C.HC_PAGE_ALLOC])],
+                "target_page_alloc_bytes": [int(d[events.C.HC_TARGET_PAGE_ALLOC])],
+                "page_faults": [int(d[events.C.HC_TARGET_FAULTS])],
+                "ctx_switches": [int(d[events.C.HC_SWITCHES])],
+                "tracer_cpu_ms": [tracer_ms],
             },
         )
-        self._drain_sched_aggs(before_sec=ts // 1_000_000_000 - 1)
-        self._apply_budget()
-        self._apply_overhead_budget()
-        self._scan_libraries()
-        self._scan_new_children()
+        self._drain_aggregates(before_sec=ts // 1_000_000_000 - 1)
+        self._apply_sampling_budget()
+        self._apply_overhead_budget(now - self._last_tick)
+        self._last_tick = now
+        self.attacher.release_stale(older_than_ns=2_000_000_000)
+        self.attacher.note_runtime_launches(*self._launch_tally)
+        self._launch_tally = [0, 0]
         for pid in list(self._py_pending):
             self._pyrt_configure(pid)
-        alive = sum(1 for p in self.procs.values() if p.exit_ns is None)
+        for pid, at in list(self._exited_at.items()):
+            if now - at > 5.0:  # every event of it has been drained by now
+                self.maps.forget(pid)
+                del self._exited_at[pid]
         stored = self.store.rows_written.get("cuda_calls", 0)
+        frac = self.cycler.fraction
         self._status(
-            f"{ts / 1e9:6.0f}s  stored {stored:,} calls  lost {self._lost():,}  processes {alive}  "
-            f"libraries {len(self.attached)}  overhead ~{self.overhead_pct:.1f}%"
-            + (f" (launches sampled {self.cycler.fraction:.0%})" if self.cycler.fraction < 1 else "")
+            f"{ts / 1e9:4.0f}s  calls stored {stored:,}  lost {self._lost():,}  processes {len(self.tree.alive())}  "
+            f"holds {self.attacher.holds.count}  overhead ~{self.estimator.overhead_pct:.1f}%"
+            + (f" (launches sampled {frac:.0%})" if frac < 1 else "")
         )
 
-    def _scan_new_children(self) -> None:
-        """Catch children the fork tracepoint could not (forked before their parent joined the tree)."""
-        if self.opts.pid is None:
-            return
-        for pid in targets.descendants(self.root):
-            if pid not in self.procs:
-                self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
+    def _launch_sampled(self, sec: int) -> float:
+        t0 = self.start_mono + sec * 1_000_000_000
+        return self.cycler.live_share(t0, t0 + 1_000_000_000)
 
-    def _take_finished(self, name: str, before_sec: int | None) -> list[tuple[Any, Any]]:
-        """Remove and return the (key, value) entries of a per-second BPF aggregate up to ``before_sec`` (all when
-        None): seconds still being counted stay in the kernel."""
-        tbl = self.bpf[name]
-        done = [(k, v) for k, v in tbl.items() if before_sec is None or k.sec <= before_sec]
-        for k, _ in done:
-            del tbl[k]
-        return done
+    def _drain_aggregates(self, before_sec: int | None) -> None:
+        """Move the finished seconds of the per-second BPF aggregates to the DB (all of them when None)."""
 
-    def _drain_sched_aggs(self, before_sec: int | None) -> None:
-        aggs = self._take_finished("sched_aggs", before_sec)
-        self.store.put(
-            "sched_stats",
-            {
-                "sec": [int(k.sec) for k, _ in aggs],
-                "pid": [int(v.pid) for _, v in aggs],
-                "tid": [int(k.tid) for k, _ in aggs],
-                "switches": [int(v.switches) for _, v in aggs],
-                "preemptions": [int(v.preemptions) for _, v in aggs],
-                "off_cpu_ns": [int(v.off_cpu_ns) for _, v in aggs],
-                "runq_ns": [int(v.runq_ns) for _, v in aggs],
-                "max_off_cpu_ns": [int(v.max_off_ns) for _, v in aggs],
-            },
-        )
-        pre = self._take_finished("preempt_aggs", before_sec)
-        self.store.put(
-            "preemptors",
-            {
-                "sec": [int(k.sec) for k, _ in pre],
-                "pid": [int(k.pid) for k, _ in pre],
-                "comm": [events.cstr1(k.comm) for k, _ in pre],
-                "is_target": [bool(v.is_target) for _, v in pre],
-                "preemptions": [int(v.preemptions) for _, v in pre],
-                "runq_ns": [int(v.runq_ns) for _, v in pre],
-            },
-        )
+        def take(name: str, kdt: np.dtype, vdt: np.dtype) -> rows.Aggregates:
+            table = self.bpf[name]
+            keys, vals = bpfmaps.dump(table, kdt, vdt)
+            if before_sec is not None:
+                done = keys["sec"] <= before_sec
+                keys, vals = keys[done], vals[done]
+            bpfmaps.delete(table, keys)
+            return rows.Aggregates(keys, vals)
 
-    def _apply_budget(self) -> None:
-        """Keep stored call events under max_events_per_s by sampling the busiest ops 1 in N (counts stay exact
-        in op_stats; slow calls are always kept)."""
+        tb = take("tbreak", events.TB_KEY_DTYPE, events.TB_VAL_DTYPE)
+        if len(tb):
+            self.store.put("thread_breakdown", rows.breakdown_columns(tb, self._launch_sampled))
+            self.store.put("sched_stats", rows.sched_stats_columns(tb))
+            for tid, n in zip(tb.keys["tid"].tolist(), tb.vals["v"][:, events.C.TB_CALLS].tolist(), strict=True):
+                self._calls_by_tid[tid] = self._calls_by_tid.get(tid, 0) + int(n)
+        wk = take("wake_aggs", events.WAKE_KEY_DTYPE, events.WAKE_VAL_DTYPE)
+        if len(wk):
+            self.store.put("thread_wakers", rows.waker_columns(wk))
+        pr = take("preempt_aggs", events.PREEMPT_KEY_DTYPE, events.PREEMPT_VAL_DTYPE)
+        if len(pr):
+            self.store.put("preemptors", rows.preemptor_columns(pr))
+
+    def _apply_sampling_budget(self) -> None:
+        """Keep stored call rows under max_events_per_s by storing the busiest ops 1 in N (counts stay exact in
+        op_stats; slow calls are always kept)."""
         rate = self.stored_per_op.copy()
         self.stored_per_op[:] = 0
         total = int(rate.sum())
         if total <= self.opts.max_events_per_s:
             return
-        tbl = self.bpf["cfg_sample_every"]
         for op in np.argsort(-rate):
             if rate[op] == 0 or total <= self.opts.max_events_per_s:
                 break
-            cur = max(1, tbl[ct.c_int(int(op))].value)
-            tbl[ct.c_int(int(op))] = ct.c_uint32(cur * 2)
+            set_sample_every(self.bpf, int(op), max(1, sample_every(self.bpf, int(op))) * 2)
             total -= int(rate[op]) // 2
 
-    def _apply_overhead_budget(self) -> None:
-        """Estimate the probes' cost from this second's hits and set the launch probes' duty cycle."""
+    def _apply_overhead_budget(self, seconds: float) -> None:
+        """Estimate the probes' cost from this interval's hits and set the launch probes' duty cycle."""
         hc = self.bpf["op_hits"]
         hits = np.array([sum(hc[ct.c_int(i)]) for i in range(len(CATALOG))], dtype=np.int64)
         delta, self._last_hits = hits - self._last_hits, hits
-        per_hit = self.trap.entry_ns + self.trap.return_ns
-        hot = _IS_LAUNCH
-        frac = max(self.cycler.fraction, MIN_FRACTION)
-        # hits seen while duty-cycled are a sample: scale back up to the full rate before deciding
-        hot_pct = 100.0 * delta[hot].sum() * per_hit / 1e9 / frac
-        rare_pct = 100.0 * delta[~hot].sum() * per_hit / 1e9
-        self._hot_pct = 0.5 * self._hot_pct + 0.5 * hot_pct if self._overhead_samples else hot_pct
-        self.cycler.fraction = required_fraction(self._hot_pct, rare_pct, self.opts.overhead_budget)
-        self.overhead_pct = self._hot_pct * self.cycler.fraction + rare_pct
-        self._overhead_samples.append(self.overhead_pct)
+        now = time.monotonic_ns()
+        share = self.cycler.live_share(now - int(seconds * 1e9), now)
+        self.cycler.fraction = self.estimator.update(
+            int(delta[_HOT_OPS].sum()), int(delta[~_HOT_OPS].sum()), share, seconds
+        )
+
+    def _hot_calls_by_pid(self) -> dict[int, int]:
+        """Cumulative launches seen per process (the duty cycler's per-window counts)."""
+        keys, vals = bpfmaps.dump(self.bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
+        hot = _HOT_OPS[np.minimum(keys["op"], len(CATALOG) - 1)] & (keys["op"] < len(CATALOG))
+        out: dict[int, int] = {}
+        for pid, n in zip(keys["pid"][hot].tolist(), vals["calls"][hot].tolist(), strict=True):
+            out[pid] = out.get(pid, 0) + int(n)
+        return out
 
     def _lost(self, kind: int | None = None) -> int:
-        """Ring-buffer drops: of one kind (0 calls, 1 stacks, 2 sched, 3 lifecycle; maps.h LOST_*) or all."""
+        """Ring-buffer drops: of one kind (events.C.LOST_*) or all."""
         lost = self.bpf["lost"]
-        kinds = range(4) if kind is None else (kind,)
+        kinds = range(events.C.LOST_COUNT) if kind is None else (kind,)
         return int(sum(lost[ct.c_int(i)].value for i in kinds))
 
     # --- the end -------------------------------------------------------------------------------------------
 
+    def _end_command(self, status: str) -> None:
+        """What happens to a launched command that still runs when the recording ends: stopped (SIGTERM, then
+        SIGKILL after COMMAND_GRACE_S), left running with --keep-running, or interrupted with the terminal."""
+        if self.child is None:
+            return
+        if status == "interrupted":
+            self._signal_child(signal.SIGINT)  # the terminal's Ctrl-C reached it too; a kill/TERM did not
+            self.command_fate = "interrupted"
+        elif self.opts.keep_command:
+            self.command_fate = "left running"
+        else:
+            self._signal_child(signal.SIGTERM)
+            deadline = time.monotonic() + COMMAND_GRACE_S
+            while time.monotonic() < deadline and self.child is not None:
+                if os.waitpid(self.child, os.WNOHANG)[0] == self.child:
+                    self.child = None
+                    break
+                time.sleep(0.05)
+            if self.child is not None:
+                self._signal_child(signal.SIGKILL)
+            self.command_fate = "stopped"
+
+    def _signal_child(self, sig: int) -> None:
+        try:
+            if self.child is not None:
+                os.kill(self.child, sig)
+        except ProcessLookupError:
+            pass
+
     def finish(self, status: str) -> RecordSummary:
         """Drain, write exact aggregates, processes and the session row, close the DB; return the summary."""
-        if self.child is not None and status == "interrupted":
-            # a launched command is ours to stop; an attached --pid job is never touched
-            try:
-                os.kill(self.child, signal.SIGINT)
-            except ProcessLookupError:
-                pass
+        t_flush = time.monotonic()
         self._release_command()
-        self.launch_fraction = self.cycler.stop() if hasattr(self, "_loop_start") else 1.0
-        if self.launch_fraction < 1.0:
-            self.notes.append(
-                f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
-                f"counts are scaled from {self.launch_fraction:.0%} of the time"
-            )
+        self._set_gate(False)  # from now on nobody is stopped
+        self.attacher.release_all()
+        self.cycler.stop()
+        self._end_command(status)
         self.bpf.ring_buffer_consume()
         self._drain()
-        # nothing of ours may stay stopped (a library-load or first-sight stop whose record was not read)
-        for p in self.procs.values():
-            if p.exit_ns is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        self._drain_sched_aggs(before_sec=None)
-        ops = self._write_op_stats()
-        for p in self.procs.values():
+        end_ns = time.monotonic_ns()
+        self._close_open_segments(end_ns)
+        self._drain_aggregates(before_sec=None)
+        summary_ops = self._write_op_stats()
+        for p in self.tree.targets():
             if p.exit_ns is None and not targets.is_alive(p.pid) and status != "interrupted":
-                p.exit_ns = time.monotonic_ns() - self.start_mono
-        procs = sorted(self.procs.values(), key=lambda p: (p.first_ns, p.pid))
-        self.store.put(
-            "processes",
-            {
-                "pid": [p.pid for p in procs],
-                "ppid": [p.ppid for p in procs],
-                "comm": [p.comm for p in procs],
-                "cmdline": [p.cmdline for p in procs],
-                "first_ns": [p.first_ns for p in procs],
-                "exit_ns": [p.exit_ns for p in procs],
-                "exit_code": [p.exit_code for p in procs],
-            },
-        )
-        duration = (time.monotonic_ns() - self.start_mono) / 1e9
+                p.exit_ns = end_ns - self.start_mono
+        self.store.put("processes", rows.process_columns(self.tree.procs.values()))
+        self.store.put("threads", rows.thread_columns(self.tree.threads.values(), self._calls_by_tid))
         self.store.sync()
-        traced = sum(o.calls for o in ops)
+        traced = sum(o.calls for o in summary_ops)
         stored = self.store.rows_written.get("cuda_calls", 0)
-        lost = self._lost(0)  # session.events_lost counts call events, the unit of events_traced/stored
-        for kind, what in ((0, "call events"), (1, "stacks"), (2, "off-CPU intervals"), (3, "lifecycle events")):
+        lost = self._lost(events.C.LOST_CALLS)  # session.events_lost counts call events, the unit of traced/stored
+        for kind, what in (
+            (events.C.LOST_CALLS, "call events"),
+            (events.C.LOST_STACKS, "stacks"),
+            (events.C.LOST_SCHED, "off-CPU intervals"),
+            (events.C.LOST_PROC, "lifecycle events"),
+            (events.C.LOST_CODES, "Python code objects (read again at their next stack)"),
+            (events.C.LOST_MAPS, "file mappings"),
+            (events.C.LOST_AGGS, "per-second aggregate entries (a map was full)"),
+        ):
             n = self._lost(kind)
             if n:
                 self.notes.append(
-                    f"{n} {what} lost to a full ring buffer (a burst faster than the recorder drains); "
-                    "counts in op_stats and sched_stats are still exact, only rows are missing"
+                    f"{n} {what} lost to a full buffer (a burst faster than the recorder drains); counts in op_stats "
+                    "are still exact, only rows are missing"
                 )
-        self._write_session_row(status, duration, traced, stored, lost)
+        if self.cycler.cycled:
+            self.notes.append(
+                f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
+                "counts are scaled per process from the time they were live (op_stats.sampled_fraction, error_pct)"
+            )
+        self.duration = (end_ns - self.start_mono) / 1e9
+        self.flush_s = time.monotonic() - t_flush
+        self._write_session_row(status, traced, stored, lost)
         self._write_chains()
         self.store.close()
-        detach_in_background(self.bpf)
+        self.attacher.close()
+        self.guardian.finish()
         if self.store.error:
             self.notes.append(f"write error: {self.store.error}")
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         return RecordSummary(
             self.opts.db,
             status,
-            duration,
+            self.duration,
             traced,
             stored,
             lost,
-            len(self.procs),
-            [lib.path for lib in self.attached.values()],
-            ops,
+            len(self.tree.targets()),
+            [lib.path for lib in self.attacher.attached.values()],
+            summary_ops,
             self.notes,
+            startup_s=self.phases.get("startup_s", 0.0),
+            first_event_s=self._first_event_s(),
+            flush_s=self.flush_s,
+            recorder_cpu_s=_cpu_s(),
+            recorder_peak_rss_bytes=usage.ru_maxrss * 1024,
+            holds=self.attacher.holds.count,
+            held_ms=self.attacher.holds.held_ms,
+            command_fate=self.command_fate,
         )
 
-    def _write_op_stats(self) -> list[OpSummary]:
-        hist: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-        for k, v in self.bpf["op_hist"].items():
-            lo, hi = slot_bounds(k.slot)
-            hist.setdefault((k.pid, k.op), []).append((lo, hi, int(v.value)))
-        rows: dict[str, list[Any]] = {
-            k: []
-            for k in (
-                "pid",
-                "op",
-                "layer",
-                "calls",
-                "total_ns",
-                "min_ns",
-                "max_ns",
-                "p50_ns",
-                "p95_ns",
-                "p99_ns",
-                "bytes",
-                "sampled_fraction",
-                "hist",
-            )
-        }
-        per_op: dict[int, list[tuple[int, int, int]]] = {}
-        per_op_calls: dict[int, int] = {}
-        per_op_max: dict[int, int] = {}
-        for k, v in self.bpf["op_totals"].items():
-            spec = CATALOG[k.op]
-            h = sorted(hist.get((k.pid, k.op), []))
-            # duty-cycled launch probes saw a share of the calls: scale counts and sums by it, and say so
-            frac = self.launch_fraction if spec.op_class == OpClass.LAUNCH else 1.0
-            calls = round(int(v.calls) / frac)
-            rows["pid"].append(int(k.pid))
-            rows["op"].append(spec.op)
-            rows["layer"].append(spec.layer_name)
-            rows["calls"].append(calls)
-            rows["total_ns"].append(round(int(v.total_ns) / frac))
-            rows["min_ns"].append(int(v.min_ns))
-            rows["max_ns"].append(int(v.max_ns))
-            for q, name in ((0.5, "p50_ns"), (0.95, "p95_ns"), (0.99, "p99_ns")):
-                rows[name].append(percentile(h, q))
-            rows["bytes"].append(round(int(v.bytes) / frac) if spec.bytes_arg != NO_ARG else None)
-            rows["sampled_fraction"].append(frac)
-            rows["hist"].append([{"lo_ns": lo, "hi_ns": hi, "count": c} for lo, hi, c in h])
-            per_op.setdefault(k.op, []).extend(h)
-            per_op_calls[k.op] = per_op_calls.get(k.op, 0) + calls
-            per_op_max[k.op] = max(per_op_max.get(k.op, 0), int(v.max_ns))
-        self.store.put("op_stats", rows)
-        out = [
-            OpSummary(
-                CATALOG[op].op,
-                CATALOG[op].layer_name,
-                per_op_calls[op],
-                percentile(h, 0.5),
-                percentile(h, 0.99),
-                per_op_max[op],
-            )
-            for op, h in per_op.items()
-        ]
-        return sorted(out, key=lambda o: -o.calls)
+    def _first_event_s(self) -> float | None:
+        """Seconds from the start of `tracer record` to the first recorded CUDA call."""
+        if self.first_event_ns is None:
+            return None
+        return self._since_start0 + (self.first_event_ns / 1e9 - self._mono0)
 
-    def _write_session_row(
-        self, status: str, duration: float = 0.0, traced: int = 0, stored: int = 0, lost: int = 0
-    ) -> None:
+    def _close_open_segments(self, end_ns: int) -> None:
+        """Account each live thread's segment still open at the end (accounting.h closes them only at the next
+        event), so its parts add up to its span; and note its span."""
+        tstate, inflight = self.bpf["tstate"], self.bpf["inflight"]
+        calls = {int(k.value): v for k, v in inflight.items()}
+        spans: list[tuple[int, int, int, int, int]] = []  # tid, pid, field, start, end
+        for k, st in tstate.items():
+            tid, pid = int(k.value), int(st.tgid)
+            if st.in_call and tid in calls:
+                f = calls[tid]
+                op = int(f.op)
+                part = int(CATALOG[op].part) if op < len(CATALOG) else int(OpClass.OTHER)
+                spans.append((tid, pid, events.C.TB_CALL + part, int(f.ts_ns), end_ns))
+            elif st.off_cpu:
+                runnable = int(st.ts_runnable) or end_ns
+                spans.append((tid, pid, events.C.TB_BLOCKED, int(st.mark), runnable))
+                spans.append((tid, pid, events.C.TB_RUNQ_OTHER, runnable, end_ns))
+            else:
+                spans.append((tid, pid, events.C.TB_CPU, int(st.mark), end_ns))
+            self.tree.note_live_thread(pid, tid, max(0, int(st.first) - self.start_mono), end_ns - self.start_mono)
+        table = self.bpf["tbreak"]
+        for tid, pid, field_idx, a, b in spans:
+            a = max(a, self.start_mono)
+            while a < b:  # split at second boundaries, as the kernel does
+                sec = (a - self.start_mono) // 1_000_000_000
+                piece_end = min(b, self.start_mono + (sec + 1) * 1_000_000_000)
+                k = table.Key(tid, int(sec))
+                try:
+                    v = table[k]
+                except KeyError:
+                    v = table.Leaf()
+                    v.pid = pid
+                v.v[field_idx] += piece_end - a
+                table[k] = v
+                a = piece_end
+
+    def _write_op_stats(self) -> list[rows.OpSummary]:
+        tk, tv = bpfmaps.dump(self.bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
+        hk, hv = bpfmaps.dump(self.bpf["op_hist"], events.HIST_KEY_DTYPE, events.COUNT_DTYPE)
+        activity: dict[int, Activity] = {}
+        seen: dict[int, int] = {}
+        for pid, op, first, last, calls in zip(
+            tk["pid"].tolist(),
+            tk["op"].tolist(),
+            tv["first_ns"].tolist(),
+            tv["last_ns"].tolist(),
+            tv["calls"].tolist(),
+            strict=True,
+        ):
+            hot = op < len(CATALOG) and bool(_HOT_OPS[op])
+            if hot:
+                seen[pid] = seen.get(pid, 0) + int(calls)
+            a = activity.get(pid)
+            if a is None:
+                activity[pid] = Activity(first, last, not hot, not hot)
+            else:
+                activity[pid] = Activity(
+                    min(a.first, first),
+                    max(a.last, last),
+                    a.first_exact if a.first <= first else not hot,
+                    a.last_exact if a.last >= last else not hot,
+                )
+        scales = {
+            pid: rows.LaunchScale(frac, err)
+            for pid, (frac, err) in launch_scales(self.cycler.windows, activity, seen, self.cycler.cycled).items()
+        }
+        cols, summary = rows.op_stats_columns(rows.Aggregates(tk, tv), rows.Aggregates(hk, hv), scales)
+        self.store.put("op_stats", cols)
+        return summary
+
+    def _write_session_row(self, status: str, traced: int = 0, stored: int = 0, lost: int = 0) -> None:
         env = environment() if not hasattr(self, "_env") else self._env
         self._env = env
+        if self.pyrt is not None and self.pyrt.targets:
+            versions = [t.version for t in self.pyrt.targets.values()]
+            self.py_version = ".".join(map(str, max(set(versions), key=versions.count)))
         target = f"pid {self.opts.pid}" if self.opts.pid is not None else " ".join(self.opts.command or [])
-        libs = ", ".join(lib.path for lib in self.attached.values())
-        pyver = self.py_version or ""
-        overhead = round(float(np.mean(self._overhead_samples)), 3) if self._overhead_samples else None
+        libs = ", ".join(lib.path for lib in self.attacher.attached.values()) if hasattr(self, "attacher") else ""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        live = status == "recording"
+        first = self._first_event_s()
+        values: dict[str, Any] = {
+            "session_id": 1,
+            "started_at": self.started_at,
+            "start_mono_ns": self.start_mono,
+            "duration_s": getattr(self, "duration", 0.0),
+            "status": status,
+            "host": env.host,
+            "kernel": env.kernel,
+            "cpu_model": env.cpu_model,
+            "cpu_cores": env.cpu_cores,
+            "mem_bytes": env.mem_bytes,
+            "gpus": env.gpus,
+            "driver": env.driver,
+            "python_version": self.py_version or "",
+            "tracer_version": __version__,
+            "target": target,
+            "libraries": libs,
+            "events_traced": traced,
+            "events_stored": stored,
+            "events_lost": lost,
+            "overhead_pct": None if live else self.estimator.mean_pct if hasattr(self, "estimator") else None,
+            "notes": "\n".join(self.notes),
+            "recorder_pid": os.getpid(),
+            "recorder_start_ticks": _start_ticks(os.getpid()),
+            "boot_id": _boot_id(),
+            "recorder_cpu_s": None if live else round(_cpu_s(), 3),
+            "recorder_peak_rss_bytes": None if live else usage.ru_maxrss * 1024,
+            "startup_s": self.phases.get("startup_s"),
+            "compile_s": self.phases.get("compile_s"),
+            "attach_s": self.phases.get("attach_s"),
+            "first_event_s": round(first, 3) if first is not None else None,
+            "flush_s": None if live else round(getattr(self, "flush_s", 0.0), 3),
+            "holds": self.attacher.holds.count if hasattr(self, "attacher") else 0,
+            "held_ms": round(self.attacher.holds.held_ms, 3) if hasattr(self, "attacher") else 0.0,
+            "command_fate": self.command_fate,
+            "flushed_ns": time.monotonic_ns() - self.start_mono,
+        }
         self.store.execute("DELETE FROM session")
+        names = list(values)
         self.store.execute(
-            "INSERT INTO session VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                self.started_at,
-                self.start_mono,
-                duration,
-                status,
-                env.host,
-                env.kernel,
-                env.cpu_model,
-                env.cpu_cores,
-                env.mem_bytes,
-                env.gpus,
-                env.driver,
-                pyver,
-                __version__,
-                target,
-                libs,
-                traced,
-                stored,
-                lost,
-                overhead,
-                "\n".join(self.notes),
-            ],
+            f"INSERT INTO session ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+            [values[n] for n in names],
         )
 
     def _write_chains(self) -> None:
@@ -1034,16 +901,14 @@ class Recorder:
         try:
             found = chains.compute_chains(self.store.conn, limit=100)
             chains.write_chains(self.store.conn, found.chains)
-        except Exception as e:  # the recording stays valid without its diagnosis
+        except Exception as e:  # noqa: BLE001 - the recording stays valid without its diagnosis
             log.warning("causal chain analysis failed: %s", e)
             self.notes.append(f"causal chain analysis failed: {e}")
 
 
-def _merge_stacks(py: list[Any], native: list[Any]) -> list[Any]:
-    """Merge Python frames into a native stack (both outermost first) where the interpreter's eval loop is."""
-    if not py:
-        return native
-    eval_idx = [i for i, f in enumerate(native) if f[2] and "EvalFrame" in str(f[2])]
-    if not eval_idx:
-        return py + native
-    return native[: eval_idx[0]] + py + native[eval_idx[-1] + 1 :]
+def _load_uprobe(bpf: Any, name: str) -> int:
+    from bcc import BPF
+
+    from tracer.links import UPROBE_MULTI
+
+    return int(bpf.load_func(name, BPF.KPROBE, attach_type=UPROBE_MULTI).fd)

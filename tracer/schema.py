@@ -115,14 +115,15 @@ TABLES: tuple[Table, ...] = (
         ("first_ns", "BIGINT", "start of its accounted span (attach, or its first event)"),
         ("end_ns", "BIGINT", "end of its accounted span (its exit, or the end of the recording)"),
         ("exited", "BOOLEAN", "true when the thread exited during the recording"),
-        ("cuda_calls", "BIGINT", "CUDA calls it made (exact; launches scaled when duty-cycled)"),
+        ("cuda_calls", "BIGINT", "CUDA calls it made (exact, except launches while their probes were duty-cycled off)"),
     ),
     _t(
         "thread_breakdown",
         "Exact per-(thread, second) split of each target thread's wall time into parts that add up: wall_ns = "
         "cpu_ns + launch_ns + sync_ns + alloc_ns + free_ns + copy_ns + other_ns + runq_self_ns + runq_tree_ns + "
         "runq_other_ns + runq_tracer_ns + blocked_ns. Counted in kernel from the call probes and sched_switch; an "
-        "interval that spans seconds is split between them.",
+        "interval that spans seconds is split between them. A (tid, sec) can have more than one row (a long interval "
+        "closed late): sum them, e.g. GROUP BY tid, sec.",
         ("sec", "BIGINT", "second since session start"),
         ("pid", "INTEGER", "process id"),
         ("tid", "INTEGER", "thread id"),

@@ -2,29 +2,28 @@
 
 Contract:
 
-* ``ProcessMaps.snapshot(pid)`` reads ``/proc/PID/maps`` once. Take it at event time (``Symbolizer.snapshot``
-  caches one per pid and re-reads it on a miss): after the process exits, the addresses it produced still
-  resolve through the snapshot, and ``Symbolizer.locate`` turns them into ``ModuleAddr`` records
-  (path, build-id, file offset, ELF vaddr) that can be stored and symbolised later, in another process.
-* ``ElfSymbols`` holds one file's function symbols (``.symtab``, else ``.dynsym``, else the separate debug
-  file under ``/usr/lib/debug/.build-id``) as sorted numpy arrays; ``lookup(vaddr)`` is a bisect.
-  Parsed files are cached by (device, inode, mtime) and by build-id.
+* Addresses are located through :class:`tracer.procmaps.MapCache`, which the recorder keeps current from mapping
+  events, so an address resolves after its process has exited.
+* ``ElfSymbols`` holds one file's function symbols (``.symtab``, local symbols included, else ``.dynsym``, else
+  the separate debug file under ``/usr/lib/debug/.build-id``) as sorted numpy arrays; ``lookup(vaddr)`` is a
+  bisect. Parsed files are cached by (device, inode, mtime) and by build-id.
 * C++ names are demangled with ``cxxfilt`` (libstdc++'s ``__cxa_demangle``), cached per name.
 * Unknown addresses become ``NativeFrame(function="?")`` with the module and offset filled in when known.
+* File:line comes from ``.debug_line`` only for files whose line table is small (``MAX_DEBUG_LINE_BYTES``):
+  decoding libpython's takes pyelftools seconds of CPU, which a recorder cannot spend.
 
-Stacks from a ``BPF_STACK_TRACE`` map hold the interrupted ip first and return addresses after it. A return
-address points after the call instruction, which may already be the next function or the next line, so
-frames after the first are looked up at ``addr - 1`` (``offset`` is still reported from ``addr``).
+Stacks hold the interrupted ip first and return addresses after it. A return address points after the call
+instruction, which may already be the next function or the next line, so frames after the first are looked up at
+``addr - 1`` (``offset`` is still reported from ``addr``).
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import logging
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,14 +31,16 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from tracer.procmaps import MapCache, Mapping
+
 log = logging.getLogger(__name__)
 
 UNKNOWN = "?"
-# .debug_line of big libraries (libtorch_cuda: hundreds of MB) is not worth decoding in Python; above this
-# many bytes file:line is left empty.
-MAX_DEBUG_LINE_BYTES = 4 << 20
+# .debug_line of big libraries is not worth decoding in Python (libpython's: seconds of CPU; libtorch_cuda's:
+# hundreds of MB); above this many bytes file:line is left empty. Small C/C++ libraries are covered.
+MAX_DEBUG_LINE_BYTES = 256 << 10
 DEBUG_ROOT = "/usr/lib/debug"
-_ELF64_SYM = np.dtype(
+ELF64_SYM = np.dtype(
     [
         ("st_name", "<u4"),
         ("st_info", "u1"),
@@ -63,100 +64,6 @@ class NativeFrame:
     line: int
     build_id: str | None
     addr: int
-
-
-@dataclass(frozen=True)
-class MapEntry:
-    """One file-backed executable-or-not mapping of /proc/PID/maps."""
-
-    start: int
-    end: int
-    offset: int  # file offset of `start`
-    path: str  # as the target sees it
-    perms: str
-    host_path: str  # the same file as seen from here (through /proc/PID/root); "" if not a file
-    build_id: str | None = None
-
-
-@dataclass(frozen=True)
-class ModuleAddr:
-    """A native address pinned to its file: enough to symbolise after the process is gone."""
-
-    path: str
-    build_id: str | None
-    file_offset: int
-    vaddr: int | None  # ELF virtual address (what symbols and .eh_frame use); None if the file is unreadable
-    host_path: str = ""
-
-
-def _parse_maps_line(line: str) -> tuple[int, int, str, int, str] | None:
-    parts = line.split(None, 5)
-    if len(parts) < 5:
-        return None
-    lo, _, hi = parts[0].partition("-")
-    path = parts[5].strip() if len(parts) == 6 else ""
-    return int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), path
-
-
-class ProcessMaps:
-    """The file mappings of one process at one moment, sorted by start address."""
-
-    def __init__(self, pid: int, entries: Sequence[MapEntry]) -> None:
-        self.pid = pid
-        self.entries = sorted(entries, key=lambda e: e.start)
-        self._starts = [e.start for e in self.entries]
-
-    @classmethod
-    def parse(cls, pid: int, text: str, root: str = "/") -> ProcessMaps:
-        """Parse the text of /proc/PID/maps; file paths are resolved under ``root`` (the target's root)."""
-        entries = []
-        for line in text.splitlines():
-            parsed = _parse_maps_line(line)
-            if parsed is None:
-                continue
-            start, end, perms, offset, path = parsed
-            if not path.startswith("/"):
-                continue  # [heap], [stack], [vdso], anonymous: no file to symbolise from
-            if path.endswith(" (deleted)"):
-                path = path[: -len(" (deleted)")]
-            host = os.path.join(root, path.lstrip("/")) if root != "/" else path
-            entries.append(MapEntry(start, end, offset, path, perms, host))
-        return cls(pid, entries)
-
-    @classmethod
-    def snapshot(cls, pid: int) -> ProcessMaps:
-        """Read /proc/PID/maps now. Raises ``ProcessLookupError`` if the process is gone."""
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise ProcessLookupError(pid) from None
-        # Paths in maps are in the target's mount namespace; /proc/PID/root reaches them from ours.
-        root = f"/proc/{pid}/root"
-        if os.path.realpath(root) == "/":
-            root = "/"
-        maps = cls.parse(pid, text, root)
-        for i, e in enumerate(maps.entries):
-            if not os.path.exists(e.host_path):
-                # Deleted or unreachable: the kernel still holds the file open (root only).
-                alt = f"/proc/{pid}/map_files/{e.start:x}-{e.end:x}"
-                if os.path.exists(alt):
-                    maps.entries[i] = MapEntry(e.start, e.end, e.offset, e.path, e.perms, alt)
-        return maps
-
-    def find(self, addr: int) -> MapEntry | None:
-        """The mapping that contains ``addr``, or None."""
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i >= 0 and addr < self.entries[i].end:
-            return self.entries[i]
-        return None
-
-    def modules(self) -> list[str]:
-        """Distinct mapped file paths, in address order."""
-        seen: dict[str, None] = {}
-        for e in self.entries:
-            seen.setdefault(e.path, None)
-        return list(seen)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -188,24 +95,26 @@ class ElfSymbols:
     def __init__(self, path: str) -> None:
         self.path = path
         self.build_id: str | None = None
-        # PT_LOAD segments: (p_offset, p_vaddr, p_filesz)
+        # PT_LOAD segments: (p_offset, p_vaddr, p_filesz); text: the first executable one's (p_offset, p_vaddr)
         self.loads: list[tuple[int, int, int]] = []
+        self.text: tuple[int, int] | None = None
         self._starts = np.zeros(0, dtype=np.uint64)
         self._ends = np.zeros(0, dtype=np.uint64)
         self._names: list[str] = []
         self._symbols_loaded = False
         self._lines: tuple[np.ndarray, list[tuple[str, int]]] | None = None
         self._has_debug_line = False
-        # Cheap part only (headers and notes): locate() at event time needs the build-id and PT_LOADs, and the
-        # symbol tables are read on the first lookup.
+        # Cheap part only (headers and notes): mapping an address needs the PT_LOADs, and the symbol tables are
+        # read on the first lookup.
         with open(path, "rb") as f:
             elf = ELFFile(f)
             self.build_id = read_build_id(elf)
-            self.loads = [
-                (seg["p_offset"], seg["p_vaddr"], seg["p_filesz"])
-                for seg in elf.iter_segments()
-                if seg["p_type"] == "PT_LOAD"
-            ]
+            for seg in elf.iter_segments():
+                if seg["p_type"] != "PT_LOAD":
+                    continue
+                self.loads.append((seg["p_offset"], seg["p_vaddr"], seg["p_filesz"]))
+                if seg["p_flags"] & 1 and self.text is None:  # PF_X
+                    self.text = (seg["p_offset"], seg["p_vaddr"])
             dl = elf.get_section_by_name(".debug_line")
             self._has_debug_line = dl is not None and dl["sh_size"] <= MAX_DEBUG_LINE_BYTES
 
@@ -228,9 +137,9 @@ class ElfSymbols:
         # minutes for libtorch's millions.
         for name in (".symtab", ".dynsym"):
             sec = elf.get_section_by_name(name)
-            if not isinstance(sec, SymbolTableSection) or sec["sh_entsize"] != _ELF64_SYM.itemsize:
+            if not isinstance(sec, SymbolTableSection) or sec["sh_entsize"] != ELF64_SYM.itemsize:
                 continue
-            syms = np.frombuffer(sec.data(), dtype=_ELF64_SYM)
+            syms = np.frombuffer(sec.data(), dtype=ELF64_SYM)
             kind = syms["st_info"] & 0xF
             keep = ((kind == 2) | (kind == 10)) & (syms["st_shndx"] != 0) & (syms["st_value"] != 0)
             syms = syms[keep]
@@ -392,10 +301,6 @@ def demangle(name: str) -> str:
     return out + at + version if at else out
 
 
-def demangle_all(names: Iterable[str]) -> list[str]:
-    return [demangle(n) for n in names]
-
-
 # ---------------------------------------------------------------------------------------------------------
 # BPF stack maps
 
@@ -415,59 +320,15 @@ def stack_addrs(bpf_table: object, stack_id: int) -> list[int]:
 
 
 class Symbolizer:
-    """Symbolises native addresses of traced processes and names CUDA kernels.
+    """Symbolises native addresses of traced processes and names CUDA kernels from their host stubs.
 
-    Keep one for the whole recording: it caches maps per pid, parsed ELF files and demangled names.
+    Keep one for the whole recording: it caches parsed ELF files and demangled names; the process maps come from
+    ``maps`` (a fresh :class:`MapCache` reads /proc for processes it does not know yet).
     """
 
-    def __init__(self) -> None:
-        self.elves = ElfCache()
-        self._maps: dict[int, ProcessMaps] = {}
-        self._cufunctions: dict[tuple[int, int], str] = {}
-
-    # -- maps -------------------------------------------------------------------------------------------
-
-    def snapshot(self, pid: int, *, refresh: bool = False) -> ProcessMaps | None:
-        """The cached maps of ``pid`` (read now if absent or ``refresh``); None if it is gone and unseen."""
-        if refresh or pid not in self._maps:
-            try:
-                self._maps[pid] = ProcessMaps.snapshot(pid)
-            except (ProcessLookupError, PermissionError):
-                return self._maps.get(pid)
-        return self._maps[pid]
-
-    def set_maps(self, maps: ProcessMaps) -> None:
-        """Use a snapshot taken elsewhere (e.g. stored with the trace)."""
-        self._maps[maps.pid] = maps
-
-    def forget(self, pid: int) -> None:
-        self._maps.pop(pid, None)
-        self._cufunctions = {k: v for k, v in self._cufunctions.items() if k[0] != pid}
-
-    def _entry(self, pid: int, addr: int) -> MapEntry | None:
-        maps = self.snapshot(pid)
-        e = maps.find(addr) if maps else None
-        if e is None and maps is not None:
-            # A library loaded since the snapshot (dlopen): re-read once; keep the old one if the pid is gone.
-            maps = self.snapshot(pid, refresh=True)
-            e = maps.find(addr) if maps else None
-        return e
-
-    def locate(self, pid: int, addrs: Sequence[int]) -> list[ModuleAddr | None]:
-        """Pin addresses to (path, build-id, file offset, vaddr). Call at event time; store the result."""
-        out: list[ModuleAddr | None] = []
-        for addr in addrs:
-            e = self._entry(pid, addr)
-            if e is None:
-                out.append(None)
-                continue
-            file_offset = addr - e.start + e.offset
-            elf = self.elves.get(e.host_path)
-            vaddr = elf.offset_to_vaddr(file_offset) if elf else None
-            out.append(ModuleAddr(e.path, elf.build_id if elf else None, file_offset, vaddr, e.host_path))
-        return out
-
-    # -- symbols ------------------------------------------------------------------------------------------
+    def __init__(self, maps: MapCache | None = None, elves: ElfCache | None = None) -> None:
+        self.maps = maps or MapCache()
+        self.elves = elves or ElfCache()
 
     def symbolize(self, pid: int, addrs: Sequence[int], *, return_addresses: bool = True) -> list[NativeFrame]:
         """One ``NativeFrame`` per address, innermost first.
@@ -476,74 +337,50 @@ class Symbolizer:
             return_addresses: addrs[1:] are return addresses (a BPF stack trace or an unwind), so their
                 symbol and line are looked up at addr - 1. Set False for a list of exact code addresses.
         """
-        locs = self.locate(pid, addrs)
-        return self.symbolize_located(locs, addrs, return_addresses=return_addresses)
-
-    def symbolize_located(
-        self,
-        locs: Sequence[ModuleAddr | None],
-        addrs: Sequence[int] | None = None,
-        *,
-        return_addresses: bool = True,
-    ) -> list[NativeFrame]:
-        """Symbolise addresses located earlier (possibly by a process that has exited since)."""
         frames = []
-        for i, loc in enumerate(locs):
-            addr = addrs[i] if addrs is not None else 0
+        for i, addr in enumerate(addrs):
             adjust = 1 if return_addresses and i > 0 else 0
-            frames.append(self._frame(loc, addr, adjust))
+            frames.append(self.frame(self.maps.find(pid, addr), addr, adjust))
         return frames
 
-    def _frame(self, loc: ModuleAddr | None, addr: int, adjust: int) -> NativeFrame:
-        if loc is None:
+    def _vaddr(self, m: Mapping, addr: int) -> tuple[ElfSymbols | None, int | None]:
+        elf = self.elves.get(m.host_path) if m.host_path else None
+        return elf, (elf.offset_to_vaddr(addr - m.start + m.offset) if elf else None)
+
+    def frame(self, m: Mapping | None, addr: int, adjust: int = 0) -> NativeFrame:
+        """The frame of ``addr`` inside mapping ``m`` (None: an address outside every file)."""
+        if m is None:
             return NativeFrame("", UNKNOWN, addr, "", 0, None, addr)
-        module = os.path.basename(loc.path)
-        elf = self.elves.get(loc.host_path or loc.path, loc.build_id)
-        if elf is None or loc.vaddr is None:
-            vaddr = None if elf is None else elf.offset_to_vaddr(loc.file_offset)
-            if elf is None or vaddr is None:
-                return NativeFrame(module, UNKNOWN, loc.file_offset, "", 0, loc.build_id, addr)
-            loc = ModuleAddr(loc.path, loc.build_id, loc.file_offset, vaddr, loc.host_path)
-        assert loc.vaddr is not None
-        hit = elf.lookup(loc.vaddr - adjust)
-        file, line = elf.line_for(loc.vaddr - adjust) or ("", 0)
+        module = os.path.basename(m.path)
+        elf, vaddr = self._vaddr(m, addr)
+        file_offset = addr - m.start + m.offset
+        if elf is None or vaddr is None:
+            return NativeFrame(module, UNKNOWN, file_offset, "", 0, elf.build_id if elf else None, addr)
+        hit = elf.lookup(vaddr - adjust)
+        file, line = elf.line_for(vaddr - adjust) or ("", 0)
         if hit is None:
-            return NativeFrame(module, UNKNOWN, loc.file_offset, file, line, loc.build_id, addr)
+            return NativeFrame(module, UNKNOWN, file_offset, file, line, elf.build_id, addr)
         name, off = hit
-        return NativeFrame(module, demangle(name), off + adjust, file, line, loc.build_id, addr)
+        return NativeFrame(module, demangle(name), off + adjust, file, line, elf.build_id, addr)
 
-    def symbolize_vaddr(self, path: str, build_id: str | None, vaddr: int) -> NativeFrame:
-        """Symbolise an ELF vaddr of a known file (no process needed)."""
-        elf = self.elves.get(path, build_id)
-        off = elf.vaddr_to_offset(vaddr) if elf else None
-        loc = ModuleAddr(path, build_id or (elf.build_id if elf else None), off or 0, vaddr, path)
-        return self._frame(loc, 0, 0)
+    def kernel_name(self, pid: int, func_ptr: int) -> tuple[str | None, str | None]:
+        """(demangled kernel name, None), or (None, why it cannot be named) for a launch's function pointer.
 
-    # -- kernel names -------------------------------------------------------------------------------------
-
-    def note_cufunction(self, pid: int, handle: int, name: str) -> None:
-        """Remember a driver ``CUfunction`` handle's kernel name (from a cuModuleGetFunction probe)."""
-        self._cufunctions[(pid, handle)] = demangle(name)
-
-    def kernel_name(self, pid: int, func_ptr: int) -> str | None:
-        """The demangled kernel name for a launch's function pointer, or None.
-
-        Tries, in order: a CUfunction handle noted with ``note_cufunction``; a symbol starting exactly at
-        ``func_ptr`` (the host stub nvcc emits, which cudaLaunchKernel receives); a sized function containing
-        it. Heap pointers (CUfunction handles never noted) give None.
+        A symbol starting exactly at ``func_ptr`` (the host stub nvcc emits, which cudaLaunchKernel receives; a
+        local symbol in .symtab), else a sized function containing it. A pointer outside every file mapping is a
+        driver handle (CUfunction/CUkernel) whose naming call was not seen.
         """
         if not func_ptr:
-            return None
-        noted = self._cufunctions.get((pid, func_ptr))
-        if noted is not None:
-            return noted
-        (loc,) = self.locate(pid, [func_ptr])
-        if loc is None or loc.vaddr is None:
-            return None
-        elf = self.elves.get(loc.host_path or loc.path, loc.build_id)
-        if elf is None:
-            return None
-        hit = elf.lookup(loc.vaddr, exact=True) or elf.lookup(loc.vaddr)
+            return None, "no function pointer"
+        m = self.maps.find(pid, func_ptr)
+        if m is None:
+            return None, "a driver handle (CUfunction/CUkernel) whose naming call (cuModuleGetFunction) was not seen"
+        elf, vaddr = self._vaddr(m, func_ptr)
+        module = os.path.basename(m.path)
+        if elf is None or vaddr is None:
+            return None, f"{module} could not be read"
+        hit = elf.lookup(vaddr, exact=True) or elf.lookup(vaddr)
         if hit is None:
-            return None
-        return demangle(hit[0])
+            bid = f" (build-id {elf.build_id}: names can come from its debuginfo)" if elf.build_id else ""
+            return None, f"{module} has no symbol at {vaddr:#x}: stripped{bid}"
+        return demangle(hit[0]), None

@@ -1,7 +1,7 @@
 """The traced process tree and the CUDA libraries it uses.
 
 Targets are processes (tgids): the one given by ``--pid`` (or launched after ``--``) and every descendant. The
-descendants alive at attach are found from /proc; later ones join in kernel (host.bpf.c, task_newtask).
+descendants alive at attach are found from /proc; later ones join in kernel (lifecycle.bpf.c, task_newtask).
 
 Libraries are found three ways: mapped in a target (``/proc/PID/maps``, through ``/proc/PID/root`` so container
 paths resolve), given with ``--lib``, and in the usual install places (CUDA toolkit dirs, the ld.so cache,
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from probes.catalog import LIBRARY_PATTERNS
 from tracer.errors import TargetError
 
@@ -36,24 +38,42 @@ def library_kind(path: str) -> str | None:
 
 
 @lru_cache(maxsize=256)
-def _exported(path: str, mtime_ns: int) -> frozenset[str]:
+def _exports(path: str, mtime_ns: int) -> dict[str, int]:
     from elftools.elf.elffile import ELFFile
 
-    names: set[str] = set()
+    from tracer.symbolize import ELF64_SYM
+
+    out: dict[str, int] = {}
     with open(path, "rb") as f:
         elf = ELFFile(f)
         dynsym = elf.get_section_by_name(".dynsym")
-        if dynsym is None:
-            return frozenset()
-        for sym in dynsym.iter_symbols():
-            if sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_shndx"] != "SHN_UNDEF":
-                names.add(sym.name.split("@")[0])
-    return frozenset(names)
+        if dynsym is None or dynsym["sh_entsize"] != ELF64_SYM.itemsize:
+            return out
+        loads = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        strtab = elf.get_section(dynsym["sh_link"]).data()
+        syms = np.frombuffer(dynsym.data(), dtype=ELF64_SYM)
+        kind = syms["st_info"] & 0xF
+        # functions (STT_FUNC, STT_GNU_IFUNC) defined here (not SHN_UNDEF)
+        syms = syms[((kind == 2) | (kind == 10)) & (syms["st_shndx"] != 0) & (syms["st_value"] != 0)]
+        for value, name_off in zip(syms["st_value"].tolist(), syms["st_name"].tolist(), strict=True):
+            end = strtab.find(b"\0", name_off)
+            name = strtab[name_off:end].decode(errors="replace").split("@")[0]
+            for p_off, p_vaddr, p_size in loads:
+                if p_vaddr <= value < p_vaddr + p_size:
+                    out.setdefault(name, value - p_vaddr + p_off)
+                    break
+    return out
+
+
+def exported_offsets(path: str) -> dict[str, int]:
+    """Return the functions ``path`` defines in its dynamic symbol table, name -> file offset (what a uprobe
+    attaches to)."""
+    return _exports(path, os.stat(path).st_mtime_ns)
 
 
 def exported_functions(path: str) -> frozenset[str]:
     """Return the names of the functions ``path`` defines in its dynamic symbol table."""
-    return _exported(path, os.stat(path).st_mtime_ns)
+    return frozenset(exported_offsets(path))
 
 
 @dataclass(frozen=True)
@@ -81,35 +101,26 @@ def _as_library(path: str) -> LibraryFile | None:
 
 
 def mapped_cuda(pid: int) -> tuple[list[LibraryFile], tuple[int, int] | None]:
-    """Return, from one read of /proc/PID/maps, the CUDA libraries mapped in ``pid`` and the [lo, hi) address
-    span of its libcudart (None if none); ([], None) if the process is gone."""
+    """Return, from one read of /proc/PID/maps, the CUDA libraries mapped in ``pid`` and the [lo, hi) span of its
+    libcudart's executable mapping (None if none); ([], None) if the process is gone."""
+    from tracer.procmaps import read_maps
+
     try:
-        with open(f"/proc/{pid}/maps") as f:
-            lines = f.readlines()
-    except OSError:
+        maps = read_maps(pid)
+    except (ProcessLookupError, PermissionError):
         return [], None
-    libs: list[LibraryFile] = []
-    seen: set[str] = set()
-    lo = hi = None
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) < 6:
+    libs: dict[str, LibraryFile] = {}
+    span = None
+    for m in maps:
+        kind = library_kind(m.path)
+        if kind is None or not m.host_path:
             continue
-        path = parts[5].strip()
-        kind = library_kind(path) if path.startswith("/") else None
-        if kind is None:
-            continue
-        if kind == "cudart":
-            a, b = (int(x, 16) for x in parts[0].split("-"))
-            lo, hi = (a, b) if lo is None or hi is None else (min(lo, a), max(hi, b))
-        if path in seen:
-            continue
-        seen.add(path)
-        root_path = f"/proc/{pid}/root{path}"
-        lib = _as_library(root_path if os.path.exists(root_path) else path)
-        if lib:
-            libs.append(lib)
-    return libs, (lo, hi) if lo is not None and hi is not None else None
+        if kind == "cudart" and "x" in m.perms:
+            span = (m.start, m.end)
+        key = _file_key(m.host_path)
+        if m.path not in libs and key:
+            libs[m.path] = LibraryFile(m.host_path, kind, *key)
+    return list(libs.values()), span
 
 
 def libraries_mapped(pid: int) -> list[LibraryFile]:

@@ -3,11 +3,11 @@
 Contract: ``unwind(pid, regs, stack_bytes, maps)`` returns the code addresses of the stack, innermost first:
 the probed ip, then one return address per caller, the same shape as a BPF_STACK_TRACE walk (so
 ``Symbolizer.symbolize`` takes either). It never reads the live process: registers and the bytes copied from
-%rsp at the probe are all it uses, plus the files named in the maps snapshot. It stops at the end of the copy,
+%rsp at the probe are all it uses, plus the files named in the process map. It stops at the end of the copy,
 at a return address outside every mapping, where the CFI marks the return address undefined (``_start``,
 ``clone``), or when the stack stops growing upwards.
 
-Per frame: the module comes from the maps snapshot; file offset -> ELF vaddr through PT_LOAD; the FDE is found
+Per frame: the module comes from the process map; file offset -> ELF vaddr through PT_LOAD; the FDE is found
 through ``.eh_frame_hdr``'s sorted table and parsed alone (pyelftools), so a cold library costs milliseconds,
 not the seconds a full ``EH_CFI_entries()`` parse of libpython takes. Then CFA = rsp/rbp + offset (or a DWARF
 expression: PLT stubs, signal trampolines), the return address is read at CFA-8 and rbp is restored when the
@@ -22,7 +22,6 @@ import io
 import logging
 import os
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +32,9 @@ from elftools.dwarf.dwarf_expr import DWARFExprParser
 from elftools.dwarf.structs import DWARFStructs
 from elftools.elf.elffile import ELFFile
 
-from tracer.symbolize import ElfCache, MapEntry, ProcessMaps, read_build_id
+from tracer.events import UstackRecord
+from tracer.procmaps import Mapping, ProcessMap
+from tracer.symbolize import ElfCache, read_build_id
 
 log = logging.getLogger(__name__)
 
@@ -43,22 +44,6 @@ RSP = 7
 RIP = 16
 
 MAX_FRAMES = 128
-USTACK_MAX = 16384  # probes/native_stack.h
-USTACK_HEADER = 48
-# Mirrors struct ustack_event in probes/native_stack.h.
-USTACK_DTYPE = np.dtype(
-    [
-        ("stack_ref", "<u8"),
-        ("ip", "<u8"),
-        ("sp", "<u8"),
-        ("bp", "<u8"),
-        ("pid", "<u4"),
-        ("tid", "<u4"),
-        ("len", "<u4"),
-        ("native_id", "<i4"),
-        ("data", "u1", (USTACK_MAX,)),
-    ]
-)
 
 _STRUCTS = DWARFStructs(little_endian=True, dwarf_format=32, address_size=8)
 _DW_EH_PE_datarel_sdata4 = 0x3B  # the only .eh_frame_hdr table encoding GNU ld and lld emit
@@ -71,28 +56,6 @@ class Regs:
     ip: int
     sp: int
     bp: int
-
-
-@dataclass(frozen=True)
-class UstackEvent:
-    """A decoded ``struct ustack_event``."""
-
-    stack_ref: int
-    pid: int
-    tid: int
-    native_id: int
-    regs: Regs
-    stack: bytes
-
-
-def decode_ustack_event(raw: bytes | memoryview) -> UstackEvent:
-    """Decode one ring-buffer record of ``struct ustack_event`` (the full struct, or cut after ``len``)."""
-    mv = memoryview(raw)
-    if len(mv) < USTACK_HEADER:
-        raise ValueError(f"ustack_event record of {len(mv)} bytes, expected >= {USTACK_HEADER}")
-    stack_ref, ip, sp, bp, pid, tid, n, native_id = struct.unpack_from("<4Q3Ii", mv, 0)
-    n = min(n, len(mv) - USTACK_HEADER)
-    return UstackEvent(stack_ref, pid, tid, native_id, Regs(ip, sp, bp), bytes(mv[USTACK_HEADER : USTACK_HEADER + n]))
 
 
 class _Row:
@@ -187,9 +150,9 @@ class EhFrameTable:
 class UnwindTables:
     """EhFrameTable and ElfSymbols (for PT_LOAD) per file, cached by (device, inode, mtime) and build-id."""
 
-    def __init__(self) -> None:
+    def __init__(self, elves: ElfCache | None = None) -> None:
         self._tables: dict[Any, EhFrameTable | None] = {}
-        self.elves = ElfCache()
+        self.elves = elves or ElfCache()
 
     @staticmethod
     def _key(path: str) -> Any:
@@ -209,8 +172,8 @@ class UnwindTables:
                 self._tables[key] = None
         return self._tables[key]
 
-    def vaddr(self, entry: MapEntry, addr: int) -> int | None:
-        elf = self.elves.get(entry.host_path)
+    def vaddr(self, entry: Mapping, addr: int) -> int | None:
+        elf = self.elves.get(entry.host_path) if entry.host_path else None
         return elf.offset_to_vaddr(addr - entry.start + entry.offset) if elf else None
 
 
@@ -290,7 +253,7 @@ def unwind(
     pid: int,
     regs: Regs,
     stack_bytes: bytes,
-    maps: ProcessMaps,
+    maps: ProcessMap,
     *,
     tables: UnwindTables | None = None,
     max_frames: int = MAX_FRAMES,
@@ -301,7 +264,7 @@ def unwind(
         pid: only for log messages; the process may have exited.
         regs: ip/sp/bp at the probe (``ustack_event``).
         stack_bytes: the user stack copied from ``regs.sp`` upwards.
-        maps: the process's maps snapshot from event time (``Symbolizer.snapshot(pid)``).
+        maps: the process's map (tracer.procmaps.MapCache keeps it current from mapping events).
         tables: the parsed-table cache; a process-wide one by default.
     """
     tables = tables or _DEFAULT_TABLES
@@ -372,14 +335,6 @@ def _read_rule(rule: RegisterRule | None, cfa: int, cur: dict[int, int], stack: 
     return None
 
 
-def unwind_event(ev: UstackEvent, maps: ProcessMaps, *, tables: UnwindTables | None = None) -> list[int]:
-    """``unwind`` for a decoded ``ustack_event``."""
-    return unwind(ev.pid, ev.regs, ev.stack, maps, tables=tables)
-
-
-def unwind_symbolized(
-    ev: UstackEvent, maps: ProcessMaps, symbolizer: Any, *, tables: UnwindTables | None = None
-) -> Sequence[Any]:
-    """Unwind and symbolise in one step (``symbolizer`` is a ``tracer.symbolize.Symbolizer``)."""
-    symbolizer.set_maps(maps)
-    return symbolizer.symbolize(ev.pid, unwind_event(ev, maps, tables=tables))
+def unwind_record(ev: UstackRecord, maps: ProcessMap, *, tables: UnwindTables | None = None) -> list[int]:
+    """``unwind`` for a decoded ustack_event."""
+    return unwind(ev.pid, Regs(ev.ip, ev.sp, ev.bp), ev.data, maps, tables=tables)

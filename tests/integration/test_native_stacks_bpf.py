@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tracer.events import USTACK_HEADER_DTYPE, C, UstackRecord, decode_ustack
+from tracer.procmaps import MapCache
 from tracer.symbolize import NativeFrame, Symbolizer, stack_addrs
-from tracer.unwind import USTACK_DTYPE, UstackEvent, decode_ustack_event, unwind_event
+from tracer.unwind import unwind_record
 
 pytestmark = [
     pytest.mark.bpf,
@@ -97,15 +99,16 @@ def _capture(lib: Path, tmp_path: Path) -> tuple[list[list[NativeFrame]], list[l
         assert proc.stdout.readline().strip() == "ready"
         bpf = BPF(text=BPF_TEXT.encode(), cflags=[f"-I{REPO / 'probes'}", f"-DTARGET_PID={proc.pid}"])
         bpf.attach_uprobe(name=str(lib).encode(), sym=b"cxxfix_leaf", fn_name=b"on_leaf")
-        symbolizer = Symbolizer()
-        maps = symbolizer.snapshot(proc.pid)  # at "event time", before the process exits
+        cache = MapCache()
+        symbolizer = Symbolizer(cache)
+        maps = cache.attach(proc.pid)  # while it runs; the recorder keeps it current from mapping events
         assert maps is not None
-        events: list[UstackEvent] = []
+        events: list[UstackRecord] = []
         sizes: set[int] = set()
 
         def on_event(_ctx: object, data: int, size: int) -> None:
             sizes.add(size)
-            events.append(decode_ustack_event(_bytes_at(data, size)))
+            events.append(decode_ustack(_bytes_at(data, size)))
 
         bpf[b"ustacks"].open_ring_buffer(on_event)
         # WHEN the driver calls through the chain
@@ -122,12 +125,12 @@ def _capture(lib: Path, tmp_path: Path) -> tuple[list[list[NativeFrame]], list[l
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    # THEN both stacks resolve, after the process is gone, through the snapshot
+    # THEN both stacks resolve, after the process is gone, through the map read while it ran
     assert len(events) == CALLS
-    assert sizes == {USTACK_DTYPE.itemsize}  # probes/native_stack.h and tracer/unwind.py agree
-    assert all(ev.stack for ev in events)
+    assert sizes == {USTACK_HEADER_DTYPE.itemsize + C.USTACK_MAX}  # common.h and tracer/events.py agree
+    assert all(ev.data for ev in events)
     fp = [symbolizer.symbolize(ev.pid, stack_addrs(bpf[b"native_stacks"], ev.native_id)) for ev in events]
-    eh = [symbolizer.symbolize(ev.pid, unwind_event(ev, maps)) for ev in events]
+    eh = [symbolizer.symbolize(ev.pid, unwind_record(ev, maps)) for ev in events]
     bpf.cleanup()
     return fp, eh
 

@@ -71,7 +71,8 @@ int on_labs(struct pt_regs *ctx)
     se->pid = tgid;
     se->tid = (u32)id;
     se->native_id = -1;
-    int n = walk_python(se, tgid);
+    u64 h = 0;
+    int n = walk_python(se, tgid, &h);
     if (arg != MARK + 999) {
         events.ringbuf_output(se, sizeof(*se), 0);
     } else {
@@ -84,7 +85,7 @@ int on_labs(struct pt_regs *ctx)
 
 TRACEPOINT_PROBE(task, task_newtask)
 {
-    if (args->clone_flags & CLONE_THREAD)
+    if (args->clone_flags & 0x00010000) /* CLONE_THREAD */
         return 0;
     u32 parent = bpf_get_current_pid_tgid() >> 32;
     if (!pycfg.lookup(&parent))
@@ -283,7 +284,7 @@ def test_truncated(bpf) -> None:
 
 def test_cfg_layout_matches_c(bpf) -> None:
     """The ctypes PyCfg written by pyruntime is the struct py_cfg bcc compiled."""
-    assert ct.sizeof(bpf["pycfg"].Leaf) == ct.sizeof(pyruntime.PyCfg) == 48
+    assert ct.sizeof(bpf["pycfg"].Leaf) == ct.sizeof(pyruntime.PyCfg) == 56
     assert ct.sizeof(StackEvent) == ct.sizeof(bpf["scratch"].sLeaf)
 
 

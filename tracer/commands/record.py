@@ -8,17 +8,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from tracer.console import make_console
 from tracer.record import Recorder, RecordOptions, RecordSummary
 
-err = Console(stderr=True)
-out = Console()
+err = make_console(stderr=True)
+out = make_console()
 
 
-def print_summary(s: RecordSummary) -> None:
-    """Render the closing summary of a recording: per op calls, p50/p99, tail ratio; then the next commands."""
+def print_summary(s: RecordSummary, *, ops_table: bool = True) -> None:
+    """Render the closing summary of a recording: per op calls, p50/p99, tail ratio (unless ``ops_table`` is
+    False: the demo prints tracer stats next); then the next commands."""
     how = {
         "complete": "duration reached",
         "interrupted": "stopped by Ctrl-C",
@@ -28,6 +29,19 @@ def print_summary(s: RecordSummary) -> None:
         f"[bold]recorded {s.duration_s:.1f} s[/] ({how.get(s.status, s.status)}): {s.events_traced:,} CUDA calls "
         f"traced, {s.events_stored:,} stored, {s.events_lost:,} lost, {s.processes} processes"
     )
+    first = f"first call recorded at {s.first_event_s:.1f} s" if s.first_event_s is not None else "no call recorded"
+    err.print(
+        f"tracer: probes live {s.startup_s:.1f} s after start, {first}, final flush {s.flush_s:.1f} s; "
+        f"it used {s.recorder_cpu_s:.1f} s of CPU and {s.recorder_peak_rss_bytes / 2**20:.0f} MiB; "
+        f"{s.holds} hold{'s' if s.holds != 1 else ''} ({s.held_ms:.0f} ms)",
+        highlight=False,
+    )
+    fate = {
+        "stopped": "the launched command was still running at --duration: stopped (SIGTERM, then SIGKILL)",
+        "left running": "the launched command was left running (--keep-running), no longer traced",
+    }
+    if s.command_fate in fate:
+        err.print(fate[s.command_fate], highlight=False)
     t = Table(title="CUDA calls (exact, every call)", title_justify="left")
     for c in ("op", "layer", "calls", "p50 µs", "p99 µs", "max µs", "p99/p50"):
         t.add_column(c, justify="left" if c in ("op", "layer") else "right")
@@ -41,10 +55,10 @@ def print_summary(s: RecordSummary) -> None:
             f"{o.max_ns / 1e3:.1f}",
             f"{o.tail_ratio:.1f}x",
         )
-    if s.ops:
-        out.print(t)
-    else:
+    if not s.ops:
         out.print("no CUDA calls were traced" + ("" if s.libraries else ": no CUDA library was loaded"))
+    elif ops_table:
+        out.print(t)
     for n in s.notes:
         err.print(f"[yellow]note:[/] {n}", highlight=False)
     err.print(
@@ -55,9 +69,8 @@ def print_summary(s: RecordSummary) -> None:
 
 
 def _exit_now() -> None:
-    """Exit 0 without the interpreter's teardown, once the DB is closed: the probes' slow release was handed to a
-    background child (program.detach_in_background), and a normal exit would still release each probe with a
-    grace period, seconds in all."""
+    """Exit 0 without the interpreter's teardown, once the DB is closed and the probes detached: nothing is left to
+    clean up, and the teardown of bcc's and DuckDB's objects only costs time."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -95,9 +108,18 @@ def record(
         typer.Option(
             "--launch-probes",
             help="driver: one uprobe per launch, on libcuda (runtime launches keep their runtime name); both: "
-            "also probe the runtime's launch functions.",
+            "also probe the runtime's launch functions; auto: both until a few hundred runtime launches were seen "
+            "to reach libcuda, then driver.",
         ),
-    ] = "driver",
+    ] = "auto",
+    keep_running: Annotated[
+        bool,
+        typer.Option(
+            "--keep-running",
+            help="With --duration and a launched command: leave the command running when the recording ends "
+            "(default: stop it, SIGTERM then SIGKILL after 5 s, as nsys does).",
+        ),
+    ] = False,
 ) -> None:
     """Record CUDA calls and host activity of a process tree into a DuckDB file.
 
@@ -106,7 +128,10 @@ def record(
     Or launch and trace a command:  sudo tracer record --db run.duckdb -- python train.py --epochs 2
 
     Stops on Ctrl-C, at --duration, or when every traced process has exited; each way writes the same final
-    summary. One recording per file: an existing --db is refused unless --force.
+    summary. A launched command still running at --duration is stopped (SIGTERM, then SIGKILL after 5 s) unless
+    --keep-running; an attached --pid job is never touched, and runs on at full speed once the tracer is gone
+    (if the tracer is killed, a guardian process continues anything it had paused). One recording per file: an
+    existing --db is refused unless --force.
     """
     command = list(ctx.args) or None
     opts = RecordOptions(
@@ -120,6 +145,7 @@ def record(
         python_stacks=not no_python,
         overhead_budget=overhead_budget,
         launch_probes=launch_probes,
+        keep_command=keep_running,
     )
     live = sys.stderr.isatty()
 
@@ -221,14 +247,15 @@ def demo(
     err.print(f"[bold]demo:[/] recording {' '.join(cmd[1:3])} for {seconds:.0f} s into {db}", highlight=False)
     opts = RecordOptions(db=db, command=cmd, force=True, libs=[str(lib), str(lib.with_name("libcuda.so.1"))])
     summary = Recorder(opts).run()
-    print_summary(summary)
+    print_summary(summary, ops_table=False)
     with open_trace(db) as conn:
         out.rule("tracer stats")
         print_record(trace_stats(conn), out, as_json=False)
         out.rule("tracer chains")
-        print_record(compute_chains(conn, limit=5), out, as_json=False)
+        # the worst two chains and the top stack fit two screens; the views say how many more there are
+        print_record(compute_chains(conn, limit=2), out, as_json=False)
         out.rule("tracer stacks --op cudaStreamSynchronize")
-        print_record(top_stacks(conn, "cudaStreamSynchronize", limit=3), out, as_json=False)
+        print_record(top_stacks(conn, "cudaStreamSynchronize", limit=1), out, as_json=False)
     err.print(f"\nask an assistant: tracer mcp serve --db {db} --http :8090", highlight=False)
     _exit_now()
 

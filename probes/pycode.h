@@ -1,0 +1,158 @@
+/* Python code objects read in BPF, the first time a process shows each in a captured stack.
+ *
+ * What naming a frame needs: qualified name, file name, first line, and the line table (up to CODE_LT_MAX bytes),
+ * sent as a code_event. So a frame resolves even after its code object, or its whole process, is gone (a script's
+ * <module> code is freed the moment its body returns; a DataLoader worker exits at the end of its epoch), and no
+ * process is ever stopped to read it. User space decodes the executing line from the table and the instruction
+ * index the walk recorded (tracer/pyruntime.py).
+ *
+ * Include after pyframes.h and maps.h. queue_new_codes() runs in the stack capture; py_read_codes is a separate
+ * program, tail-called after it (cuda.bpf.c STAGE_CODES), so the capture's verifier work stays small.
+ */
+#ifndef CHT_PYCODE_H
+#define CHT_PYCODE_H
+
+#include "common.h"
+#include "maps.h"
+#include "pyframes.h"
+
+#ifndef CODES_RB_PAGES
+#define CODES_RB_PAGES 256 /* 1 MiB = ~230 code_events: a process shows tens of new code objects at a time */
+#endif
+#define CODE_PENDING_MAX MAX_PY_FRAMES /* code objects queued per captured stack: all of its frames */
+#define CODE_READS_PER_CALL 8            /* read per py_read_codes run, which tail-calls itself for the rest */
+
+BPF_RINGBUF_OUTPUT(codes_rb, CODES_RB_PAGES);
+
+struct code_key {
+    u32 pid;
+    u32 _pad;
+    u64 code;
+};
+/* key: (tgid, code object address) read for that process; value: 1. LRU: 65536 code objects is far more than a
+ * training job runs; an evicted one is read again. */
+BPF_TABLE("lru_hash", struct code_key, u8, seen_code, 65536);
+
+/* New code objects of the stack just captured, read by py_read_codes (tail call) on the same CPU. */
+struct code_pending {
+    u32 pid;
+    u32 n;    /* queued */
+    u32 done; /* read so far */
+    u32 _pad;
+    u64 codes[CODE_PENDING_MAX];
+};
+BPF_PERCPU_ARRAY(code_pending, struct code_pending, 1);
+
+/* Queue the stack's code objects this process has not shown before (up to CODE_PENDING_MAX); return how many.
+ * The count lives in the map value, not in a register: a register count makes the verifier track every (frame,
+ * count) pair and exceed its complexity limit. */
+static __always_inline u32 queue_new_codes(struct stack_event *se, u32 tgid)
+{
+    u32 zero = 0;
+    struct code_pending *p = code_pending.lookup(&zero);
+    if (!p)
+        return 0;
+    p->pid = tgid;
+    p->n = 0;
+    p->done = 0;
+    u8 one = 1;
+    for (int i = 0; i < MAX_PY_FRAMES; i++) {
+        if (i >= se->n_py)
+            break;
+        struct code_key k = {.pid = tgid, .code = se->frames[i].code};
+        if (!k.code || seen_code.lookup(&k))
+            continue;
+        u32 n = p->n;
+        if (n >= CODE_PENDING_MAX)
+            break;
+        seen_code.update(&k, &one);
+        p->codes[n & (CODE_PENDING_MAX - 1)] = k.code;
+        p->n = n + 1;
+    }
+    return p->n;
+}
+
+/* Copy a str object's characters into out (NUL-terminated); 0 on success. Only compact ASCII is read here;
+ * other strings are left to user space (CODE_F_*_UNREAD). */
+static __always_inline int read_pystr(char *out, u32 size, u64 str, struct py_cfg *cfg)
+{
+    u32 state = 0;
+    if (!str || bpf_probe_read_user(&state, sizeof(state), (void *)(str + 32)))
+        return -1;
+    if (!((state >> 5) & 1) || !((state >> 6) & 1)) /* compact, ascii */
+        return -1;
+    return bpf_probe_read_user_str(out, size, (void *)(str + cfg->str_data)) > 0 ? 0 : -1;
+}
+
+static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
+{
+    struct code_event *e = codes_rb.ringbuf_reserve(sizeof(struct code_event));
+    if (!e) {
+        struct code_key k = {.pid = tgid, .code = code};
+        seen_code.delete(&k); /* read it at the next capture instead */
+        count_lost(LOST_CODES);
+        return;
+    }
+    e->code = code;
+    e->pid = tgid;
+    e->flags = 0;
+    e->firstlineno = 0;
+    e->lt_len = 0;
+    e->lt_full = 0;
+    e->qualname[0] = 0;
+    e->filename[0] = 0;
+    u64 fn = 0, qn = 0, lt = 0;
+    bpf_probe_read_user(&fn, sizeof(fn), (void *)(code + cfg->co_filename));
+    bpf_probe_read_user(&qn, sizeof(qn), (void *)(code + cfg->co_name));
+    bpf_probe_read_user(&lt, sizeof(lt), (void *)(code + cfg->co_linetable));
+    bpf_probe_read_user(&e->firstlineno, sizeof(e->firstlineno), (void *)(code + cfg->co_firstlineno));
+    if (read_pystr(e->qualname, CODE_NAME_MAX, qn, cfg))
+        e->flags |= CODE_F_NAME_UNREAD;
+    if (read_pystr(e->filename, CODE_FILE_MAX, fn, cfg))
+        e->flags |= CODE_F_FILE_UNREAD;
+    s64 len = 0; /* PyBytesObject: ob_size at 16, ob_sval at 32, in every supported version */
+    if (!lt || bpf_probe_read_user(&len, sizeof(len), (void *)(lt + 16)) || len < 0) {
+        e->flags |= CODE_F_LT_UNREAD;
+    } else {
+        u32 n = len < CODE_LT_MAX ? (u32)len : CODE_LT_MAX - 1;
+        n &= CODE_LT_MAX - 1;
+        e->lt_full = (u32)len;
+        if (n && bpf_probe_read_user(e->linetable, n, (void *)(lt + 32)))
+            e->flags |= CODE_F_LT_UNREAD;
+        else
+            e->lt_len = n;
+    }
+    codes_rb.ringbuf_submit(e, 0);
+}
+
+/* Tail-called (stage STAGE_CODES of cuda.bpf.c) after a stack in which queue_new_codes found new code objects:
+ * reads CODE_READS_PER_CALL of them, then tail-calls itself for the rest (a chain of at most 8 for a 64-frame
+ * stack; the kernel allows 33), so the verifier sees a short loop. */
+int py_read_codes(struct pt_regs *ctx)
+{
+    u32 zero = 0;
+    struct code_pending *p = code_pending.lookup(&zero);
+    if (!p)
+        return 0;
+    u32 tgid = p->pid;
+    struct py_cfg *cfg = pycfg.lookup(&tgid);
+    if (!cfg) {
+        p->n = 0;
+        return 0;
+    }
+    for (int i = 0; i < CODE_READS_PER_CALL; i++) {
+        u32 k = p->done;
+        if (k >= p->n)
+            break;
+        /* the mask is the verifier's bound: with a `k < CODE_PENDING_MAX` test instead, clang drops the mask and
+         * indexes with a register the verifier does not know is bounded */
+        read_code(cfg, tgid, p->codes[k & (CODE_PENDING_MAX - 1)]);
+        p->done = k + 1;
+    }
+    if (p->done < p->n)
+        stage_prog.call(ctx, STAGE_CODES);
+    p->n = 0;
+    return 0;
+}
+
+#endif /* CHT_PYCODE_H */
