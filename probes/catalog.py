@@ -75,6 +75,13 @@ class ProbeSpec:
         return "runtime" if self.layer == Layer.RUNTIME else "driver"
 
     @property
+    def duty_cycled(self) -> bool:
+        """True for the hot path: kernel launches (10-50 K/s in real training), which the overhead budget may probe
+        only part of the time and count by scaling (tracer/budget.py). Graph launches come once a step, like
+        syncs, and are always exact."""
+        return self.op_class == OpClass.LAUNCH and self.func_arg != NO_ARG
+
+    @property
     def waits_for_gpu(self) -> bool:
         """True when the calling thread waits for the device: an explicit synchronize or a synchronous copy."""
         return self.op_class == OpClass.SYNC or self.sync_copy

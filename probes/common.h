@@ -207,9 +207,14 @@ struct map_event {
 
 #define KNAME_MAX 192
 
-/* A launch handle named by cuModuleGetFunction / cuLibraryGetKernel. 208 bytes. */
+/* kname probe cookies (kernel_names.bpf.c): how the probed function names the handle it returns. */
+#define KNAME_BY_NAME 0 /* cuModuleGetFunction / cuLibraryGetKernel (CUfunction *out, module, const char *name) */
+#define KNAME_BY_STUB 1 /* __cudaGetKernel / cudaGetKernel (cudaKernel_t *out, const void *host_stub) */
+
+/* A launch handle named by its kernel's name or by its host stub. 216 bytes. */
 struct kname_event {
     u64 handle;
+    u64 stub;       /* KNAME_BY_STUB: the host stub's address; 0 otherwise */
     u32 pid;
     u32 _pad;
     char name[KNAME_MAX];

@@ -64,6 +64,19 @@ BPF_PERCPU_ARRAY(op_hits, u64, OP_COUNT);
 /* one slot per CPU: stack_event is ~1 KiB, too big for the 512-byte BPF stack. */
 BPF_PERCPU_ARRAY(stack_scratch, struct stack_event, 1);
 BPF_STACK_TRACE(native_stacks, NATIVE_STACKS);
+/* index 0: call events sent since user space last drained (it writes 0 after each drain). The calls ring is
+ * drained on a timer without a wakeup per event; when a burst has filled a third of it, one forced wakeup makes
+ * the recorder drain at once, before the ring overflows. */
+BPF_ARRAY(calls_pending, u64, 1);
+#define CALLS_WAKE_AFTER (CALLS_RB_PAGES * 4096 / 88 / 3)
+
+static __always_inline u64 calls_wakeup(void)
+{
+    u32 zero = 0;
+    u64 *n = calls_pending.lookup(&zero);
+    return n && __sync_fetch_and_add(n, 1) == CALLS_WAKE_AFTER ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
 /* key: stack hash already sent; value: 1. LRU: an evicted stack is sent again, which user space dedups. */
 BPF_TABLE("lru_hash", u64, u8, seen_stacks, 65536);
 
@@ -281,7 +294,9 @@ int cuda_return(struct pt_regs *ctx)
         u32 *cnt = stack_cnt.lookup(&op);
         if (cnt) {
             *cnt += 1;
-            want_stack = (*cnt % c->stack_every) == 0;
+            /* the first stack_every calls of an op on each CPU, then 1 in stack_every: a short run still has the
+             * stacks of its launch sites, and stacks are deduplicated, so this costs walks, not data */
+            want_stack = *cnt <= c->stack_every || (*cnt % c->stack_every) == 0;
         }
     }
     u32 zero = 0;
@@ -310,7 +325,7 @@ int cuda_return(struct pt_regs *ctx)
     if (want_stack)
         stage_prog.call(ctx, STAGE_STACK); /* call_with_stack: hashes the stack and sends the event; no return */
     /* no stack wanted, or the tail call failed: send the call alone */
-    if (calls.ringbuf_output(ev, sizeof(*ev), BPF_RB_NO_WAKEUP))
+    if (calls.ringbuf_output(ev, sizeof(*ev), calls_wakeup()))
         count_lost(LOST_CALLS);
     return 0;
 }
@@ -324,7 +339,7 @@ int call_with_stack(struct pt_regs *ctx)
         return 0;
     u32 new_codes = 0;
     ev->stack_ref = capture_stack(ctx, ev->pid, ev->tid, &new_codes);
-    if (calls.ringbuf_output(ev, sizeof(*ev), BPF_RB_NO_WAKEUP))
+    if (calls.ringbuf_output(ev, sizeof(*ev), calls_wakeup()))
         count_lost(LOST_CALLS);
     if (new_codes)
         stage_prog.call(ctx, STAGE_CODES); /* py_read_codes reads them */

@@ -35,6 +35,9 @@ from tracer.program import AttachedLibrary, Programs, attach_library
 log = logging.getLogger(__name__)
 
 AUTO_CHECK_LAUNCHES = 300  # runtime launches to see, all reaching the driver, before dropping their probes
+# Test hook: seconds to wait before handling a library-load hold, so a test can kill the recorder while a target
+# is stopped and check that the guardian continues it (tests/integration/test_guardian.py). Unset in real use.
+HOLD_DELAY_ENV = "TRACER_TEST_HOLD_DELAY_S"
 
 
 @dataclass
@@ -95,7 +98,7 @@ class Attacher:
             if lib.kind == "cuda" and res.hot is not None:
                 self.driver_attached = True
             if res.hot is not None:
-                self.cycler.add(res.hot)
+                self.cycler.add(res.hot, outer=lib.kind == "cudart")
                 if lib.kind == "cudart":
                     self.runtime_launches.append(res)
             if res.skipped:
@@ -107,6 +110,9 @@ class Attacher:
     def handle_opens(self, ev: Any, on_continue: Callable[[int], None]) -> None:
         """A batch of MAP_LIB_OPEN map_events: targets stopped at the open of a CUDA library not attached yet.
         Attach it, then continue the process (``on_continue(pid)`` runs first, while it is still stopped)."""
+        delay = float(os.environ.get(HOLD_DELAY_ENV, "0") or 0)
+        if delay > 0:
+            time.sleep(delay)
         for e in ev:
             pid = int(e["pid"])
             dev, ino = kernel_dev(int(e["dev"])), int(e["ino"])
@@ -153,7 +159,7 @@ class Attacher:
         for k, _ in list(self.bpf["held"].items()):
             self.release(int(k.value))
 
-    def note_runtime_launches(self, total: int, nested: int) -> None:
+    def note_runtime_launches(self, total: int, nested: int, on_closed: Callable[[int], None] | None = None) -> None:
         """``auto``: runtime launch events seen (stored rows) and how many made a nested driver launch. Once
         AUTO_CHECK_LAUNCHES have all reached the driver, drop the runtime's launch probes (one trap per launch)."""
         if self.launch_probes != "auto" or self._auto_done or not self.driver_attached:
@@ -168,11 +174,14 @@ class Attacher:
         self._auto_seen += total
         if self._auto_seen >= AUTO_CHECK_LAUNCHES:
             self._auto_done = self._driver_only = True
+            closed_at = time.monotonic_ns()
             for lib in self.runtime_launches:
                 if lib.hot is not None:
                     self.cycler.remove(lib.hot)
                     lib.hot.close()
                     lib.hot = None
+            if on_closed is not None:
+                on_closed(closed_at)
             log.info("runtime launches reach the driver: runtime launch probes dropped")
 
     def close(self) -> None:

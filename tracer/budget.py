@@ -8,12 +8,16 @@ of the time: :class:`DutyCycler` opens and closes their uprobe_multi links (mill
 ``PERIOD_S`` and records each live window. Syncs, allocations, copies and lifecycle events are rare and
 diagnostic: never duty-cycled, always exact.
 
-Scaling (:func:`launch_scales`) is per process: observed launches x (the process's active span / the part of it
-the probes were live). The active span runs from the process's first to its last probed call of any kind; the
-always-on ops (a sync every step) pin its ends, so the idle time before a job starts launching, after it stops,
-or after it exits is not counted as time its launches were missed. That end-of-activity time was the bias of the
-first version (+15% to +50% on steady workloads). The error bound comes from how much the launch rate varied
-between live windows, and from span ends only launches mark.
+Scaling (:func:`launch_scales`) is per process, and by count, not by time: launches seen x (calls of an always-on
+op over the whole run / its calls inside the live windows). The reference is the process's steadiest always-on op
+(the sync or the copy a training step makes), whose count per step is fixed whatever the probes cost. Scaling by
+time instead is biased twice over: a live probe slows a launch-bound loop (16 µs a trap here), so fewer launches
+fall in a live second than in a dark one (-17% to -25% measured on train.py); and the idle time before a job
+launches, or after it stops, counts as time its launches were missed (+15% to +50% in the first version). Time
+scaling over the process's active span remains the fallback for a process with no steady always-on op. The error
+bound is twice the standard error of the per-window launches-per-reference ratio plus one reference call per window
+(a window's edges may cut a step); when falling back, the spread of the time-based rate, plus, for a span end
+marked only by launches, the off-time next to it.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from probes.catalog import OP_NAMES
 from tracer.program import ProbeSet
 
 log = logging.getLogger(__name__)
@@ -161,11 +167,12 @@ class OverheadEstimator:
 
 @dataclass
 class Window:
-    """A span the launch probes were live, CLOCK_MONOTONIC ns, and the launches each process made in it."""
+    """A span the launch probes were live, CLOCK_MONOTONIC ns, and the calls each (pid, op) made in it: exact, from
+    the in-kernel totals read right after the links opened and right before they closed."""
 
     start: int
     end: int
-    calls: dict[int, int] = field(default_factory=dict)
+    calls: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class DutyCycler:
@@ -174,33 +181,51 @@ class DutyCycler:
     ``fraction`` (0..1] is how much of each period they should be live. Each live window is recorded from the end
     of its attach to the start of its detach (a uprobe_multi link's breakpoints are in place when the attach
     returns and gone as soon as the close starts; the grace period after that only delays the close's return).
-    ``count_hot``, called at each window's end, returns each process's cumulative launch count, from which the
-    per-window counts behind the error bound are taken.
+    ``count_calls`` returns the cumulative calls per (pid, op), read at each window's open and close: the exact
+    counts behind the scaling. ``on_closed(t)`` runs after the links are closed: a launch
+    still in flight then (blocked longer than the close's grace period) never sees its return probe, and its entry
+    must be cleared.
     """
 
-    def __init__(self, count_hot: Callable[[], dict[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        count_calls: Callable[[], dict[tuple[int, int], int]] | None = None,
+        on_closed: Callable[[int], None] | None = None,
+    ) -> None:
         self.sets: list[ProbeSet] = []
+        self._on_closed = on_closed
         self.fraction = 1.0
         self.windows: list[Window] = []
         self.cycled = False
-        self._count_hot = count_hot
-        self._last_counts: dict[int, int] = {}
+        self._count_calls = count_calls
+        self._open_counts: dict[tuple[int, int], int] = {}
         self._open_since: int | None = None
+        self._outer: set[int] = set()  # id() of the sets opened last and closed first
+        self._pool = ThreadPoolExecutor(8, thread_name_prefix="duty-close")
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add(self, ps: ProbeSet) -> None:
-        """A new library's launch probes (already live): cycled with the others from now on."""
+    def add(self, ps: ProbeSet, outer: bool = False) -> None:
+        """A new library's launch probes (already live): cycled with the others from now on. ``outer``: a runtime's,
+        which calls the driver's: opened after the driver's and closed before them, so that whenever a runtime
+        launch is seen its nested driver launch is seen too."""
         with self._lock:
             self.sets.append(ps)
+            if outer:
+                self._outer.add(id(ps))
             if self._open_since is None and ps.live:
-                self._open_since = time.monotonic_ns()
+                self._open_window()
+
+    def _open_window(self) -> None:
+        self._open_counts = self._count_calls() if self._count_calls else {}
+        self._open_since = time.monotonic_ns()
 
     def remove(self, ps: ProbeSet) -> None:
         with self._lock:
             if ps in self.sets:
                 self.sets.remove(ps)
+                self._outer.discard(id(ps))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="duty-cycler", daemon=True)
@@ -208,22 +233,30 @@ class DutyCycler:
 
     def _set_live(self, live: bool) -> None:
         with self._lock:
-            sets = list(self.sets)
+            inner = [ps for ps in self.sets if id(ps) not in self._outer]
+            outer = [ps for ps in self.sets if id(ps) in self._outer]
             if live:
-                for ps in sets:
-                    self._safe(ps.open)
-                self._open_since = time.monotonic_ns()
+                for ps in self.sets:
+                    self._safe(ps.open_returns)
+                for ps in inner + outer:
+                    self._safe(ps.open_entries)
+                self._open_window()
             else:
-                self._close_window(time.monotonic_ns())
-                for ps in sets:
-                    self._safe(ps.close)
+                self._close_window()
+                closed_at = time.monotonic_ns()
+                # each close waits a grace period: run them side by side, outer entries before inner ones
+                for group in (outer, inner):
+                    list(self._pool.map(lambda ps: self._safe(ps.close_entries), group))
+                list(self._pool.map(lambda ps: self._safe(ps.close_returns), self.sets))
+                if self._on_closed is not None:
+                    self._on_closed(closed_at)
 
-    def _close_window(self, now: int) -> None:
+    def _close_window(self) -> None:
         if self._open_since is None:
             return
-        counts = self._count_hot() if self._count_hot else {}
-        delta = {pid: n - self._last_counts.get(pid, 0) for pid, n in counts.items()}
-        self._last_counts = counts
+        counts = self._count_calls() if self._count_calls else {}
+        now = time.monotonic_ns()
+        delta = {k: n - self._open_counts.get(k, 0) for k, n in counts.items() if n > self._open_counts.get(k, 0)}
         self.windows.append(Window(self._open_since, now, delta))
         self._open_since = None
 
@@ -256,7 +289,7 @@ class DutyCycler:
         if self._thread:
             self._thread.join()
         with self._lock:
-            self._close_window(time.monotonic_ns())
+            self._close_window()
 
     def live_share(self, t0: int, t1: int) -> float:
         """Share of [t0, t1) (monotonic ns) the launch probes were live; 1.0 when they were never cycled."""
@@ -281,36 +314,77 @@ class Activity:
     last_exact: bool
 
 
-def launch_scales(
-    windows: Sequence[Window], activity: dict[int, Activity], seen: dict[int, int], cycled: bool
-) -> dict[int, tuple[float, float]]:
-    """Per process, (fraction of its active span the launch probes were live, error bound in percent) for
-    scaling its launch counts: calls = seen / fraction.
+REF_MIN_CALLS = 20  # a reference op needs this many calls inside the live windows
 
-    The bound adds (a) twice the standard error of the mean launch rate over the windows inside the span (a
-    workload whose rate swings between windows is estimated less surely) and (b) for an end of the span marked
-    only by launches, the off-time next to it, during which the process may have gone on launching.
+
+def launch_scales(
+    windows: Sequence[Window],
+    activity: dict[int, Activity],
+    totals: dict[tuple[int, int], int],
+    hot_ops: frozenset[int],
+    cycled: bool,
+) -> dict[int, tuple[float, float]]:
+    """Per process, (the fraction of its launches the probes saw, an error bound in percent): its launch counts
+    are scaled by 1 / fraction. ``totals``: every (pid, op)'s exact calls over the run; ``hot_ops``: the launch ops.
+
+    By count when the process has a steady always-on op (see the module docstring), else by time over its active
+    span.
     """
-    out: dict[int, tuple[float, float]] = {}
     if not cycled:
         return {pid: (1.0, 0.0) for pid in activity}
-    spans = sorted((w.start, w.end, w) for w in windows)
+    out: dict[int, tuple[float, float]] = {}
     for pid, act in activity.items():
-        a, b = act.first, act.last
-        if b <= a or seen.get(pid, 0) == 0:
+        seen = sum(n for (p, op), n in totals.items() if p == pid and op in hot_ops)
+        if seen == 0 or act.last <= act.first:
             out[pid] = (1.0, 0.0)
             continue
-        live = sum(max(0, min(e, b) - max(s, a)) for s, e, _ in spans)
-        fraction = min(1.0, max(MIN_FRACTION, live / (b - a)))
-        rates = [w.calls.get(pid, 0) / (e - s) for s, e, w in spans if s >= a and e <= b and e > s]
-        err = 0.0
-        if len(rates) >= 2 and np.mean(rates) > 0:
-            err += 100.0 * 2 * float(np.std(rates, ddof=1)) / float(np.mean(rates)) / math.sqrt(len(rates))
-        elif len(rates) < 2:
-            err += 100.0 * (1 - fraction)  # one window or none inside the span: no spread to go by
-        off_edge = (1 - fraction) * PERIOD_S * 1e9
-        for exact in (act.first_exact, act.last_exact):
-            if not exact:
-                err += 100.0 * off_edge / (b - a)
+        in_windows = {}
+        for w in windows:
+            for (p, op), n in w.calls.items():
+                if p == pid and op not in hot_ops:
+                    in_windows[op] = in_windows.get(op, 0) + n
+        ref = max(in_windows, key=lambda op: in_windows[op], default=None)
+        if ref is not None and in_windows[ref] >= REF_MIN_CALLS and totals.get((pid, ref), 0) > 0:
+            # launches per reference call inside the windows (both counted over exactly the live spans), times
+            # the reference's total: launches seen during transitions do not enter
+            refs = [w.calls.get((pid, ref), 0) for w in windows]
+            hot = [sum(n for (p, op), n in w.calls.items() if p == pid and op in hot_ops) for w in windows]
+            estimate = sum(hot) / sum(refs) * totals[(pid, ref)]
+            fraction = min(1.0, seen / estimate) if estimate > 0 else 1.0
+            q = [h / r for h, r in zip(hot, refs, strict=True) if r > 0]
+            # each window's two edges may cut a step: one reference call's worth of launches per window, at most
+            err = 100.0 * len(q) / sum(refs)
+            if len(q) >= 2 and np.mean(q) > 0:
+                err += 100.0 * 2 * float(np.std(q, ddof=1)) / float(np.mean(q)) / math.sqrt(len(q))
+            how = f"by {sum(refs)} of {totals[(pid, ref)]} calls of {OP_NAMES[ref] if ref < len(OP_NAMES) else ref}"
+        else:
+            fraction, err = _by_time(windows, act, pid, hot_ops)
+            how = "by time"
+        fraction = max(MIN_FRACTION, fraction)
         out[pid] = (fraction, round(err, 2))
+        for w in windows:
+            log.debug(
+                "  window %.3f s: %s", (w.end - w.start) / 1e9, {op: n for (p, op), n in w.calls.items() if p == pid}
+            )
+        log.info("launch scale pid %d: %d seen, %s -> x%.3f +-%.1f%%", pid, seen, how, 1 / fraction, err)
     return out
+
+
+def _by_time(windows: Sequence[Window], act: Activity, pid: int, hot_ops: frozenset[int]) -> tuple[float, float]:
+    """(live share of the process's active span, error bound): the fallback with no steady always-on op."""
+    a, b = act.first, act.last
+    live = sum(max(0, min(w.end, b) - max(w.start, a)) for w in windows)
+    fraction = min(1.0, live / (b - a))
+    rates = [
+        sum(n for (p, op), n in w.calls.items() if p == pid and op in hot_ops) / (w.end - w.start)
+        for w in windows
+        if w.start >= a and w.end <= b and w.end > w.start
+    ]
+    err = 100.0 * (1 - fraction) if len(rates) < 2 else 0.0
+    if len(rates) >= 2 and np.mean(rates) > 0:
+        err = 100.0 * 2 * float(np.std(rates, ddof=1)) / float(np.mean(rates)) / math.sqrt(len(rates))
+    off_edge = (1 - fraction) * PERIOD_S * 1e9
+    for exact in (act.first_exact, act.last_exact):
+        if not exact:
+            err += 100.0 * off_edge / (b - a)
+    return fraction, err

@@ -93,7 +93,9 @@ STACK_HEADER_DTYPE = np.dtype(
     ]
 )
 PY_FRAME_DTYPE = np.dtype([("code", "<u8"), ("lasti", "<u4"), ("_pad", "<u4")])
-KNAME_DTYPE = np.dtype([("handle", "<u8"), ("pid", "<u4"), ("_pad", "<u4"), ("name", f"S{C.KNAME_MAX}")])
+KNAME_DTYPE = np.dtype(
+    [("handle", "<u8"), ("stub", "<u8"), ("pid", "<u4"), ("_pad", "<u4"), ("name", f"S{C.KNAME_MAX}")]
+)
 CODE_DTYPE = np.dtype(
     [
         ("code", "<u8"),

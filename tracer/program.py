@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from probes.catalog import CATALOG, OP_COUNT_MAX, OP_IDS, OpClass, specs_for
+from tracer import events
 from tracer.links import UPROBE_MULTI, Link, attach_multi
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ def configure_ops(bpf: Any) -> None:
         v.stream_arg, v.stream_deref, v.func_arg = spec.stream_arg, spec.stream_deref, spec.func_arg
         v.rt_twin = OP_IDS[spec.runtime_twin] if spec.runtime_twin else -1
         v.part = int(spec.part)
-        v.hot = int(spec.op_class == OpClass.LAUNCH)
+        v.hot = int(spec.duty_cycled)
         v.sample_every = 1
         v.slow_ns = SLOW_NS[spec.op_class]
         v.stack_every = STACK_EVERY.get(spec.op_class, 1)
@@ -228,19 +229,32 @@ class ProbeSet:
 
     def open(self) -> None:
         """Attach: the return probes first, so every call that enters has its return seen."""
+        self.open_returns()
+        self.open_entries()
+
+    def open_returns(self) -> None:
         if self.ret is None:
             self.ret = attach_multi(self.return_prog, self.path, self.offsets, self.cookies, retprobe=True)
+
+    def open_entries(self) -> None:
         if self.entry is None:
             self.entry = attach_multi(self.entry_prog, self.path, self.offsets, self.cookies, retprobe=False)
 
     def close(self) -> None:
         """Detach: the entry probes first (their close waits for a grace period, by which time every call that
         entered has returned through its return probe), then the return probes."""
-        for name in ("entry", "ret"):
-            link = getattr(self, name)
-            if link is not None:
-                link.close()
-                setattr(self, name, None)
+        self.close_entries()
+        self.close_returns()
+
+    def close_entries(self) -> None:
+        if self.entry is not None:
+            self.entry.close()
+            self.entry = None
+
+    def close_returns(self) -> None:
+        if self.ret is not None:
+            self.ret.close()
+            self.ret = None
 
     @property
     def live(self) -> bool:
@@ -265,8 +279,12 @@ class AttachedLibrary:
             self.hot.close()
 
 
-# Driver functions that hand out launch handles with the kernel's name (probes/kernel_names.bpf.c).
-KERNEL_NAME_SYMBOLS = ("cuModuleGetFunction", "cuLibraryGetKernel")
+# Functions that hand out launch handles (probes/kernel_names.bpf.c): the driver's name them by the kernel's name,
+# the runtime's by the host stub of a `<<<...>>>` launch.
+KERNEL_NAME_SYMBOLS = {
+    "cuda": ("cuModuleGetFunction", "cuLibraryGetKernel"),
+    "cudart": ("__cudaGetKernel", "cudaGetKernel"),
+}
 
 
 def attach_library(
@@ -293,7 +311,7 @@ def attach_library(
         if not found:
             res.skipped.append(spec.op)
             continue
-        dest = hot if spec.op_class == OpClass.LAUNCH else rare
+        dest = hot if spec.duty_cycled else rare
         dest += [(off, op_id) for off in dict.fromkeys(found)]  # aliases at one offset: probe it once
         res.ops.append(spec.op)
     for group, is_hot in ((rare, False), (hot, True)):
@@ -305,10 +323,10 @@ def attach_library(
             res.hot = ps
         else:
             res.probes.append(ps)
-    if library == "cuda":
-        knames = [exports[s] for s in KERNEL_NAME_SYMBOLS if s in exports]
-        if knames:
-            ps = ProbeSet(path, tuple(knames), (0,) * len(knames), progs.kname_entry, progs.kname_return)
-            ps.open()
-            res.probes.append(ps)
+    knames = list(dict.fromkeys(exports[s] for s in KERNEL_NAME_SYMBOLS.get(library, ()) if s in exports))
+    if knames:
+        cookie = events.C.KNAME_BY_NAME if library == "cuda" else events.C.KNAME_BY_STUB
+        ps = ProbeSet(path, tuple(knames), (cookie,) * len(knames), progs.kname_entry, progs.kname_return)
+        ps.open()
+        res.probes.append(ps)
     return res

@@ -56,7 +56,8 @@ DRAIN_S = 0.2  # ring buffers are drained on this timer (bulk events do not wake
 SCHED_KEEP_NS = 1_000_000
 SCHED_SAMPLE_EVERY = 16
 COMMAND_GRACE_S = 5.0  # --duration ends a launched command with SIGTERM, then SIGKILL after this long
-_HOT_OPS = np.array([s.op_class == OpClass.LAUNCH for s in CATALOG])
+_HOT_OPS = np.array([s.duty_cycled for s in CATALOG])
+_HOT_OP_IDS = frozenset(int(i) for i in np.nonzero(_HOT_OPS)[0])
 _RUNTIME_LAUNCH_OPS = np.array(sorted(runtime_launch_op_ids()))
 _CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cuda-host-tracer"
@@ -178,6 +179,7 @@ class Recorder:
         self._last_cpu = _cpu_s()
         self._launch_tally = [0, 0]  # runtime launch events, of which nested (for --launch-probes auto)
         self._calls_by_tid: dict[int, int] = {}
+        self._sampled_at = time.monotonic()
 
     def _elapsed(self) -> float:
         """Seconds since the `tracer record` process started."""
@@ -307,7 +309,7 @@ class Recorder:
             put_stack=lambda sid, frames: self.store.put("stacks", rows.stack_columns(sid, frames)),
             parent_of=lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
         )
-        self.cycler = DutyCycler(count_hot=self._hot_calls_by_pid)
+        self.cycler = DutyCycler(count_calls=self._calls_by_pid_op, on_closed=self._clear_stale_launches)
         self.attacher = Attacher(
             self.bpf, self.progs, self.maps.resolver, self.cycler, self.opts.launch_probes, self.notes
         )
@@ -397,10 +399,14 @@ class Recorder:
         self.cycler.start()
         deadline = time.monotonic() + self.opts.duration if self.opts.duration else None
         next_tick = time.monotonic() + 1.0
+        pending = self.bpf["calls_pending"]
         while not self._interrupted:
-            self.bpf.ring_buffer_poll(int(DRAIN_S * 1000))  # returns early only for a hold (forced wakeup)
+            # returns early only on a forced wakeup: a hold, or a burst filling the calls ring
+            self.bpf.ring_buffer_poll(int(DRAIN_S * 1000))
             self.bpf.ring_buffer_consume()
+            pending[ct.c_int(0)] = ct.c_uint64(0)
             self._drain()
+            self._apply_sampling_budget()
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + 1.0
@@ -567,11 +573,10 @@ class Recorder:
             },
         )
         self._drain_aggregates(before_sec=ts // 1_000_000_000 - 1)
-        self._apply_sampling_budget()
         self._apply_overhead_budget(now - self._last_tick)
         self._last_tick = now
         self.attacher.release_stale(older_than_ns=2_000_000_000)
-        self.attacher.note_runtime_launches(*self._launch_tally)
+        self.attacher.note_runtime_launches(*self._launch_tally, on_closed=self._clear_stale_launches)
         self._launch_tally = [0, 0]
         for pid in list(self._py_pending):
             self._pyrt_configure(pid)
@@ -618,17 +623,22 @@ class Recorder:
 
     def _apply_sampling_budget(self) -> None:
         """Keep stored call rows under max_events_per_s by storing the busiest ops 1 in N (counts stay exact in
-        op_stats; slow calls are always kept)."""
-        rate = self.stored_per_op.copy()
+        op_stats; slow calls are always kept). Checked at every drain, so a burst is sampled within a drain."""
+        now = time.monotonic()
+        elapsed = now - self._sampled_at
+        if elapsed < DRAIN_S / 2 and self.stored_per_op.sum() < self.opts.max_events_per_s * DRAIN_S:
+            return
+        rate = self.stored_per_op / max(elapsed, 1e-3)
         self.stored_per_op[:] = 0
-        total = int(rate.sum())
+        self._sampled_at = now
+        total = float(rate.sum())
         if total <= self.opts.max_events_per_s:
             return
         for op in np.argsort(-rate):
             if rate[op] == 0 or total <= self.opts.max_events_per_s:
                 break
             set_sample_every(self.bpf, int(op), max(1, sample_every(self.bpf, int(op))) * 2)
-            total -= int(rate[op]) // 2
+            total -= rate[op] / 2
 
     def _apply_overhead_budget(self, seconds: float) -> None:
         """Estimate the probes' cost from this interval's hits and set the launch probes' duty cycle."""
@@ -641,14 +651,29 @@ class Recorder:
             int(delta[_HOT_OPS].sum()), int(delta[~_HOT_OPS].sum()), share, seconds
         )
 
-    def _hot_calls_by_pid(self) -> dict[int, int]:
-        """Cumulative launches seen per process (the duty cycler's per-window counts)."""
+    def _clear_stale_launches(self, closed_at: int) -> None:
+        """Launches that entered before their links were closed and have not returned never will through a probe:
+        clear their in-flight entries (or the thread's next launch would look nested in them) and end their call
+        segment in the thread's accounting (its time since counts as CPU, the best we know)."""
+        inflight, tstate = self.bpf["inflight"], self.bpf["tstate"]
+        for k, f in list(inflight.items()):
+            op = int(f.op)
+            if op < len(CATALOG) and _HOT_OPS[op] and int(f.ts_ns) < closed_at:
+                try:
+                    del inflight[k]
+                    st = tstate[k]
+                    st.in_call = 0
+                    tstate[k] = st
+                except KeyError:
+                    pass
+
+    def _calls_by_pid_op(self) -> dict[tuple[int, int], int]:
+        """Cumulative calls per (pid, op), from the in-kernel totals (the duty cycler's window counts)."""
         keys, vals = bpfmaps.dump(self.bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
-        hot = _HOT_OPS[np.minimum(keys["op"], len(CATALOG) - 1)] & (keys["op"] < len(CATALOG))
-        out: dict[int, int] = {}
-        for pid, n in zip(keys["pid"][hot].tolist(), vals["calls"][hot].tolist(), strict=True):
-            out[pid] = out.get(pid, 0) + int(n)
-        return out
+        return {
+            (pid, op): int(n)
+            for pid, op, n in zip(keys["pid"].tolist(), keys["op"].tolist(), vals["calls"].tolist(), strict=True)
+        }
 
     def _lost(self, kind: int | None = None) -> int:
         """Ring-buffer drops: of one kind (events.C.LOST_*) or all."""
@@ -807,7 +832,7 @@ class Recorder:
         tk, tv = bpfmaps.dump(self.bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
         hk, hv = bpfmaps.dump(self.bpf["op_hist"], events.HIST_KEY_DTYPE, events.COUNT_DTYPE)
         activity: dict[int, Activity] = {}
-        seen: dict[int, int] = {}
+        totals: dict[tuple[int, int], int] = {}
         for pid, op, first, last, calls in zip(
             tk["pid"].tolist(),
             tk["op"].tolist(),
@@ -817,8 +842,7 @@ class Recorder:
             strict=True,
         ):
             hot = op < len(CATALOG) and bool(_HOT_OPS[op])
-            if hot:
-                seen[pid] = seen.get(pid, 0) + int(calls)
+            totals[(pid, op)] = int(calls)
             a = activity.get(pid)
             if a is None:
                 activity[pid] = Activity(first, last, not hot, not hot)
@@ -831,7 +855,9 @@ class Recorder:
                 )
         scales = {
             pid: rows.LaunchScale(frac, err)
-            for pid, (frac, err) in launch_scales(self.cycler.windows, activity, seen, self.cycler.cycled).items()
+            for pid, (frac, err) in launch_scales(
+                self.cycler.windows, activity, totals, _HOT_OP_IDS, self.cycler.cycled
+            ).items()
         }
         cols, summary = rows.op_stats_columns(rows.Aggregates(tk, tv), rows.Aggregates(hk, hv), scales)
         self.store.put("op_stats", cols)

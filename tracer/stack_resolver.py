@@ -164,10 +164,15 @@ class StackResolver:
     # --- kernel names ------------------------------------------------------------------------------------------
 
     def add_knames(self, ev: np.ndarray) -> list[tuple[int, int, str]]:
-        """Launch handles named by cuModuleGetFunction / cuLibraryGetKernel; returns (pid, handle, name) rows."""
+        """Launch handles named by the driver (cuModuleGetFunction / cuLibraryGetKernel: the kernel's name) or the
+        runtime (__cudaGetKernel: the host stub, named by its symbol); returns (pid, handle, name) rows."""
         rows = []
-        for pid, handle, raw in zip(ev["pid"].tolist(), ev["handle"].tolist(), events.cstr(ev["name"]), strict=True):
-            name = demangle(raw)
+        for pid, handle, stub, raw in zip(
+            ev["pid"].tolist(), ev["handle"].tolist(), ev["stub"].tolist(), events.cstr(ev["name"]), strict=True
+        ):
+            name = self.symbolizer.kernel_name(pid, stub)[0] if stub else demangle(raw) if raw else None
+            if not name or not handle:
+                continue
             self.handle_names[(pid, handle)] = name
             self._kernels.pop((pid, handle), None)
             rows.append((pid, handle, name))

@@ -1,72 +1,81 @@
-"""The overhead budget (issue: bounded overhead): duty-cycled launch probes, scaled and marked counts, exact rare
-ops, and an overhead estimate that matches what the workload lost."""
+"""The overhead budget (issue 9, honest duty-cycled counts): launch probes attached part of the time, launch counts
+scaled to within 5% of the truth on steady workloads (one thread, several threads, several processes, a thread
+faulting memory beside them), and every other op exact.
+
+Real eBPF on launch-heavy loads far above a 1% budget, so the launch probes are cycled hard (a 5% live share).
+How much throughput the probes cost is a timing, measured by bench/overhead.py, not asserted here.
+"""
 
 from __future__ import annotations
 
-import re
-import subprocess
+import json
 from pathlib import Path
 
 import pytest
 from conftest import PY, expected_ops, query, record, workload
 
-LAUNCH_OPS = ("cudaLaunchKernel", "cuLaunchKernel")
-TRAIN = ["--workers", "1", "--persistent-workers", "--duration", "10", "--launches-per-step", "200",
+from probes.catalog import ops_where
+
+CYCLED = ops_where(lambda s: s.duty_cycled)
+IN_CYCLED = f"op IN ({', '.join(repr(op) for op in CYCLED)})"
+LOADS = {
+    "one_thread": ["--threads", "1"],
+    "two_threads": ["--threads", "2"],
+    "two_processes": ["--threads", "1", "--procs", "2"],
+    "fault_thread": ["--threads", "1", "--fault-thread", "--fault-mb", "32"],
+    "train_loop": None,  # train.py: a DataLoader worker feeding a launch-heavy loop
+}
+TRAIN = ["--workers", "1", "--persistent-workers", "--duration", "6", "--launches-per-step", "200",
          "--worker-cpu-ms", "0.2"]
 
 
-def steps_per_s(stderr: str) -> float:
-    m = re.search(r"steps=(\d+) .*wall=([\d.]+)s", stderr)
-    assert m, stderr
-    return int(m.group(1)) / float(m.group(2))
-
-
-@pytest.fixture(scope="module")
-def budget_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, float, float]:
-    # GIVEN a launch-heavy training loop (tens of thousands of launches/s) run untraced, then recorded under a
-    # 1% budget it exceeds many times over
-    tmp = tmp_path_factory.mktemp("budget")
+@pytest.fixture(scope="module", params=list(LOADS))
+def budget_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    # GIVEN a launch-heavy load (tens of thousands of launches/s) recorded under a 1% budget it exceeds many times
+    tmp = tmp_path_factory.mktemp(f"budget-{request.param}")
     db, counts = tmp / "budget.duckdb", tmp / "counts"
-    base = subprocess.run([PY, workload("train.py"), *TRAIN], capture_output=True, text=True, timeout=60)
-    proc = record(
-        ["--db", str(db), "--overhead-budget", "1", "--", PY, workload("train.py"), "--counts-dir", str(counts),
-         *TRAIN],
-        timeout=180,
+    extra = LOADS[request.param]
+    cmd = (
+        [PY, workload("train.py"), "--counts-dir", str(counts), *TRAIN]
+        if extra is None
+        else [PY, workload("launch_load.py"), "--counts-dir", str(counts), "--duration", "6", *extra]
     )
+    proc = record(["--db", str(db), "--overhead-budget", "1", "--", *cmd], timeout=180)
     assert proc.returncode == 0, proc.stderr
-    return db, counts, steps_per_s(base.stderr), steps_per_s(proc.stderr)
+    return db, counts, request.param
 
 
-def test_launches_are_scaled_and_marked_within_10_percent(budget_run: tuple[Path, Path, float, float]) -> None:
-    db, counts, _, _ = budget_run
-    # WHEN the launch totals (whichever layer they were recorded under) are compared with the workload's count
-    truth = expected_ops(counts)["cudaLaunchKernel"]
-    ((calls, frac),) = query(
-        db, "SELECT sum(calls), min(sampled_fraction) FROM op_stats WHERE op IN ('cudaLaunchKernel', 'cuLaunchKernel')"
-    )
-    # THEN they were duty-cycled (marked), and the scaled count is within 10% of the truth
-    assert frac < 1.0
-    assert abs(calls - truth) <= 0.10 * truth, (calls, truth, frac)
+def test_launches_are_scaled_within_5_percent(budget_run: tuple[Path, Path, str]) -> None:
+    db, counts, name = budget_run
+    # WHEN each process's launch total (whichever layer recorded it) is compared with what it counted itself
+    truth = {
+        json.loads(p.read_text())["pid"]: json.loads(p.read_text())["counts"].get("cudaLaunchKernel", 0)
+        for p in counts.glob("*.json")
+    }
+    rows = query(db, f"SELECT pid, sum(calls), min(sampled_fraction), max(error_pct) FROM op_stats WHERE {IN_CYCLED} "
+                 "GROUP BY pid")
+    # THEN the launches were duty-cycled (marked as sampled), and every launching process is within 5%, and
+    # within the error bound it reports
+    assert rows, "no launches recorded"
+    assert min(r[2] for r in rows) < 1.0, f"{name}: launches were never duty-cycled"
+    for pid, calls, fraction, error_pct in rows:
+        want = truth[pid]
+        assert abs(calls - want) <= 0.05 * want, (name, pid, calls, want, fraction)
+        assert abs(calls - want) <= max(error_pct, 0.5) / 100 * want, (name, pid, calls, want, error_pct)
 
 
-def test_rare_ops_stay_exact(budget_run: tuple[Path, Path, float, float]) -> None:
-    db, counts, _, _ = budget_run
+def test_rare_ops_stay_exact(budget_run: tuple[Path, Path, str]) -> None:
+    db, counts, name = budget_run
     want = expected_ops(counts)
-    rare = "op NOT IN ('cudaLaunchKernel', 'cuLaunchKernel')"
-    rows = dict(query(db, f"SELECT op, sum(calls) FROM op_stats WHERE {rare} GROUP BY op"))
-    fracs = {f for (f,) in query(db, f"SELECT DISTINCT sampled_fraction FROM op_stats WHERE {rare}")}
+    rows = dict(query(db, f"SELECT op, sum(calls) FROM op_stats WHERE NOT {IN_CYCLED} GROUP BY op"))
+    fracs = {f for (f,) in query(db, f"SELECT DISTINCT sampled_fraction FROM op_stats WHERE NOT {IN_CYCLED}")}
     assert fracs == {1.0}
     for op in ("cudaStreamSynchronize", "cudaMemcpyAsync", "cudaMalloc", "cudaFree"):
-        assert rows.get(op) == want.get(op), op
+        assert rows.get(op) == want.get(op), (name, op)
 
 
-def test_estimate_matches_measured_overhead(budget_run: tuple[Path, Path, float, float]) -> None:
-    db, _, untraced, traced = budget_run
-    # WHEN the session's estimate is set against the throughput the workload lost
+def test_session_says_launches_were_duty_cycled(budget_run: tuple[Path, Path, str]) -> None:
+    db, _, _ = budget_run
     ((estimate, notes),) = query(db, "SELECT overhead_pct, notes FROM session")
-    measured = 100.0 * (1 - traced / untraced)
-    # THEN it is within a factor of 2 (with 3 points of slack: one run's throughput varies a few % on this VM),
-    # and the session says launches were duty-cycled
     assert estimate is not None and estimate > 0
-    assert estimate / 2 - 3 <= measured <= estimate * 2 + 3, (estimate, measured)
     assert "duty-cycled" in notes

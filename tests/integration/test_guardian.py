@@ -1,0 +1,81 @@
+"""The guardian (tracer/guardian.py): whatever kills the recorder, no traced process stays stopped.
+
+Real eBPF: late_load.py opens the stand-in libcudart after start, which the probes stop it for (a library-load
+hold). The recorder is told to wait before attaching (a test hook), is killed with SIGKILL meanwhile, and the
+target must run on within a second and finish its work; the DB keeps what was written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import duckdb
+from conftest import PY, ROOT, TRACER, workload
+
+from tracer.attach import HOLD_DELAY_ENV
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def test_sigkill_of_the_recorder_releases_a_held_target(tmp_path: Path) -> None:
+    # GIVEN a recording of late_load.py whose library-load hold the recorder will not release for 60 s
+    db = tmp_path / "killed.duckdb"
+    rec = subprocess.Popen(
+        [str(TRACER), "record", "--db", str(db), "--", PY, workload("late_load.py"), "--delay", "0.5",
+         "--calls", "20"],
+        cwd=ROOT,
+        env={**os.environ, HOLD_DELAY_ENV: "60"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        target = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and target is None:
+            kids = [c for c in _children(rec.pid) if _state(c) == "T"]
+            target = kids[0] if kids else None
+            time.sleep(0.05)
+        assert target is not None, "the target was never held"
+        time.sleep(0.5)
+        assert _state(target) == "T"  # still held: the recorder sleeps in its hold handler
+        # WHEN the recorder dies at once, with no chance to clean up
+        os.kill(rec.pid, signal.SIGKILL)
+        rec.wait(timeout=10)
+        killed_at = time.monotonic()
+        # THEN the target runs on within a second, and finishes its work
+        while _state(target) == "T" and time.monotonic() - killed_at < 5:
+            time.sleep(0.01)
+        resumed_after = time.monotonic() - killed_at
+        assert _state(target) != "T", "the target is still stopped 5 s after the recorder died"
+        assert resumed_after < 1.0, resumed_after
+        deadline = time.monotonic() + 30
+        while _state(target) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(target) in (None, "Z"), "the target did not finish"
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+    # AND the DB the recorder left opens, with its session row (still marked recording: nobody finished it)
+    with duckdb.connect(str(db), read_only=True) as c:
+        ((status, recorder_pid),) = c.execute("SELECT status, recorder_pid FROM session").fetchall()
+    assert status == "recording" and recorder_pid == rec.pid

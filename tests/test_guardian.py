@@ -1,0 +1,51 @@
+"""tracer/guardian.py: what the guardian does with the `held` map, against a real BPF map and a real stopped process
+(the end-to-end SIGKILL case is tests/integration/test_guardian.py)."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tracer import guardian
+
+pytestmark = pytest.mark.bpf
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_release_continues_every_held_process_and_empties_the_map() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    bcc = pytest.importorskip("bcc")
+    b = bcc.BPF(text="BPF_HASH(held, u32, u64, 16);\nBPF_ARRAY(cfg, u64, 8);\nint noop(void *ctx) { return 0; }")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        # GIVEN a stopped process in the held map, and holds enabled
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while _state(child.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        b["held"][ct.c_uint32(child.pid)] = ct.c_uint64(123)
+        b["cfg"][ct.c_int(3)] = ct.c_uint64(1)
+        assert guardian.held_pids(b["held"].map_fd) == [child.pid]
+        # WHEN the guardian's steps run on the map fds
+        guardian.disable_holds(b["cfg"].map_fd, 3)
+        assert guardian.release(b["held"].map_fd) == 1
+        # THEN the process runs again, the map is empty and holds are off
+        time.sleep(0.1)
+        assert _state(child.pid) != "T"
+        assert guardian.held_pids(b["held"].map_fd) == []
+        assert b["cfg"][ct.c_int(3)].value == 0
+    finally:
+        child.kill()
+        child.wait()
+        b.cleanup()
