@@ -2,8 +2,9 @@
 
 Part 1 (no BPF, one core): synthetic ``call_event`` records (tracer/events.py CALL_DTYPE, the launch-heavy
 reference mix) are pushed through the real path in poll-sized batches: ``RawBuffer.callback`` (the per-event
-copy the ring-buffer callback does), ``RawBuffer.drain``, ``Recorder._handle_calls`` (column building) and
-``tracer.store.Store`` (the writer thread's Arrow appends), ending with ``Store.sync``. Reports events/s and
+copy the ring-buffer callback does), ``RawBuffer.drain``, the recorder's call path (``StackResolver.kernels`` and
+``stack_ids``, ``rows.call_columns``) and ``tracer.store.Store`` (the writer thread's Arrow appends), ending with
+``Store.sync``. Reports events/s and
 the recorder's CPU seconds per 100 K events (process CPU, writer thread included), with a per-stage split.
 
 Part 2 (root): a C program calls the stand-in ``cudaFree(NULL)`` in a tight loop from 2 threads under
@@ -33,12 +34,13 @@ import numpy as np
 from bench.common import FIXTURE_LIBS, TRACER, base_parser, build_fixtures, print_table, write_result
 from probes.catalog import OP_NAMES
 from tracer.events import CALL_DTYPE, RawBuffer
-from tracer.record import Recorder, RecordOptions
+from tracer.procmaps import MapCache
+from tracer.rows import call_columns
+from tracer.stack_resolver import StackResolver
 from tracer.store import Store
 
 # The reference mix per second: 5000 launches, 200 syncs, 200 async copies, 50 allocations (+ 50 frees).
-MIX = {"cudaLaunchKernel": 5000, "cudaStreamSynchronize": 200, "cudaMemcpyAsync": 200, "cudaMalloc": 50,
-       "cudaFree": 50}
+MIX = {"cudaLaunchKernel": 5000, "cudaStreamSynchronize": 200, "cudaMemcpyAsync": 200, "cudaMalloc": 50, "cudaFree": 50}
 # Events per batch: one 100 ms poll (tracer.record.POLL_MS) at 50 K events/s.
 BATCH = 5_000
 N_EVENTS, QUICK_EVENTS = 1_000_000, 200_000
@@ -88,10 +90,17 @@ def synth_events(n: int, seed: int = 1) -> np.ndarray:
 
 
 def ingest(events: np.ndarray, db: Path, batch: int = BATCH) -> dict[str, Any]:
-    """Push ``events`` through callback -> drain -> Recorder._handle_calls -> Store; return timings and rows."""
-    rec = Recorder(RecordOptions(db=db, force=True))
-    rec.start_mono = 0
-    rec.store = Store(db, force=True)
+    """Push ``events`` through callback -> drain -> the recorder's call path -> Store; return timings and rows."""
+    resolver = StackResolver(
+        MapCache(), None, native_walk=lambda _i: [], put_stack=lambda _s, _f: None, parent_of=lambda _p: None
+    )
+    store = Store(db, force=True)
+
+    def handle_calls(ev: np.ndarray) -> None:
+        kernels, notes = resolver.kernels(ev)
+        ids = resolver.stack_ids(ev["stack_ref"], ev["op"])
+        store.put("cuda_calls", call_columns(ev, 0, kernels, notes, ids))
+
     rb = RawBuffer(CALL_DTYPE)
     raw = events.tobytes()
     buf = ct.create_string_buffer(raw, len(raw))
@@ -105,15 +114,15 @@ def ingest(events: np.ndarray, db: Path, batch: int = BATCH) -> dict[str, Any]:
         t1 = time.perf_counter()
         ev = rb.drain()
         t2 = time.perf_counter()
-        rec._handle_calls(ev)
+        handle_calls(ev)
         t3 = time.perf_counter()
         t_cb, t_drain, t_handle = t_cb + t1 - t, t_drain + t2 - t1, t_handle + t3 - t2
     t = time.perf_counter()
-    rec.store.sync()
+    store.sync()
     t_sync = time.perf_counter() - t
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    rows = rec.store.rows_written.get("cuda_calls", 0)
-    rec.store.close()
+    rows = store.rows_written.get("cuda_calls", 0)
+    store.close()
     n = len(events)
     return {
         "events": n,
@@ -123,9 +132,15 @@ def ingest(events: np.ndarray, db: Path, batch: int = BATCH) -> dict[str, Any]:
         "events_per_s": n / wall if wall else None,
         "cpu_s_per_100k_events": cpu / n * 100_000 if n else None,
         "stage_s": {"callback": t_cb, "drain": t_drain, "handle_calls": t_handle, "store_sync": t_sync},
-        "stage_us_per_event": {k: v / n * 1e6 for k, v in
-                               {"callback": t_cb, "drain": t_drain, "handle_calls": t_handle,
-                                "store_sync_tail": t_sync}.items()},
+        "stage_us_per_event": {
+            k: v / n * 1e6
+            for k, v in {
+                "callback": t_cb,
+                "drain": t_drain,
+                "handle_calls": t_handle,
+                "store_sync_tail": t_sync,
+            }.items()
+        },
         "batch_events": batch,
     }
 
@@ -133,8 +148,20 @@ def ingest(events: np.ndarray, db: Path, batch: int = BATCH) -> dict[str, Any]:
 def build_hammer(tmp: Path) -> Path:
     src, exe = tmp / "hammer.c", tmp / "hammer"
     src.write_text(HAMMER_C)
-    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe), str(src), f"-L{FIXTURE_LIBS}", "-lcudart",
-                    f"-Wl,-rpath,{FIXTURE_LIBS}"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-pthread",
+            "-o",
+            str(exe),
+            str(src),
+            f"-L{FIXTURE_LIBS}",
+            "-lcudart",
+            f"-Wl,-rpath,{FIXTURE_LIBS}",
+        ],
+        check=True,
+    )
     return exe
 
 
@@ -158,12 +185,13 @@ def run_hammer(exe: Path, per_thread: int, db: Path | None, extra: list[str]) ->
     try:
         traced = con.execute("SELECT coalesce(sum(calls), 0) FROM op_stats WHERE op = 'cudaFree'").fetchone()[0]
         rows = con.execute("SELECT count(*) FROM cuda_calls WHERE op = 'cudaFree'").fetchone()[0]
-        lost, stored, duration = con.execute(
-            "SELECT events_lost, events_stored, duration_s FROM session").fetchone()
+        lost, stored, duration = con.execute("SELECT events_lost, events_stored, duration_s FROM session").fetchone()
     finally:
         con.close()
     r.update(
-        op_stats_calls=int(traced), cuda_calls_rows=int(rows), events_lost=int(lost),
+        op_stats_calls=int(traced),
+        cuda_calls_rows=int(rows),
+        events_lost=int(lost),
         unaccounted=int(traced) - int(rows) - int(lost),
         loss_fraction=int(lost) / int(traced) if traced else None,
         stored_events_per_s=int(rows) / wall if wall else None,
@@ -193,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         res: dict[str, Any] = {"synthetic": ingest(synth_events(n), Path(tmp) / "ingest.duckdb")}
     s = res["synthetic"]
-    print(f"synthetic: {s['events']:,} events  {s['events_per_s']:,.0f} events/s  "
-          f"{s['cpu_s_per_100k_events']:.3f} CPU s / 100K events")
+    print(
+        f"synthetic: {s['events']:,} events  {s['events_per_s']:,.0f} events/s  "
+        f"{s['cpu_s_per_100k_events']:.3f} CPU s / 100K events"
+    )
     print_table([[k, v] for k, v in s["stage_us_per_event"].items()], ["stage", "µs/event"])
     res["events_per_s"] = s["events_per_s"]
     res["cpu_s_per_100k_events"] = s["cpu_s_per_100k_events"]
@@ -204,9 +234,18 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit("the end-to-end part needs root: run with sudo, or pass --no-e2e")
         e = end_to_end(QUICK_E2E_PER_THREAD if args.quick else E2E_PER_THREAD)
         res["end_to_end"] = e
-        rows = [[k, e[k]["calls_per_s"], e[k].get("op_stats_calls"), e[k].get("cuda_calls_rows"),
-                 e[k].get("events_lost"), e[k].get("unaccounted"), e[k].get("loss_fraction")]
-                for k in ("untraced", "unsampled", "default_budget")]
+        rows = [
+            [
+                k,
+                e[k]["calls_per_s"],
+                e[k].get("op_stats_calls"),
+                e[k].get("cuda_calls_rows"),
+                e[k].get("events_lost"),
+                e[k].get("unaccounted"),
+                e[k].get("loss_fraction"),
+            ]
+            for k in ("untraced", "unsampled", "default_budget")
+        ]
         print_table(rows, ["run", "calls/s", "op_stats.calls", "rows", "lost", "unaccounted", "loss"])
     print(f"wrote {write_result('ingest', res, args.out)}")
     return 0

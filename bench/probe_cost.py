@@ -7,9 +7,10 @@ is divided by the floor (an empty entry uprobe):
 
     floor          empty entry uprobe (the trap itself)
     pair           empty entry + empty return uprobe
-    recorder       the recorder's real entry_cudaMalloc / return_cudaMalloc bodies (no stack)
-    recorder_fp    the same with a native frame-pointer stack on every call (cfg_stack_every = 1)
-    recorder_py    the same with the Python frame walk on every call (with_pyframes, cfg_slow_ns = 1)
+    recorder       the recorder's cuda_entry / cuda_return as cudaMalloc (no stack), attached with uprobe_multi
+    recorder_fp    the same with a stack on every call (the native frame-pointer walk and the stack hash;
+                   stacks are deduplicated in kernel, so only the first is sent)
+    recorder_py    the same with the Python frame walk on every call (with_pyframes)
 
 Where /proc/sys/kernel/bpf_stats_enabled can be set, each program's in-kernel run time per hit is read from
 /proc/self/fdinfo (run_time_ns / run_cnt) as well: the BPF body alone, without the trap.
@@ -47,8 +48,7 @@ def build_lib(tmp: Path) -> Path:
     """Compile the no-op library into ``tmp``; return its path."""
     src, so = tmp / "benchnoop.c", tmp / "libbenchnoop.so"
     src.write_text(LIB_C)
-    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-fno-omit-frame-pointer", "-o", str(so), str(src)],
-                   check=True)
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-fno-omit-frame-pointer", "-o", str(so), str(src)], check=True)
     return so
 
 
@@ -103,45 +103,48 @@ def setup_variant(name: str, so: Path) -> tuple[Any, list[str], Callable[[], Non
             b.attach_uretprobe(name=str(so), sym="bench_noop", fn_name="empty_return")
         return b, ["empty_entry", "empty_return"], None
 
-    from probes.catalog import CATALOG, OP_NAMES
-    from tracer.program import ProgramOptions, compile_program
+    from probes.catalog import OP_NAMES
+    from tracer.links import attach_multi
+    from tracer.program import ProgramOptions, compile_program, configure_ops, load_programs
+    from tracer.targets import exported_offsets
 
     py = name == "recorder_py"
     b = compile_program(ProgramOptions(with_pyframes=py))
+    progs = load_programs(b, py)
+    configure_ops(b)
     op = OP_NAMES.index("cudaMalloc")
-    for i in range(len(CATALOG)):
-        b["cfg_sample_every"][ct.c_int(i)] = ct.c_uint32(1)
-        b["cfg_slow_ns"][ct.c_int(i)] = ct.c_uint64(0)
-        b["cfg_stack_every"][ct.c_int(i)] = ct.c_uint32(0)
-    if name in ("recorder_fp", "recorder_py"):
-        b["cfg_stack_every"][ct.c_int(op)] = ct.c_uint32(1)
+    cfg = b["op_cfg"][ct.c_int(op)]
+    cfg.sample_every, cfg.slow_ns = 1, 0
+    cfg.stack_every = 1 if name in ("recorder_fp", "recorder_py") else 0
+    b["op_cfg"][ct.c_int(op)] = cfg
     if py:
-        b["cfg_slow_ns"][ct.c_int(op)] = ct.c_uint64(1)  # every call "slow": always stored with a stack
         from tracer.pyruntime import PyRuntimeManager
 
         if PyRuntimeManager(b).configure(os.getpid()) is None:
             raise RuntimeError("this Python is not walkable by tracer.pyruntime")
-    b["cfg_libgate"][ct.c_int(0)] = ct.c_uint32(1)
+    b["cfg"][ct.c_int(0)] = ct.c_uint64(time.monotonic_ns())  # CFG_START_NS
     b["targets"][ct.c_uint32(os.getpid())] = ct.c_uint8(1)
-    counts = {"calls": 0, "stacks": 0}
+    counts = {"calls": 0}
 
     def on_call(_c: int, _d: int, _s: int) -> None:
         counts["calls"] += 1
 
-    def on_stack(_c: int, _d: int, _s: int) -> None:
-        counts["stacks"] += 1
-
     b["calls"].open_ring_buffer(on_call)
-    b["stacks_rb"].open_ring_buffer(on_stack)
-    b.attach_uprobe(name=str(so), sym="bench_noop", fn_name="entry_cudaMalloc")
-    b.attach_uretprobe(name=str(so), sym="bench_noop", fn_name="return_cudaMalloc")
+    b["stacks_rb"].open_ring_buffer(lambda _c, _d, _s: None)
+    b["ustack_rb"].open_ring_buffer(lambda _c, _d, _s: None)
+    off = exported_offsets(str(so))["bench_noop"]
+    links = [
+        attach_multi(progs.ret, str(so), [off], [op], retprobe=True),
+        attach_multi(progs.entry, str(so), [off], [op], retprobe=False),
+    ]
+    b._bench_links = links  # type: ignore[attr-defined]  # kept alive with the BPF object
     b._bench_counts = counts  # type: ignore[attr-defined]
-    return b, ["entry_cudaMalloc", "return_cudaMalloc"], b.ring_buffer_consume
+    return b, ["cuda_entry", "cuda_return", "call_with_stack", "py_read_codes"], b.ring_buffer_consume
 
 
 def lost_counts(b: Any) -> list[int] | None:
     try:
-        return [int(b["lost"][ct.c_int(i)].value) for i in range(4)]
+        return [int(b["lost"][ct.c_int(i)].value) for i in range(8)]
     except Exception:
         return None
 
@@ -200,10 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                         lost = lost_counts(b)
                         if lost and any(lost):
                             notes.append(f"{v}: ring-buffer losses {lost}")
-                        c = b._bench_counts
-                        if v == "recorder_py" or v == "recorder_fp":
-                            bpf_ns[v]["events_per_call"] = c["stacks"] / max(1, c["calls"])
                 finally:
+                    for link in getattr(b, "_bench_links", []):
+                        link.close()
                     b.cleanup()
                 print(f"{v:12s} {median(per_call[v]) * 1e6:8.2f} µs/call", file=sys.stderr)
     finally:
@@ -211,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
             STATS_SYSCTL.write_text(stats_prev)
     res = compute(per_call)
     res.update(calls=calls, reps=reps, bpf_run_ns_per_hit=bpf_ns, bpf_stats=stats_prev is not None, notes=notes)
-    rows = [[k, res["added_us_per_call"].get(k), res["ratio_to_floor"].get(k),
-             sum(x for x in bpf_ns.get(k, {}).values() if x and x > 1) / 1e3 if bpf_ns.get(k) else None]
-            for k in VARIANTS]
+    rows = [
+        [
+            k,
+            res["added_us_per_call"].get(k),
+            res["ratio_to_floor"].get(k),
+            sum(x for x in bpf_ns.get(k, {}).values() if x and x > 1) / 1e3 if bpf_ns.get(k) else None,
+        ]
+        for k in VARIANTS
+    ]
     print(f"untraced: {res['untraced_ns_per_call']:.1f} ns/call")
     print_table(rows, ["variant", "added µs/hit", "x floor", "BPF run µs/hit"])
     for n in notes:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, ingest, overhead, probe_cost, queries, storage
+from bench import common, ingest, overhead, probe_cost, queries, startup, storage
 
 
 def test_write_result_has_machine_and_timestamp(tmp_path: Path) -> None:
@@ -31,17 +31,54 @@ def test_median_spread_ratio() -> None:
 
 def test_overhead_parse_and_summary() -> None:
     s = overhead.parse_train_summary(
-        "noise\ntrain: epochs=2 steps=400 launches=10000 driver_launches=0 workers_forked=4 wall=2.00s\n")
+        "noise\ntrain: epochs=2 steps=400 launches=10000 driver_launches=0 workers_forked=4 wall=2.00s\n"
+    )
     assert s["steps_per_s"] == 200.0
     with pytest.raises(ValueError):
         overhead.parse_train_summary("nothing here")
-    runs = [{"traced": False, "steps_per_s": 200.0}, {"traced": True, "steps_per_s": 150.0},
-            {"traced": False, "steps_per_s": 210.0}, {"traced": True, "steps_per_s": 140.0}]
-    res = overhead.summarize(runs, budget_supported=False)
-    for key in ("untraced_steps_per_s", "traced_steps_per_s", "ratio_default", "ratio_budget_1", "spread", "runs"):
+    runs = [
+        {"variant": "untraced", "steps_per_s": 200.0},
+        {"variant": "default", "steps_per_s": 150.0, "recorder_cpu_pct": 6.0},
+        {"variant": "budget_1", "steps_per_s": 190.0, "overhead_pct": 1.0},
+        {"variant": "no_python", "steps_per_s": 170.0},
+        {"variant": "untraced", "steps_per_s": 210.0},
+        {"variant": "default", "steps_per_s": 140.0, "recorder_cpu_pct": 8.0},
+        {"variant": "budget_1", "steps_per_s": 200.0, "overhead_pct": 1.2},
+        {"variant": "no_python", "steps_per_s": 180.0},
+    ]
+    res = overhead.summarize(runs)
+    for key in (
+        "untraced_steps_per_s",
+        "ratio_default",
+        "ratio_budget_1",
+        "ratio_no_python",
+        "recorder_cpu_pct",
+        "estimate_vs_measured",
+        "spread",
+        "runs",
+    ):
         assert key in res
-    assert res["ratio_budget_1"] is None
     assert res["ratio_default"] == pytest.approx(145.0 / 205.0)
+    assert res["ratio_budget_1"] == pytest.approx(195.0 / 205.0)
+    assert res["recorder_cpu_pct"] == pytest.approx(7.0)
+    assert res["estimate_vs_measured"][0] == {"estimate_pct": 1.0, "measured_pct": pytest.approx(5.0)}
+
+
+def test_startup_summary() -> None:
+    runs = [
+        {
+            "program": "true",
+            "wall_s": w,
+            "startup_s": 2.0,
+            "compile_s": 1.0,
+            "attach_s": 0.1,
+            "first_event_s": None,
+            "flush_s": 0.1,
+        }
+        for w in (3.0, 5.0, 4.0)
+    ]
+    res = startup.summarize(runs)
+    assert res["true"]["wall_s"] == 4.0 and res["true"]["first_event_s"] is None
 
 
 def test_probe_cost_compute() -> None:

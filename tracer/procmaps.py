@@ -210,12 +210,12 @@ class MapCache:
 
     def attach(self, pid: int) -> ProcessMap | None:
         """Read the map of a process that runs already (at attach, or a child the events did not announce)."""
+        self._refreshed[pid] = time.monotonic()  # a failed read counts too: no retry storm for a gone process
         try:
             entries = read_maps(pid)
         except (ProcessLookupError, PermissionError):
             return self._maps.get(pid)
         self.proc_reads += 1
-        self._refreshed[pid] = time.monotonic()
         for e in entries:
             if e.host_path:
                 self.resolver.remember(e.dev, e.ino, e.host_path)

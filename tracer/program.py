@@ -127,6 +127,14 @@ def _compile(opts: ProgramOptions) -> Any:
 
 
 _prewarm: tuple[ProgramOptions, Future[Any]] | None = None
+_start_cwd: str | None = None
+
+
+def start_cwd() -> str:
+    """The working directory the command started in. bcc changes the process's working directory while it compiles
+    (to the kernel headers) and changes it back after; with the compile running in a thread (:func:`prewarm`),
+    relative paths given by the user must be resolved against this, not against os.getcwd()."""
+    return _start_cwd or os.getcwd()
 
 
 def prewarm(opts: ProgramOptions) -> None:
@@ -135,8 +143,9 @@ def prewarm(opts: ProgramOptions) -> None:
     Compiling is seconds of clang inside a ctypes call, which releases the GIL, so it runs on another core while
     the CLI imports its modules and the recorder sets up: `tracer record` is then live about a second sooner.
     """
-    global _prewarm
+    global _prewarm, _start_cwd
     if _prewarm is None:
+        _start_cwd = os.getcwd()
         pool = ThreadPoolExecutor(1, thread_name_prefix="bpf-compile")
         _prewarm = (opts, pool.submit(_compile, opts))
         pool.shutdown(wait=False)

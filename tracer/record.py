@@ -102,6 +102,18 @@ class RecordSummary:
     command_fate: str | None = None
 
 
+UPROBE_MULTI_KERNEL = (6, 6)  # BPF_TRACE_UPROBE_MULTI links (tracer/links.py)
+
+
+def kernel_version() -> tuple[int, int]:
+    """(major, minor) of the running kernel."""
+    parts = os.uname().release.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
 def check_environment() -> None:
     """Raise EnvironmentProblem unless this process can load BPF programs; mount tracefs/debugfs if needed."""
     if os.geteuid() != 0:
@@ -113,6 +125,12 @@ def check_environment() -> None:
             "bcc (python3-bpfcc) is not importable",
             "run ./setup.sh, which installs it and the kernel headers",
         ) from None
+    if kernel_version() < UPROBE_MULTI_KERNEL:
+        raise EnvironmentProblem(
+            f"Linux {os.uname().release} has no uprobe_multi links; recording needs "
+            f"{'.'.join(map(str, UPROBE_MULTI_KERNEL))} or newer",
+            "use a newer kernel (Ubuntu 24.04 ships 6.8; Ubuntu 22.04's HWE kernel is too old)",
+        )
     if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):
         raise EnvironmentProblem(
             f"no kernel headers for {os.uname().release} (bcc compiles against them)",
@@ -684,14 +702,15 @@ class Recorder:
     # --- the end -------------------------------------------------------------------------------------------
 
     def _end_command(self, status: str) -> None:
-        """What happens to a launched command that still runs when the recording ends: stopped (SIGTERM, then
-        SIGKILL after COMMAND_GRACE_S), left running with --keep-running, or interrupted with the terminal."""
+        """What happens to a launched command that still runs when the recording ends: at --duration, stopped
+        (SIGTERM, then SIGKILL after COMMAND_GRACE_S) unless --keep-running; with Ctrl-C, interrupted like the
+        terminal; when the recorder itself failed (a full disk), left running: the job is not the one at fault."""
         if self.child is None:
             return
         if status == "interrupted":
             self._signal_child(signal.SIGINT)  # the terminal's Ctrl-C reached it too; a kill/TERM did not
             self.command_fate = "interrupted"
-        elif self.opts.keep_command:
+        elif self.opts.keep_command or status != "complete":
             self.command_fate = "left running"
         else:
             self._signal_child(signal.SIGTERM)
@@ -713,13 +732,31 @@ class Recorder:
             pass
 
     def finish(self, status: str) -> RecordSummary:
-        """Drain, write exact aggregates, processes and the session row, close the DB; return the summary."""
+        """Stop holds and duty cycling, end a launched command, drain, write the exact aggregates, processes and
+        the session row, close the DB; return the summary.
+
+        Whatever fails on the way (a full disk: the store then refuses every write), nobody is left stopped, the
+        probes are detached and the guardian dismissed before the error goes up.
+
+        Raises:
+            StoreError: a write failed; what was written before it stays readable.
+        """
         t_flush = time.monotonic()
         self._release_command()
         self._set_gate(False)  # from now on nobody is stopped
         self.attacher.release_all()
         self.cycler.stop()
         self._end_command(status)
+        try:
+            summary = self._flush(status, t_flush)
+        finally:
+            self.store.close()
+            self.attacher.close()
+            self.guardian.finish()
+        return summary
+
+    def _flush(self, status: str, t_flush: float) -> RecordSummary:
+        """The final drain and the rows only the end can write."""
         self.bpf.ring_buffer_consume()
         self._drain()
         end_ns = time.monotonic_ns()
@@ -753,17 +790,13 @@ class Recorder:
         if self.cycler.cycled:
             self.notes.append(
                 f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
-                "counts are scaled per process from the time they were live (op_stats.sampled_fraction, error_pct)"
+                "counts are scaled per process (op_stats.sampled_fraction, error_pct)"
             )
         self.duration = (end_ns - self.start_mono) / 1e9
         self.flush_s = time.monotonic() - t_flush
         self._write_session_row(status, traced, stored, lost)
         self._write_chains()
-        self.store.close()
-        self.attacher.close()
-        self.guardian.finish()
-        if self.store.error:
-            self.notes.append(f"write error: {self.store.error}")
+        self.store.sync()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return RecordSummary(
             self.opts.db,

@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from tracer.console import make_console
-from tracer.record import Recorder, RecordOptions, RecordSummary
+
+if TYPE_CHECKING:  # the recorder (bcc, numpy, pyarrow) is imported by the commands that record, not by the CLI
+    from tracer.record import RecordSummary
 
 err = make_console(stderr=True)
 out = make_console()
@@ -76,6 +78,14 @@ def _exit_now() -> None:
     os._exit(0)
 
 
+def _absolute(p: Path) -> Path:
+    """``p`` against the directory the command started in (program.start_cwd: the BPF compile may be running, in a
+    thread, inside the kernel headers' directory)."""
+    from tracer.program import start_cwd
+
+    return p if p.is_absolute() else Path(start_cwd()) / p
+
+
 def record(
     ctx: typer.Context,
     pid: Annotated[
@@ -133,13 +143,15 @@ def record(
     (if the tracer is killed, a guardian process continues anything it had paused). One recording per file: an
     existing --db is refused unless --force.
     """
+    from tracer.record import Recorder, RecordOptions
+
     command = list(ctx.args) or None
     opts = RecordOptions(
-        db=db,
+        db=_absolute(db),
         pid=pid,
-        command=command,
+        command=[str(_absolute(Path(command[0]))), *command[1:]] if command and "/" in command[0] else command,
         duration=duration,
-        libs=lib or [],
+        libs=[str(_absolute(Path(p))) for p in lib or []],
         force=force,
         max_events_per_s=max_events,
         python_stacks=not no_python,
@@ -188,13 +200,23 @@ def doctor() -> None:
     for name, good, fix in checks:
         ok &= good
         err.print(f"  {'[green]ok[/]' if good else '[red]missing[/]'}  {name}" + ("" if good else f"  → {fix}"))
+    from tracer.record import UPROBE_MULTI_KERNEL, kernel_version
+
+    need = ".".join(map(str, UPROBE_MULTI_KERNEL))
+    checks_uprobe_multi = kernel_version() >= UPROBE_MULTI_KERNEL
+    ok &= checks_uprobe_multi
+    err.print(
+        f"  {'[green]ok[/]' if checks_uprobe_multi else '[red]missing[/]'}  uprobe_multi links (Linux {need}+)"
+        + ("" if checks_uprobe_multi else f"  → use a Linux {need} or newer kernel")
+    )
     if ok:
         check_environment()
-        from tracer.program import ProgramOptions, compile_program
+        from tracer.program import ProgramOptions, compile_program, load_programs
 
         try:
-            compile_program(ProgramOptions())
-            err.print("  [green]ok[/]  BPF program compiles and loads")
+            b = compile_program(ProgramOptions(with_pyframes=True))
+            load_programs(b, True)
+            err.print("  [green]ok[/]  BPF program compiles, loads and verifies")
         except Exception as e:
             ok = False
             err.print(f"  [red]failed[/]  BPF program load: {e}")
@@ -224,6 +246,7 @@ def demo(
     from tracer.analysis.stats import trace_stats
     from tracer.db import open_trace
     from tracer.errors import EnvironmentProblem
+    from tracer.record import Recorder, RecordOptions
     from tracer.render import print_record
 
     lib = FIXTURES / "build" / "libcudart.so.12"
@@ -244,6 +267,7 @@ def demo(
         "--worker-cpu-ms",
         "8",
     ]
+    db = _absolute(db)
     err.print(f"[bold]demo:[/] recording {' '.join(cmd[1:3])} for {seconds:.0f} s into {db}", highlight=False)
     opts = RecordOptions(db=db, command=cmd, force=True, libs=[str(lib), str(lib.with_name("libcuda.so.1"))])
     summary = Recorder(opts).run()
