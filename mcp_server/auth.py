@@ -16,6 +16,11 @@ Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
+def authorized(headers: MutableMapping[bytes, bytes] | dict[bytes, bytes], token: str) -> bool:
+    """True when the raw ASGI ``headers`` carry ``Authorization: Bearer <token>`` (compared in constant time)."""
+    return hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {token}".encode())
+
+
 class BearerTokenMiddleware:
     """Refuse HTTP requests without ``Authorization: Bearer <token>`` (401), except on ``exempt`` paths."""
 
@@ -23,15 +28,14 @@ class BearerTokenMiddleware:
         if not token:
             raise ValueError("empty token")
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._token = token
         self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("path") in self.exempt:
             await self.app(scope, receive, send)
             return
-        got = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if hmac.compare_digest(got, self._expected):
+        if authorized(dict(scope.get("headers") or []), self._token):
             await self.app(scope, receive, send)
             return
         body = json.dumps(

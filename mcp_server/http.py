@@ -19,12 +19,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-from mcp.server.transport_security import TransportSecuritySettings
+from fastapi import FastAPI, Request
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.routing import Mount
 
-from mcp_server.auth import BearerTokenMiddleware
+from mcp_server.auth import BearerTokenMiddleware, authorized
 from mcp_server.server import Connect, build_server
+from tracer.analysis.sqlpool import SqlPool
 from tracer.errors import UsageError
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -86,8 +87,13 @@ def build_app(
     token: str | None = None,
     allowed_hosts: list[str] | None = None,
     connect: Connect | None = None,
+    sql_pool: SqlPool | None = None,
 ) -> Any:
     """Return the ASGI app: FastAPI with ``/healthz`` and MCP streamable HTTP at ``/mcp``.
+
+    run_sql's query workers (``sql_pool``, default a new :class:`SqlPool`) start with the app and are killed
+    when it stops. ``/healthz`` always says ok, and names the DB only to a request the MCP endpoint would accept
+    (allowed Host and Origin, and the token when one is set).
 
     Raises:
         UsageError: non-loopback ``host`` without a token.
@@ -98,23 +104,31 @@ def build_app(
             "Set TRACER_MCP_TOKEN or pass --token-file FILE (clients then send Authorization: Bearer "
             "<token>), or bind to loopback with --http :PORT.",
         )
-    mcp = build_server(db, connect=connect)
-    mcp_app = mcp.streamable_http_app(
-        streamable_http_path="/mcp",
-        host=host,
-        transport_security=security_for(host, port, allowed_hosts or []),
-    )
+    pool = sql_pool or SqlPool()
+    mcp = build_server(db, connect=connect, sql_pool=pool)
+    security = security_for(host, port, allowed_hosts or [])
+    mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", host=host, transport_security=security)
+    checks = TransportSecurityMiddleware(security)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with mcp.session_manager.run():
-            yield
+        if connect is None:
+            pool.start(db)
+        try:
+            async with mcp.session_manager.run():
+                yield
+        finally:
+            pool.close()
 
     app = FastAPI(title="cuda-host-tracer MCP", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok", "db": Path(db).name, "mcp": "/mcp"}
+    async def healthz(request: Request) -> dict[str, str]:
+        body = {"status": "ok", "mcp": "/mcp"}
+        trusted = await checks.validate_request(request) is None
+        if trusted and (token is None or authorized(dict(request.scope.get("headers") or []), token)):
+            body["db"] = Path(db).name
+        return body
 
     app.router.routes.append(Mount("/", app=mcp_app))
     return BearerTokenMiddleware(app, token) if token else app
@@ -144,5 +158,10 @@ def serve_http(
 
 
 def serve_stdio(db: str | Path) -> None:
-    """Serve over stdin/stdout; stdout is the wire, so nothing else may print to it."""
-    build_server(db).run()
+    """Serve over stdin/stdout; stdout is the wire, so nothing else may print to it (query workers have their
+    own pipes)."""
+    pool = SqlPool().start(db)
+    try:
+        build_server(db, sql_pool=pool).run()
+    finally:
+        pool.close()

@@ -93,3 +93,119 @@ def test_timeout_then_still_works(db):
         )
     assert time.perf_counter() - t < 5
     assert run_sql(db, "SELECT 42").rows == [[42]]
+
+
+# -- issue 11: values Python cannot represent, EXPLAIN, refusals with clear text, reply caps -------------------
+@pytest.mark.parametrize(
+    "expr,want",
+    [
+        ("'infinity'::DATE", "infinity"),
+        ("'-infinity'::DATE", "-infinity"),
+        ("'infinity'::TIMESTAMP", "infinity"),
+        ("'-infinity'::TIMESTAMPTZ", "-infinity"),
+        ("'294247-01-10 04:00:54.775806'::TIMESTAMP", "294247-01-10 04:00:54.775806"),
+        ("'0044-03-15 (BC)'::DATE", "0044-03-15 (BC)"),
+        ("make_timestamp_ns(9223372036854775806)", "2262-04-11T23:47:16.854775806"),
+        ("340282366920938463463374607431768211455::UHUGEINT", 2**128 - 1),
+        ("[340282366920938463463374607431768211455::UHUGEINT, 1]", [2**128 - 1, 1]),
+        ("{'a': 340282366920938463463374607431768211455::UHUGEINT}", {"a": 2**128 - 1}),
+        ("(2::BIGNUM ** 300)::BIGNUM", str(2**300)),
+        ("DATE '2024-02-29'", "2024-02-29"),  # ordinary values keep their ordinary form
+    ],
+)
+def test_values_python_cannot_hold(db, expr, want):
+    r = run_sql(db, f"SELECT {expr} AS v")
+    assert r.rows == [[want]]
+    json.dumps(r.model_dump())
+
+
+def test_mixed_column_keeps_ordinary_values(db):
+    # GIVEN one infinity among ordinary timestamps  THEN only that value becomes DuckDB's text
+    r = run_sql(db, "SELECT * FROM (VALUES (TIMESTAMP '2020-01-02 03:04:05'), ('infinity'::TIMESTAMP)) t(v)")
+    assert r.rows == [["2020-01-02T03:04:05"], ["infinity"]]
+
+
+def test_all_types(db):
+    # GIVEN DuckDB's every type at its extremes  THEN every row comes back JSON-safe
+    r = run_sql(db, "SELECT * FROM test_all_types()")
+    assert r.row_count == 3 and not r.truncated and len(r.columns) > 40
+    by = dict(zip(r.columns, zip(*r.rows, strict=True), strict=True))
+    assert by["uhugeint"][:2] == (0, 2**128 - 1)
+    assert by["date"][:2] == ("5877642-06-25 (BC)", "5881580-07-10")
+    assert by["timestamp"][1] == "294247-01-10 04:00:54.775806"
+    assert "infinity" in json.dumps(by["date_array"])
+    json.dumps(r.model_dump())
+
+
+@pytest.mark.parametrize(
+    "q,needle",
+    [
+        ("EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1", "EXPLAIN wraps a statement that is refused: CREATE"),
+        ("explain analyse insert into meta values ('a', 'b')", "INSERT"),
+        ("EXPLAIN (FORMAT json) CREATE TABLE t (a INT)", "CREATE"),
+        ("/* x */ EXPLAIN -- y\n ANALYZE COPY meta TO '/tmp/m.csv'", "COPY"),
+        ("EXPLAIN EXPLAIN ANALYZE SELECT 1", "does not parse"),
+        ("UPDATE EXTENSIONS", "UPDATE EXTENSIONS statements are not allowed"),
+        ("EXPLAIN UPDATE EXTENSIONS", "UPDATE EXTENSIONS"),
+    ],
+)
+def test_explain_checked_against_what_it_wraps(db, q, needle):
+    with pytest.raises(SqlError) as e:
+        run_sql(db, q)
+    assert needle in e.value.message and e.value.hint
+
+
+@pytest.mark.parametrize(
+    "q", ["EXPLAIN SELECT 1", "EXPLAIN ANALYZE SELECT count(*) FROM cuda_calls", "explain (format json) select 1"]
+)
+def test_explain_of_select_runs(db, q):
+    assert run_sql(db, q).row_count >= 1
+
+
+def test_huge_query_not_echoed(db):
+    huge = "SELECT '" + "y" * 1_000_000 + "'"
+    with pytest.raises(SqlError) as e:
+        run_sql(db, huge)
+    assert "1,000,009 characters" in e.value.message and len(e.value.message) + len(e.value.hint) < 500
+    # a long query DuckDB rejects: its error quotes the query, cut short
+    with pytest.raises(SqlError) as e:
+        run_sql(db, "SELECT nope_" + "z" * 50_000)
+    assert len(e.value.message) < 1_200 and "more characters" in e.value.message
+
+
+def test_reply_capped_and_values_cut(db):
+    # GIVEN 300 rows of 1 MB each (the issue's 3.5 GiB reply)
+    r = run_sql(db, "SELECT repeat('x', 1000000) AS s FROM range(300)", limit=300)
+    # THEN a capped reply: values cut, fewer rows, truncated, and a note that says both
+    size = len(json.dumps(r.rows, ensure_ascii=False, separators=(",", ":")).encode())
+    assert r.truncated and 0 < r.row_count < 300 and size <= 1 << 20
+    assert r.rows[0][0].startswith("x" * 16_384) and r.rows[0][0].endswith("…[cut: 983,616 more characters]")
+    assert "reply cut at 1,048,576 bytes" in r.note and f"{r.row_count} long values were cut" in r.note
+    # a blob: cut in its hex form; a short value in the same result: untouched
+    r = run_sql(db, "SELECT repeat('\\xAB'::BLOB, 20000) AS b, 'short' AS s")
+    assert r.rows[0][0] == "ab" * 8192 + "…[cut: 23,616 more characters]" and r.rows[0][1] == "short"
+    assert r.note == "1 long values were cut to 16,384 characters (marked …[cut: N more characters])"
+
+
+def test_reply_cap_in_bytes(db):
+    r = run_sql(db, "SELECT i, repeat('é', 100) AS s FROM range(10000) t(i)", limit=10_000, reply_bytes=50_000)
+    size = len(json.dumps(r.rows, ensure_ascii=False, separators=(",", ":")).encode())
+    assert r.truncated and size <= 50_000 and r.row_count > 100
+    assert r.rows[-1][0] == r.row_count - 1  # a prefix of the rows, in order
+    assert "reply cut at 50,000 bytes" in r.note
+    # the row limit alone: truncated, and no note (as before issue 11)
+    r = run_sql(db, "SELECT i FROM range(10) t(i)", limit=3)
+    assert r.truncated and r.row_count == 3 and r.note is None
+
+
+def test_in_process_connection_path(db):
+    # the recorder's live server passes its own connection: same checks and caps, in this process
+    from tracer.db import open_trace
+
+    with open_trace(db) as c:
+        assert run_sql(c, "SELECT 'infinity'::DATE").rows == [["infinity"]]
+        with pytest.raises(SqlError, match="CREATE"):
+            run_sql(c, "EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1")
+        with pytest.raises(QueryTimeout):
+            run_sql(c, "SELECT count(*) FROM range(1000000) a, range(1000000) b WHERE a.range + b.range = 7", 1, 0.3)
+        assert run_sql(c, "SELECT 42").rows == [[42]]

@@ -34,6 +34,7 @@ from probes.catalog import CATALOG, OpClass
 from tracer import __version__, bpfmaps, events, guardian, rows, targets
 from tracer.attach import Attacher, runtime_launch_op_ids
 from tracer.budget import Activity, DutyCycler, OverheadEstimator, launch_scales, trap_cost
+from tracer.db import boot_id, process_start_ticks
 from tracer.errors import EnvironmentProblem, TargetError, UsageError
 from tracer.procmaps import MapCache, Mapping, kernel_dev
 from tracer.proctree import ProcessTree
@@ -149,19 +150,6 @@ def _since_process_start_s() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _start_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[19])
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def _cpu_s() -> float:
     t = os.times()
     return t.user + t.system
@@ -198,6 +186,7 @@ class Recorder:
         self._launch_tally = [0, 0]  # runtime launch events, of which nested (for --launch-probes auto)
         self._calls_by_tid: dict[int, int] = {}
         self._sampled_at = time.monotonic()
+        self._session_written = False
 
     def _elapsed(self) -> float:
         """Seconds since the `tracer record` process started."""
@@ -478,6 +467,8 @@ class Recorder:
             )
         ustacks, self.rb_ustacks = self.rb_ustacks, []
         stacks, self.rb_stacks = self.rb_stacks, []
+        if len(stacks) > 100:  # a first sight of many code paths: resolving them takes a moment
+            self._status(f"resolving {len(stacks)} new call stacks…")
         self.resolver.add_ustacks(ustacks)
         self.resolver.add_stacks(stacks)
         self._handle_calls(self.rb_calls.drain())
@@ -757,6 +748,7 @@ class Recorder:
 
     def _flush(self, status: str, t_flush: float) -> RecordSummary:
         """The final drain and the rows only the end can write."""
+        self._status("finishing: draining the last events and writing the exact aggregates…")
         self.bpf.ring_buffer_consume()
         self._drain()
         end_ns = time.monotonic_ns()
@@ -795,6 +787,7 @@ class Recorder:
         self.duration = (end_ns - self.start_mono) / 1e9
         self.flush_s = time.monotonic() - t_flush
         self._write_session_row(status, traced, stored, lost)
+        self._status("finishing: computing the causal chains…")
         self._write_chains()
         self.store.sync()
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -930,8 +923,8 @@ class Recorder:
             "overhead_pct": None if live else self.estimator.mean_pct if hasattr(self, "estimator") else None,
             "notes": "\n".join(self.notes),
             "recorder_pid": os.getpid(),
-            "recorder_start_ticks": _start_ticks(os.getpid()),
-            "boot_id": _boot_id(),
+            "recorder_start_ticks": process_start_ticks(os.getpid()),
+            "boot_id": boot_id(),
             "recorder_cpu_s": None if live else round(_cpu_s(), 3),
             "recorder_peak_rss_bytes": None if live else usage.ru_maxrss * 1024,
             "startup_s": self.phases.get("startup_s"),
@@ -944,12 +937,18 @@ class Recorder:
             "command_fate": self.command_fate,
             "flushed_ns": time.monotonic_ns() - self.start_mono,
         }
-        self.store.execute("DELETE FROM session")
         names = list(values)
-        self.store.execute(
-            f"INSERT INTO session ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-            [values[n] for n in names],
-        )
+        if not self._session_written:
+            self.store.execute(
+                f"INSERT INTO session ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                [values[n] for n in names],
+            )
+            self._session_written = True
+        else:  # one statement: a full disk cannot leave the file without its session row
+            self.store.execute(
+                f"UPDATE session SET {', '.join(f'{n} = ?' for n in names)} WHERE session_id = 1",
+                [values[n] for n in names],
+            )
 
     def _write_chains(self) -> None:
         try:

@@ -53,7 +53,12 @@ TABLES: tuple[Table, ...] = (
         ("started_at", "TIMESTAMPTZ", "wall-clock start (UTC)"),
         ("start_mono_ns", "BIGINT", "CLOCK_MONOTONIC at start; ts_ns columns are relative to it"),
         ("duration_s", "DOUBLE", "recording length in seconds"),
-        ("status", "VARCHAR", "recording | complete | interrupted (Ctrl-C) | target_exited | failed"),
+        (
+            "status",
+            "VARCHAR",
+            "recording (or a recorder that died: see recorder_pid) | complete | interrupted (Ctrl-C) | "
+            "target_exited | failed | disk_full",
+        ),
         ("host", "VARCHAR", "hostname"),
         ("kernel", "VARCHAR", "uname -r"),
         ("cpu_model", "VARCHAR", "CPU model name"),

@@ -8,6 +8,7 @@ file to the sudo user, so Ctrl-C or a dying target still leaves a DB that opens.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
@@ -69,6 +70,7 @@ class Store:
         self._q: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
         self._closed = False
         self._error: BaseException | None = None
+        self.status_marked: str | None = None  # the status _fail() managed to write after a failed write
         self._writer = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._writer.start()
 
@@ -80,7 +82,7 @@ class Store:
         Columns the table has but ``columns`` lacks are written as NULL.
         """
         if self._error:
-            raise StoreError(f"writing {self.path} failed: {self._error}")
+            raise self._failure()
         t = TABLE_BY_NAME[table]
         n = len(next(iter(columns.values()))) if columns else 0
         if n == 0:
@@ -93,6 +95,8 @@ class Store:
 
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> None:
         """Queue one statement; it runs on the writer thread after every batch queued before it."""
+        if self._error:
+            raise self._failure()
         self._q.put(("sql", sql, list(params or [])))
 
     def sync(self) -> None:
@@ -120,10 +124,16 @@ class Store:
                 else:
                     self._flush(pending)  # statements and markers keep their place in the order
                     self._guard(item)
+                if self._error:
+                    return  # _fail closed the connection: nothing more is written, sync() no longer waits
             self._flush(pending)
+            if self._error:
+                return
 
     def _flush(self, pending: dict[str, list[pa.Table]]) -> None:
         for table, parts in pending.items():
+            if self._error:
+                break
             self._guard(("insert", table, pa.concat_tables(parts, promote_options="permissive")))
         pending.clear()
 
@@ -136,9 +146,55 @@ class Store:
                 self.conn.execute(a, b)
             elif kind == "call":
                 a()
-        except Exception as e:  # keep the DB usable; the recorder reports the error at the end
+        except Exception as e:  # the first failure ends the writing; the recorder reports it (issue 11)
             log.error("writing %s failed: %s", self.path, e)
-            self._error = e
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        """Stop writing after the first failed write, and leave what was committed readable.
+
+        Runs on the writer thread, which exits after it. The session is marked 'disk_full' (or 'failed') as a
+        best effort: a full disk may refuse even that row, and readers then report a recorder that is gone. The
+        connection is closed here: its committed transactions stay in the file and its WAL, and no DuckDB object
+        is left to the exiting interpreter (a live connection at exit makes nanobind print a "leaked" report; a
+        writer thread still inside DuckDB at exit can abort the process). From then on put() and execute() raise
+        :class:`StoreError`, sync() returns at once, and close() only hands the file to the sudo user.
+        """
+        self._error = e
+        status = "disk_full" if _disk_full(e) else "failed"
+        try:
+            self.conn.execute("UPDATE session SET status = ? WHERE status = 'recording'", [status])
+            self.status_marked = status
+        except Exception as e2:  # noqa: BLE001 - best effort, the disk may be full
+            log.warning("could not mark %s as %s: %s", self.path, status, e2)
+        try:
+            self.conn.close()
+        except Exception as e2:  # noqa: BLE001 - an invalidated instance may refuse even this
+            log.warning("closing %s after the failure: %s", self.path, e2)
+
+    @property
+    def failed(self) -> bool:
+        """True once a write failed: nothing more is written (see :meth:`_fail`)."""
+        return self._error is not None
+
+    def _failure(self) -> StoreError:
+        """The error every later put() / execute() raises: what failed, and that the data before it is kept.
+
+        Waits for the writer thread to finish :meth:`_fail` first: the caller may exit on this error, and a thread
+        still inside DuckDB (closing, checkpointing) when the interpreter exits aborts the process.
+        """
+        if threading.current_thread() is not self._writer:
+            self._writer.join()
+        e = self._error
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        keep = f"The data written before it is in {self.path}: tracer stats --db {self.path}"
+        if _disk_full(e):
+            where = self.path.parent if str(self.path.parent) else Path(".")
+            return StoreError(
+                f"the disk holding {self.path} is full: {first}",
+                f"Free space (df -h {where}) or record to another disk with --db. {keep}",
+            )
+        return StoreError(f"writing {self.path} failed: {first}", keep)
 
     def _insert(self, table: str, tbl: pa.Table) -> None:
         cols = TABLE_BY_NAME[table].column_names
@@ -155,19 +211,33 @@ class Store:
         return self._error
 
     def close(self) -> None:
-        """Write everything queued, checkpoint, and hand the file to the sudo user; idempotent."""
+        """Write everything queued, checkpoint, and hand the file to the sudo user; idempotent.
+
+        After a failed write (:attr:`failed`) the connection is already closed: this only hands the file over.
+        """
         if self._writer.is_alive():
             self._q.put(None)
             self._writer.join()
         if self._closed:
             return
         self._closed = True
+        if self._error is not None:
+            _chown_to_sudo_user(self.path)
+            return
         try:
             self.conn.execute("CHECKPOINT")
         except duckdb.Error as e:
             log.warning("checkpoint failed: %s", e)
         self.conn.close()
         _chown_to_sudo_user(self.path)
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """True when ``e`` says the file system is out of space (ENOSPC, or a quota: EDQUOT)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    msg = str(e).lower()
+    return "no space left on device" in msg or "disk quota exceeded" in msg
 
 
 def _chown_to_sudo_user(path: Path) -> None:

@@ -162,9 +162,9 @@ def record(
     live = sys.stderr.isatty()
 
     def status(msg: str) -> None:
-        if live:
-            err.print(f"[dim]{msg}[/]", end="\r", highlight=False)
-        elif "waiting" in msg:
+        if live:  # one line, redrawn in place: never wider than the terminal
+            err.print(f"[dim]{msg}[/]", end="\r", highlight=False, no_wrap=True, crop=True, overflow="ellipsis")
+        elif "waiting" in msg or msg.startswith("finishing"):
             err.print(msg, highlight=False)
 
     err.print(f"recording into {db} … (Ctrl-C to stop)", highlight=False)

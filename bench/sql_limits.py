@@ -1,0 +1,273 @@
+"""run_sql limits: what the worker pool costs an ordinary query, and what each class of hostile query gets.
+
+Ordinary latency is measured end to end, as an assistant sees it: the real MCP SDK client calling ``run_sql``
+on a real ``tracer mcp serve --http`` subprocess over a trace DB of ``--rows`` cuda_calls rows. With
+``--baseline-src DIR`` (a source tree of an earlier commit, e.g. ``git archive HEAD~1 | tar -x -C DIR``) a second
+server runs that tree on the same DB and calls alternate between the two, so both see the same machine load;
+the figure that matters is the difference of the medians (the issue's budget: the pool may add <= 20 ms). It
+also times ``tracer sql`` (a process per call; the CLI spawns one query worker) for both trees.
+
+With ``--corpus`` it then sends the hostile-query corpus (``tests/hostile_corpus.py``) to the current server and
+records, per attack: the outcome, how long it took, how long a plain ``run_sql("select 1")`` and
+``get_trace_stats`` took right after, and the peak RSS of the server and its query workers above idle.
+
+    .venv/bin/python -m bench.sql_limits [--quick] [--baseline-src DIR] [--calls N] [--corpus]
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, base_parser, median, print_table, spread, write_result
+
+ROWS, QUICK_ROWS = 1_000_000, 100_000
+CALLS, QUICK_CALLS = 40, 10
+CLI_RUNS, QUICK_CLI_RUNS = 7, 3
+QUERIES = {
+    "select_1": "SELECT 1",
+    "group_by_op": "SELECT op, count(*) AS calls, avg(dur_ns) AS mean_ns, max(dur_ns) AS max_ns "
+    "FROM cuda_calls GROUP BY op ORDER BY op",
+    "rows_1000": "SELECT ts_ns, dur_ns, pid, tid, op, bytes FROM cuda_calls ORDER BY ts_ns LIMIT 1000",
+}
+
+
+def generate(path: Path, rows: int) -> Path:
+    sys.path.insert(0, str(REPO))  # tests/ is not a package on the default path
+    from tests.tracedb import generate_large
+
+    return generate_large(path, rows)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def server(src: Path, db: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Run ``tracer mcp serve --http`` from source tree ``src`` on ``db``; yield (MCP URL, process)."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracer.cli", "mcp", "serve", "--db", str(db), "--http", f"127.0.0.1:{port}"],
+        cwd=src,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"server from {src} did not start")
+        yield f"http://127.0.0.1:{port}/mcp", proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def _timed_calls(urls: dict[str, str], calls: int) -> dict[str, dict[str, list[float]]]:
+    from mcp import Client
+
+    out: dict[str, dict[str, list[float]]] = {name: {q: [] for q in QUERIES} for name in urls}
+    async with Client(urls["current"]) as cur:
+        clients = {"current": cur}
+        if "baseline" in urls:
+            base = Client(urls["baseline"])
+            clients["baseline"] = await base.__aenter__()
+        try:
+            for c in clients.values():  # warm-up: first connect, first worker start, DuckDB caches
+                for q in QUERIES.values():
+                    for _ in range(2):
+                        r = await c.call_tool("run_sql", {"query": q})
+                        assert not r.is_error, r.content
+            for _ in range(calls):
+                for q_name, q in QUERIES.items():
+                    for name, c in clients.items():  # alternate trees call by call: same load for both
+                        t = time.perf_counter()
+                        r = await c.call_tool("run_sql", {"query": q})
+                        out[name][q_name].append((time.perf_counter() - t) * 1e3)
+                        assert not r.is_error, r.content
+        finally:
+            if "baseline" in clients:
+                await base.__aexit__(None, None, None)
+    return out
+
+
+def cli_ms(src: Path, db: Path, runs: int) -> list[float]:
+    """Wall ms of ``tracer sql --db DB "SELECT 1"`` run from ``src`` (one process per call)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    ms = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "tracer.cli", "sql", "--db", str(db), "SELECT 1"],
+            cwd=src,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        ms.append((time.perf_counter() - t) * 1e3)
+    return ms
+
+
+def corpus_module() -> Any:
+    sys.path.insert(0, str(REPO))  # tests/ is not a package on the default path
+    import tests.hostile_corpus as corpus
+
+    return corpus
+
+
+def run_corpus(db: Path) -> dict[str, Any]:
+    """Send every attack of the corpus to a fresh server; return per-attack outcomes and a per-class summary."""
+    import anyio
+
+    hc = corpus_module()
+    attacks: list[dict[str, Any]] = []
+    with server(REPO, db) as (url, proc):
+        anyio.run(hc.liveness, url)
+        time.sleep(1.0)
+        idle = hc.tree_rss_bytes(proc.pid)
+        # the probes' own cost on this DB, before any attack: what the figures after each attack compare with
+        quiet = [anyio.run(hc.liveness, url) for _ in range(5)]
+        quiet_s = {k: median([q[k] for q in quiet]) for k in quiet[0]}
+        for attack in hc.ATTACKS:
+            with hc.RssSampler(proc.pid) as rss:
+                result, seconds = anyio.run(hc.call, url, attack.tool, attack.args)
+            out = hc.evaluate(attack, result, seconds)
+            row = {**out.__dict__, "peak_rss_above_idle_bytes": rss.peak - idle}
+            try:
+                row["liveness_s"] = anyio.run(hc.liveness, url)
+            except AssertionError as e:
+                row["liveness_s"], row["liveness_error"] = None, str(e)
+            attacks.append(row)
+    classes: dict[str, dict[str, Any]] = {}
+    for r in attacks:
+        c = classes.setdefault(
+            r["cls"],
+            {"attacks": 0, "held": 0, "max_attack_s": 0.0, "max_liveness_s": 0.0, "max_rss_above_idle_bytes": 0},
+        )
+        c["attacks"] += 1
+        c["held"] += int(r["ok"] and r["liveness_s"] is not None)
+        c["max_attack_s"] = max(c["max_attack_s"], r["seconds"])
+        if r["liveness_s"]:
+            c["max_liveness_s"] = max(c["max_liveness_s"], *r["liveness_s"].values())
+        c["max_rss_above_idle_bytes"] = max(c["max_rss_above_idle_bytes"], r["peak_rss_above_idle_bytes"])
+    return {
+        "size": len(attacks),
+        "held": sum(c["held"] for c in classes.values()),
+        "server_idle_rss_bytes": idle,
+        "liveness_before_attacks_median_s": quiet_s,
+        "classes": classes,
+        "attacks": attacks,
+    }
+
+
+def print_corpus(res: dict[str, Any]) -> None:
+    print(f"hostile-query corpus: {res['held']} of {res['size']} attacks held (expected answer, server live after)")
+    quiet = ", ".join(f"{k} {v:.3f} s" for k, v in res["liveness_before_attacks_median_s"].items())
+    print(f"probes before any attack (median of 5): {quiet}")
+    print_table(
+        [
+            [k, v["attacks"], v["held"], v["max_attack_s"], v["max_liveness_s"], v["max_rss_above_idle_bytes"] / 2**20]
+            for k, v in res["classes"].items()
+        ],
+        ["class", "attacks", "held", "max attack s", "max live s", "max RSS +MiB"],
+    )
+    for r in res["attacks"]:
+        if not r["ok"] or r["liveness_s"] is None:
+            print(f"  NOT HELD: {r['attack']}: {r['text'][:200]} {r.get('liveness_error', '')}")
+
+
+def latency(db: Path, baseline: Path | None, calls: int, cli_runs: int) -> dict[str, Any]:
+    import anyio
+
+    tree_rss_bytes = corpus_module().tree_rss_bytes
+
+    trees = {"current": REPO, **({"baseline": baseline} if baseline else {})}
+    with server(REPO, db) as (cur_url, cur_proc):
+        urls = {"current": cur_url}
+        if baseline:
+            with server(baseline, db) as (base_url, _):
+                urls["baseline"] = base_url
+                runs = anyio.run(_timed_calls, urls, calls)
+        else:
+            runs = anyio.run(_timed_calls, urls, calls)
+        idle_rss = tree_rss_bytes(cur_proc.pid)
+    res: dict[str, Any] = {"mcp_run_sql": {}, "server_idle_rss_bytes": idle_rss}
+    for q_name in QUERIES:
+        row: dict[str, Any] = {"query": QUERIES[q_name]}
+        for name in trees:
+            ms = runs[name][q_name]
+            row[name] = {"median_ms": median(ms), "spread": spread(ms), "runs_ms": ms}
+        if baseline:
+            row["added_median_ms"] = row["current"]["median_ms"] - row["baseline"]["median_ms"]
+        res["mcp_run_sql"][q_name] = row
+    res["cli_sql_select_1"] = {}
+    for name, src in trees.items():
+        ms = cli_ms(src, db, cli_runs)
+        res["cli_sql_select_1"][name] = {"median_ms": median(ms), "runs_ms": ms}
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = base_parser(__doc__)
+    p.add_argument("--rows", type=int, default=None, help=f"cuda_calls rows to generate (default {ROWS:,})")
+    p.add_argument("--calls", type=int, default=None, help=f"calls per query and tree (default {CALLS})")
+    p.add_argument("--baseline-src", type=Path, default=None, help="source tree of the commit to compare with")
+    p.add_argument("--corpus", action="store_true", help="also run the hostile-query corpus and record results")
+    args = p.parse_args(argv)
+    rows = args.rows or (QUICK_ROWS if args.quick else ROWS)
+    calls = args.calls or (QUICK_CALLS if args.quick else CALLS)
+    with tempfile.TemporaryDirectory(prefix="bench-sql-limits-") as tmp:
+        db = generate(Path(tmp) / "large.duckdb", rows)
+        res: dict[str, Any] = {"cuda_calls_rows": rows, "calls_per_query": calls}
+        res.update(latency(db, args.baseline_src, calls, QUICK_CLI_RUNS if args.quick else CLI_RUNS))
+        if args.corpus:
+            res["corpus"] = run_corpus(db)
+    table = []
+    for q_name, row in res["mcp_run_sql"].items():
+        table.append(
+            [
+                f"run_sql {q_name}",
+                row["current"]["median_ms"],
+                row.get("baseline", {}).get("median_ms"),
+                row.get("added_median_ms"),
+            ]
+        )
+    cli = res["cli_sql_select_1"]
+    table.append(["tracer sql SELECT 1", cli["current"]["median_ms"], cli.get("baseline", {}).get("median_ms"), None])
+    if "baseline" in cli:
+        table[-1][3] = cli["current"]["median_ms"] - cli["baseline"]["median_ms"]
+    print(f"{rows:,} cuda_calls rows, {calls} calls per query and tree")
+    print_table(table, ["call", "median ms", "baseline ms", "added ms"])
+    print(f"server + workers idle RSS: {res['server_idle_rss_bytes'] / 2**20:.0f} MiB")
+    if "corpus" in res:
+        print_corpus(res["corpus"])
+    print(f"wrote {write_result('sql_limits', res, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""The hostile-query corpus of issue 11: what an MCP client may send to ``tracer mcp serve --http``, and what
+each attack must get back. Shared by ``tests/test_mcp_hostile.py`` (which asserts it) and
+``bench/sql_limits.py`` (which records outcome, time and memory per attack).
+
+Every tool-call attack (:data:`ATTACKS`) names its class, the tool and arguments, and the expected answer: a
+tool error containing ``needle``, or a result that ``check`` accepts. After each one the server must still
+answer a plain ``run_sql("select 1")`` and ``get_trace_stats`` (:func:`liveness`). HTTP-level attacks (Host,
+Origin, token, body size, /healthz) are in the test module, as they do not go through the SDK client.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 10  # the server's run_sql wall clock (mcp_server.server.SQL_TIMEOUT_S)
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Attack:
+    """One tool call and the answer it must get."""
+
+    name: str
+    cls: str  # values | time | memory | reply | statement | file_network | write | arguments
+    tool: str
+    args: dict[str, Any]
+    needle: str | tuple[str, ...] | None = None  # expected: a tool error whose text contains this (or one of)
+    check: Callable[[dict[str, Any]], bool] | None = field(default=None, compare=False)  # expected: a result
+    memory: bool = False  # sample the server's RSS during it
+
+
+def rows_are(*want: Any) -> Callable[[dict[str, Any]], bool]:
+    return lambda sc: sc["rows"] == [list(want)]
+
+
+def capped(sc: dict[str, Any]) -> bool:
+    return sc["truncated"] and "reply cut" in (sc["note"] or "")
+
+
+def sql(name: str, cls: str, query: str, *, needle: str | None = None, check: Any = None, **kw: Any) -> Attack:
+    args = {"query": query, **({"limit": kw.pop("limit")} if "limit" in kw else {})}
+    return Attack(name, cls, "run_sql", args, needle, check, **kw)
+
+
+BIG = "x" * 1_000_000
+REFUSED = "not allowed"
+NO_FILES = "file system operations are disabled"
+T = f"after {DEFAULT_TIMEOUT_S} s"
+# A query that allocates as it computes is stopped by whichever limit it reaches first: memory on a fast
+# machine, the wall clock on a loaded one. Either way it is stopped, and the memory stays bounded.
+OOM = ("out of memory", T)
+
+ATTACKS: tuple[Attack, ...] = (
+    # values Python cannot represent: the reply carries DuckDB's text for them (the server died on these)
+    sql("infinity date", "values", "SELECT 'infinity'::DATE AS d", check=rows_are("infinity")),
+    sql("-infinity date", "values", "SELECT '-infinity'::DATE AS d", check=rows_are("-infinity")),
+    sql("infinity timestamp", "values", "SELECT 'infinity'::TIMESTAMP AS t", check=rows_are("infinity")),
+    sql("infinity timestamptz", "values", "SELECT 'infinity'::TIMESTAMPTZ AS t", check=rows_are("infinity")),
+    sql(
+        "max timestamp",
+        "values",
+        "SELECT '294247-01-10 04:00:54.775806'::TIMESTAMP AS t",
+        check=rows_are("294247-01-10 04:00:54.775806"),
+    ),
+    sql(
+        "max timestamp_ns",
+        "values",
+        "SELECT make_timestamp_ns(9223372036854775806) AS t",
+        check=rows_are("2262-04-11T23:47:16.854775806"),
+    ),
+    sql("BC date", "values", "SELECT '0044-03-15 (BC)'::DATE AS d", check=rows_are("0044-03-15 (BC)")),
+    sql(
+        "uhugeint max",
+        "values",
+        "SELECT 340282366920938463463374607431768211455::UHUGEINT AS u",
+        check=rows_are(2**128 - 1),
+    ),
+    sql(
+        "test_all_types()",
+        "values",
+        "SELECT * FROM test_all_types()",
+        check=lambda sc: sc["row_count"] == 3 and sc["rows"][1][sc["columns"].index("uhugeint")] == 2**128 - 1,
+    ),
+    sql(
+        "date array with infinity",
+        "values",
+        "SELECT ['infinity'::DATE, DATE '2020-01-01'] AS a",
+        check=rows_are("[infinity, 2020-01-01]"),
+    ),
+    # time: DuckDB interrupts between vectors only; one scalar call over huge values must still stop
+    sql("levenshtein 100k (n^2)", "time", "SELECT levenshtein(repeat('a', 100000), repeat('b', 100000))", needle=T),
+    sql(
+        "cross join 10^12",
+        "time",
+        "SELECT count(*) FROM range(1000000) a, range(1000000) b WHERE a.range + b.range = 7",
+        needle=T,
+    ),
+    sql("regexp on 10 MB", "time", "SELECT regexp_matches(repeat('a', 10000000), '(a|aa)*b')", check=rows_are(False)),
+    # memory: lists are not counted by memory_limit; the worker's address-space limit stops them
+    sql("len(range(200000000))", "memory", "SELECT len(range(200000000))", needle=OOM, memory=True),
+    sql(
+        "damerau_levenshtein 16k",
+        "memory",
+        "SELECT damerau_levenshtein(repeat('a', 16000), repeat('b', 16000))",
+        needle=OOM,
+        memory=True,
+    ),
+    sql("list of 100M", "memory", "SELECT list(i) FROM range(100000000) t(i)", needle=OOM, memory=True),
+    sql(
+        "string_agg of 100M",
+        "memory",
+        "SELECT string_agg(i::VARCHAR, ',') FROM range(100000000) t(i)",
+        needle=OOM,
+        memory=True,
+    ),
+    sql("one 2 GB string", "memory", "SELECT length(repeat('x', 2000000000))", needle=OOM, memory=True),
+    # reply size: capped near 1 MiB with truncated and a note; long values cut
+    sql(
+        "repeat 1 MB x 300 rows",
+        "reply",
+        "SELECT repeat('x', 1000000) AS s FROM range(300)",
+        limit=300,
+        check=capped,
+        memory=True,
+    ),
+    sql(
+        "10,000 rows x 1 KB",
+        "reply",
+        "SELECT i, repeat('y', 1000) AS s FROM range(10000) t(i)",
+        limit=10000,
+        check=capped,
+    ),
+    sql(
+        "quote-heavy text (escaping doubles it)",
+        "reply",
+        "SELECT repeat('\"', 20000) AS s FROM range(200)",
+        limit=200,
+        check=capped,
+    ),
+    sql(
+        "one 8 MB list value",
+        "reply",
+        "SELECT range(1000000) AS r",
+        check=lambda sc: sc["truncated"] and sc["row_count"] == 0,
+    ),
+    sql(
+        "blob 1 MB",
+        "reply",
+        "SELECT repeat('\\xFF'::BLOB, 1000000) AS b",
+        check=lambda sc: sc["rows"][0][0].endswith("…[cut: 1,983,616 more characters]"),
+    ),
+    # statements: one read-only SELECT / EXPLAIN of a SELECT, nothing else
+    sql("EXPLAIN ANALYZE CREATE", "statement", "EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1", needle="CREATE"),
+    sql(
+        "EXPLAIN (FORMAT json) INSERT",
+        "statement",
+        "EXPLAIN (FORMAT json) INSERT INTO meta VALUES ('a', 'b')",
+        needle="INSERT",
+    ),
+    sql("EXPLAIN ANALYZE COPY", "statement", "/*c*/ EXPLAIN ANALYZE COPY meta TO '/tmp/meta.csv'", needle="COPY"),
+    sql("UPDATE EXTENSIONS", "statement", "UPDATE EXTENSIONS", needle="UPDATE EXTENSIONS statements are not allowed"),
+    sql("INSTALL", "statement", "INSTALL httpfs", needle=REFUSED),
+    sql("LOAD", "statement", "LOAD httpfs", needle=REFUSED),
+    sql("ATTACH", "statement", "ATTACH '/tmp/x.duckdb' AS x", needle=REFUSED),
+    sql("DETACH", "statement", "DETACH memory", needle=REFUSED),
+    sql("COPY TO", "statement", "COPY meta TO '/tmp/m.csv'", needle=REFUSED),
+    sql("COPY FROM", "statement", "COPY meta FROM '/etc/passwd'", needle=REFUSED),
+    sql("EXPORT DATABASE", "statement", "EXPORT DATABASE '/tmp/x'", needle=REFUSED),
+    sql("SET", "statement", "SET enable_external_access = true", needle=REFUSED),
+    sql("RESET", "statement", "RESET lock_configuration", needle=REFUSED),
+    sql("PRAGMA", "statement", "PRAGMA version", needle=REFUSED),
+    sql("CALL", "statement", "CALL pragma_version()", needle=REFUSED),
+    sql("CHECKPOINT", "statement", "CHECKPOINT", needle=REFUSED),
+    sql("USE", "statement", "USE memory", needle=REFUSED),
+    sql("BEGIN", "statement", "BEGIN TRANSACTION", needle=REFUSED),
+    sql("CREATE SECRET", "statement", "CREATE SECRET (TYPE s3, KEY_ID 'a', SECRET 'b')", needle=REFUSED),
+    sql("two statements", "statement", "SELECT 1; SELECT 2", needle="exactly one statement"),
+    sql("COMMIT then INSERT", "statement", "COMMIT; INSERT INTO meta VALUES ('a', 'b')", needle="exactly one"),
+    sql(
+        "query() with a write",
+        "statement",
+        "SELECT * FROM query('INSERT INTO meta VALUES (1, 2)')",
+        needle="single SELECT",
+    ),
+    # file and network access from SQL
+    sql("read_csv /etc/passwd", "file_network", "SELECT * FROM read_csv('/etc/passwd')", needle=NO_FILES),
+    sql("read_text", "file_network", "SELECT * FROM read_text('/etc/passwd')", needle=NO_FILES),
+    sql("read_blob", "file_network", "SELECT * FROM read_blob('/etc/hostname')", needle=NO_FILES),
+    sql("glob", "file_network", "SELECT * FROM glob('/*')", needle=NO_FILES),
+    sql("/proc/self/environ", "file_network", "SELECT * FROM read_json_auto('/proc/self/environ')", needle=NO_FILES),
+    sql("replacement scan of a path", "file_network", "FROM '/etc/passwd'", needle="does not exist"),
+    sql("https URL", "file_network", "SELECT * FROM 'https://example.com/x.csv'", needle=NO_FILES),
+    sql("s3 parquet", "file_network", "SELECT * FROM read_parquet('s3://bucket/x.parquet')", needle=NO_FILES),
+    sql("getenv", "file_network", "SELECT getenv('TRACER_MCP_TOKEN')", needle="does not exist"),
+    sql("stored secrets", "file_network", "SELECT * FROM duckdb_secrets()", needle=NO_FILES),
+    # writes
+    sql("INSERT", "write", "INSERT INTO meta VALUES ('a', 'b')", needle=REFUSED),
+    sql("UPDATE", "write", "UPDATE session SET status = 'x'", needle=REFUSED),
+    sql("DELETE", "write", "DELETE FROM meta", needle=REFUSED),
+    sql("DROP", "write", "DROP TABLE meta", needle=REFUSED),
+    sql("ALTER", "write", "ALTER TABLE meta ADD COLUMN x INT", needle=REFUSED),
+    sql("CREATE TEMP", "write", "CREATE TEMP TABLE t AS SELECT 1", needle=REFUSED),
+    # arguments: huge or malformed, never echoed back in full
+    sql("1 MB query", "arguments", "SELECT '" + BIG + "'", needle="characters long"),
+    sql("1 MB identifier", "arguments", "SELECT " + "z" * 99_000, needle="more characters"),
+    sql("deep nesting", "arguments", "SELECT " + "(" * 30000 + "1" + ")" * 30000, needle="expression depth"),
+    Attack("1 MB op", "arguments", "get_stacks", {"op": BIG}, needle="1,000,000 characters"),
+    Attack("1 MB severity", "arguments", "get_causal_chains", {"severity": BIG}, needle="high, medium or low"),
+    Attack("huge pid", "arguments", "get_trace_stats", {"pid": 10**40}, needle="not in this trace"),
+    Attack("negative limit", "arguments", "run_sql", {"query": "SELECT 1", "limit": -1}, needle="greater than"),
+    Attack("limit as text", "arguments", "run_sql", {"query": "SELECT 1", "limit": BIG}, needle="valid integer"),
+    Attack("query as a number", "arguments", "run_sql", {"query": 12345}, needle="valid string"),
+    Attack("unknown tool", "arguments", "drop_everything", {}, needle="Unknown tool"),
+)
+
+CLASSES = tuple(dict.fromkeys(a.cls for a in ATTACKS))
+
+
+@dataclass
+class Outcome:
+    """What one attack got back."""
+
+    attack: str
+    cls: str
+    ok: bool  # the answer was the expected one
+    is_error: bool
+    text: str  # the error text, or the note / first row of a result (cut)
+    reply_bytes: int
+    seconds: float
+    peak_rss_above_idle_bytes: int | None = None
+
+
+def evaluate(attack: Attack, result: Any, seconds: float) -> Outcome:
+    """Return the :class:`Outcome` of ``attack`` given the SDK's ``CallToolResult``."""
+    text = result.content[0].text if result.content else ""
+    sc = result.structured_content or {}
+    if attack.needle is not None:
+        needles = (attack.needle,) if isinstance(attack.needle, str) else attack.needle
+        ok = bool(result.is_error) and any(n in text for n in needles) and len(text) < 4_000
+    else:
+        ok = not result.is_error and attack.check is not None and bool(attack.check(sc))
+    shown = text if result.is_error else str(sc.get("note") or sc.get("rows", [])[:1])
+    return Outcome(
+        attack.name,
+        attack.cls,
+        ok,
+        bool(result.is_error),
+        shown[:300],
+        len(result.model_dump_json(by_alias=True)),
+        round(seconds, 3),
+    )
+
+
+async def call(url: str, tool: str, args: dict[str, Any], timeout_s: float = 120.0) -> tuple[Any, float]:
+    """Call one tool through the real MCP SDK client in a fresh session; return (result, seconds of the call)."""
+    from mcp import Client
+
+    async with Client(url, read_timeout_seconds=timeout_s) as c:
+        t = time.perf_counter()
+        r = await c.call_tool(tool, args)
+        return r, time.perf_counter() - t
+
+
+async def liveness(url: str) -> dict[str, float]:
+    """Seconds a plain ``run_sql("select 1")`` and ``get_trace_stats`` take; raises unless both answer right."""
+    out = {}
+    r, out["run_sql"] = await call(url, "run_sql", {"query": "select 1"}, timeout_s=30)
+    if r.is_error or r.structured_content["rows"] != [[1]]:
+        raise AssertionError(f"run_sql('select 1') after the attack: {r.content[0].text[:300]}")
+    r, out["get_trace_stats"] = await call(url, "get_trace_stats", {}, timeout_s=30)
+    if r.is_error:
+        raise AssertionError(f"get_trace_stats after the attack: {r.content[0].text[:300]}")
+    return out
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """RSS of ``pid`` plus all its descendants (the server and its query workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    total, todo, page = 0, [pid], os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+class RssSampler:
+    """Samples :func:`tree_rss_bytes` every 20 ms in a thread while in a ``with`` block; ``peak`` is the highest."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> RssSampler:
+        self._t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._t.join()

@@ -1,0 +1,571 @@
+"""Query workers: every ``run_sql`` statement given a DB path runs in a child process that can be killed.
+
+Why a process (issue 11): DuckDB checks for interrupts only between vectors, so one scalar call over huge values
+(``levenshtein`` of two 100 K-char strings, n² steps) runs for half a minute past any ``interrupt()``; list
+functions (``len(range(200000000))``) allocate outside ``memory_limit``; and a query that wedges or bloats the
+process serving MCP takes every other tool down with it. A worker runs the query under hard limits:
+
+- an address-space limit (RLIMIT_AS): its idle size plus :attr:`SqlLimits.memory_bytes`. DuckDB turns a failed
+  allocation into an out-of-memory error; a worker that grew by more than :data:`RETIRE_GROWTH_BYTES` (allocators
+  keep freed memory) or hit the limit is replaced after it answers;
+- DuckDB ``memory_limit``, ``threads`` and ``max_temp_directory_size``, spilling into a private temp directory;
+- a wall clock: the worker interrupts DuckDB at ``timeout_s``; a worker still busy ``kill_grace_s`` later is
+  killed (SIGKILL) and replaced.
+
+:class:`SqlPool` keeps ``size`` workers started (``start``) so an ordinary query pays a pipe round trip, not a
+process start; a worker keeps its read-only connection open between queries, reopening it when the file changes
+(inode, size or mtime) and closing it after :data:`IDLE_CLOSE_S` without queries (the read lock it holds would
+block a writer). ``tracer sql`` uses the same pool, unstarted: its one query spawns one worker.
+
+Protocol, one JSON object per line (worker stdin / a private copy of its stdout):
+``{"ready": pid}`` once started; then per request ``{"db", "query", "limit", "timeout_s", "reply_bytes",
+"value_chars"}`` -> ``{"result": {...SqlResult}}`` or ``{"error": {"kind", "message", "hint"}}``, with
+``"retire": true`` when the worker exits after this answer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tracer.analysis.sqllimits import LIMITS, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
+from tracer.errors import StoreError, TracerError
+
+if TYPE_CHECKING:
+    from tracer.analysis.sql import SqlResult
+
+POOL_SIZE = 2  # one query may be killed while the other worker answers the next call at once
+# A query still running this long after its interrupt is stuck in one long function call: its replacement
+# worker starts then, so that it is ready when the query is killed (kill_grace_s after the interrupt).
+STANDBY_AFTER_S = 0.2
+READY_S = 30.0  # a worker's start (Python + duckdb + pyarrow imports) on a loaded 2-core machine
+IDLE_CLOSE_S = 30.0
+RETIRE_GROWTH_BYTES = 256 << 20
+_ERRORS: dict[str, type[TracerError]] = {
+    c.__name__: c for c in (SqlError, QueryTimeout, QueryOutOfMemory, StoreError, TracerError)
+}
+
+
+class _Gone(Exception):
+    """The worker process ended (or closed its pipe) before answering."""
+
+    def __init__(self, before_request: bool = False) -> None:
+        super().__init__()
+        self.before_request = before_request
+
+
+class _Late(Exception):
+    """The worker did not answer before the deadline."""
+
+
+class _StartFailed(Exception):
+    """A worker died or hung while starting; ``how`` says which."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(how)
+        self.how = how
+
+
+# -- the parent's side -------------------------------------------------------------------------------------------
+class _Worker:
+    """One query worker process and its pipes; used by one thread at a time."""
+
+    def __init__(self, limits: SqlLimits, preopen: str | None) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="tracer-sql-")
+        cfg = {**asdict(limits), "temp_dir": self.tmp, "preopen": preopen}
+        root = str(Path(__file__).resolve().parents[2])  # the worker imports this very tracer package
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        env["MALLOC_ARENA_MAX"] = "2"  # glibc reserves 64 MiB of address space per arena and thread otherwise
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tracer.analysis.sqlpool", json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
+        self._buf = bytearray()
+        self.ready = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll_ready(self) -> bool:
+        """True once the worker has said it is ready (reads its hello line if it is there, never blocks)."""
+        if not self.ready and self.proc.stdout is not None:
+            if select.select([self.proc.stdout.fileno()], [], [], 0)[0]:
+                try:
+                    self.wait_ready(time.monotonic() + 1.0)
+                except (_Gone, _Late, SqlError):
+                    return False  # the caller that picks it will find out and replace it
+        return self.ready
+
+    def wait_ready(self, deadline: float) -> None:
+        if self.ready:
+            return
+        msg = self._read(deadline, 1 << 16)
+        if "ready" not in msg:
+            raise SqlError(
+                f"the query worker did not start: {msg.get('error', {}).get('message', msg)}",
+                "Check the installation: python -m tracer.analysis.sqlpool must import duckdb and pyarrow.",
+            )
+        self.ready = True
+
+    def send(self, request: dict[str, Any]) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise _Gone(before_request=True) from None
+
+    def answer(self, deadline: float, max_bytes: int) -> dict[str, Any]:
+        """The worker's answer to the request sent; raises :class:`_Late` at ``deadline`` (call again to go on)."""
+        return self._read(deadline, max_bytes)
+
+    def _read(self, deadline: float, max_bytes: int) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Late
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                raise _Gone
+            self._buf += chunk
+            if len(self._buf) > max_bytes:  # a worker never sends this much: treat it as broken
+                raise _Gone
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
+        try:
+            msg = json.loads(line)
+        except ValueError:  # not our protocol: something broke the worker
+            raise _Gone from None
+        if not isinstance(msg, dict):
+            raise _Gone
+        return msg
+
+    def signal_name(self) -> str:
+        """How the process ended ('SIGKILL', 'exit 1'), waiting briefly for it."""
+        try:
+            rc = self.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        return signal.Signals(-rc).name if rc < 0 else f"exit {rc}"
+
+    def kill(self) -> None:
+        """Kill the process (if alive), reap it, close the pipes and remove its temp directory."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not refused
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class SqlPool:
+    """Query workers shared by the threads of one process; :meth:`run` is the entry point.
+
+    Args:
+        size: most workers alive at once (concurrent queries beyond it wait for one to finish).
+        limits: memory and thread limits of each worker, and the default timeout / reply cap per query.
+    """
+
+    def __init__(self, size: int = POOL_SIZE, limits: SqlLimits = LIMITS) -> None:
+        self.size = size
+        self.limits = limits
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        self._cond = threading.Condition()
+        self._warm = False
+        self._preopen: str | None = None
+        self._closed = False
+
+    def start(self, db: str | Path | None = None) -> SqlPool:
+        """Start ``size`` workers now, and replace each one that is killed or retired (a server's pool).
+
+        Args:
+            db: open this trace DB in each worker at start, so the first query does not pay for the open.
+        """
+        with self._cond:
+            self._warm = True
+            self._preopen = os.path.abspath(db) if db is not None else None
+            self._fill()
+        return self
+
+    def spawn(self, db: str | Path | None = None) -> None:
+        """Start one worker now, if none is alive, without keeping the pool warm (``tracer sql``: the worker's
+        start overlaps the caller's own imports).
+
+        Args:
+            db: the trace DB the worker opens as soon as it has started.
+        """
+        with self._cond:
+            if not self._all and not self._closed:
+                w = _Worker(self.limits, os.path.abspath(db) if db is not None else None)
+                self._all.add(w)
+                self._idle.append(w)
+
+    def _fill(self) -> None:
+        while self._warm and not self._closed and len(self._all) < self.size:
+            w = _Worker(self.limits, self._preopen)
+            self._all.add(w)
+            self._idle.append(w)
+        self._cond.notify_all()
+
+    def _acquire(self, deadline: float) -> _Worker:
+        try:
+            return self._acquire_once(deadline)
+        except _StartFailed:  # one that died while starting (killed, or out of memory): one fresh try
+            pass
+        try:
+            return self._acquire_once(deadline)
+        except _StartFailed as e:
+            raise SqlError(
+                f"a query worker failed to start ({e.how})",
+                "Retry; if it persists, run `python -m tracer.analysis.sqlpool` to see why.",
+            ) from None
+
+    def _acquire_once(self, deadline: float) -> _Worker:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise SqlError("the query pool is shut down", "The server is stopping; retry after restart.")
+                if self._idle:
+                    # a worker that is ready answers now; one still starting (a replacement) only if none is
+                    w = next((x for x in reversed(self._idle) if x.poll_ready()), self._idle[-1])
+                    self._idle.remove(w)
+                    break
+                if len(self._all) < self.size:
+                    w = _Worker(self.limits, self._preopen)
+                    self._all.add(w)
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SqlError(
+                        f"all {self.size} query workers are busy with other queries",
+                        "Retry in a few seconds, or narrow the queries that are running.",
+                    )
+                self._cond.wait(left)
+        try:
+            w.wait_ready(time.monotonic() + READY_S)
+        except _Late:
+            self._discard(w)
+            raise _StartFailed(f"no answer in {READY_S:g} s") from None
+        except (_Gone, SqlError):
+            how = w.signal_name()
+            self._discard(w)
+            raise _StartFailed(how) from None
+        return w
+
+    def _release(self, w: _Worker) -> None:
+        with self._cond:
+            if self._closed or len(self._all) > self.size:  # closing, or a standby made it one too many
+                w.kill()
+                self._all.discard(w)
+            else:
+                self._idle.append(w)
+            self._cond.notify()
+
+    def _standby(self) -> None:
+        """Start a worker beyond ``size`` now: one that is busy past its interrupt will probably be killed, and
+        its replacement should be ready by then, not start only after the kill."""
+        with self._cond:
+            if self._warm and not self._closed and len(self._all) < 2 * self.size:  # one per stuck query
+                w = _Worker(self.limits, self._preopen)
+                self._all.add(w)
+                self._idle.append(w)
+                self._cond.notify()
+
+    def _discard(self, w: _Worker) -> None:
+        w.kill()
+        with self._cond:
+            self._all.discard(w)
+            self._fill()
+            self._cond.notify()
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the live worker processes."""
+        with self._cond:
+            return [w.pid for w in self._all]
+
+    def run(
+        self,
+        db: str | Path,
+        query: str,
+        limit: int = 1000,
+        timeout_s: float | None = None,
+        *,
+        reply_bytes: int | None = None,
+    ) -> SqlResult:
+        """Run one read-only statement on the trace DB at ``db`` in a worker; see :func:`tracer.analysis.sql.run_sql`.
+
+        Raises:
+            SqlError: refused, DuckDB error, :class:`QueryTimeout` (interrupted or killed at the wall clock),
+                :class:`QueryOutOfMemory`, a worker that crashed, or every worker busy. StoreError: unreadable DB.
+        """
+        timeout_s = self.limits.timeout_s if timeout_s is None else float(timeout_s)
+        reply_bytes = self.limits.reply_bytes if reply_bytes is None else int(reply_bytes)
+        request = {
+            "db": os.path.abspath(db),
+            "query": query,
+            "limit": int(limit),
+            "timeout_s": timeout_s,
+            "reply_bytes": reply_bytes,
+            "value_chars": self.limits.value_chars,
+        }
+        # ASCII JSON escapes a character in at most 12 bytes; anything bigger is a broken worker
+        max_bytes = 12 * reply_bytes + (1 << 20)
+        for attempt in range(2):
+            w = self._acquire(time.monotonic() + timeout_s + self.limits.kill_grace_s + READY_S)
+            start = time.monotonic()
+            try:
+                w.send(request)
+                try:  # DuckDB is interrupted at timeout_s: an answer normally comes by then
+                    reply = w.answer(start + timeout_s + STANDBY_AFTER_S, max_bytes)
+                except _Late:
+                    self._standby()
+                    reply = w.answer(start + timeout_s + self.limits.kill_grace_s, max_bytes)
+            except _Late:
+                self._discard(w)
+                raise QueryTimeout(
+                    f"query stopped after {timeout_s:g} s (its worker was killed: the time went into one long "
+                    "function call that DuckDB cannot interrupt)",
+                    "Narrow it: smaller inputs to string functions (levenshtein, repeat), WHERE, LIMIT.",
+                ) from None
+            except _Gone as e:
+                how = w.signal_name()
+                self._discard(w)
+                if e.before_request and attempt == 0:
+                    continue  # it died while idle: the query never ran, give it to a fresh worker
+                raise QueryOutOfMemory(
+                    f"the query crashed its worker process ({how}), most likely out of memory "
+                    f"(limit {self.limits.memory_bytes >> 20} MiB); the server is unaffected",
+                    "Aggregate or filter before building large values (lists, string_agg, repeat).",
+                ) from None
+            if reply.get("retire"):
+                self._discard(w)
+            else:
+                self._release(w)
+            if "result" in reply:
+                from tracer.analysis.sql import SqlResult
+
+                return SqlResult.model_validate(reply["result"])
+            err = reply.get("error") or {}
+            cls = _ERRORS.get(err.get("kind", ""), SqlError)
+            raise cls(err.get("message", "the query failed"), err.get("hint", ""))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        """Kill every worker; later :meth:`run` calls raise :class:`SqlError`."""
+        with self._cond:
+            self._closed = True
+            workers = list(self._all)
+            self._all.clear()
+            self._idle.clear()
+            self._cond.notify_all()
+        for w in workers:
+            w.kill()
+
+
+_default: SqlPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> SqlPool:
+    """Return this process's pool (created unstarted on first use, closed at exit)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = SqlPool()
+            atexit.register(_default.close)
+        return _default
+
+
+# -- the worker's side -------------------------------------------------------------------------------------------
+def _statm() -> tuple[int, int]:
+    """(address space, resident) bytes of this process."""
+    vm, rss = Path("/proc/self/statm").read_text().split()[:2]
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(vm) * page, int(rss) * page
+
+
+def _limit_address_space(extra: int | None) -> None:
+    """Set the soft RLIMIT_AS to the current size plus ``extra`` bytes (None: unlimited).
+
+    Only the soft limit moves, so the worker can lift it to open a DB (DuckDB reserves address space at open)
+    and lower it again; SQL cannot call setrlimit.
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = resource.RLIM_INFINITY if extra is None else _statm()[0] + extra
+    if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+        soft = hard
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+class _Connections:
+    """The worker's one cached read-only connection, reopened when the file is replaced or changed."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.duckdb_config = {
+            "memory_limit": f"{cfg['duckdb_memory_bytes'] >> 20}MiB",
+            "threads": int(cfg["threads"]),
+            "temp_directory": cfg["temp_dir"],
+            "max_temp_directory_size": f"{cfg['temp_bytes'] >> 20}MiB",
+        }
+        self.key: tuple[Any, ...] | None = None
+        self.conn: Any = None
+        self.idle_rss: int | None = None
+
+    def get(self, path: str) -> Any:
+        from tracer.db import check_file, open_trace
+
+        st = check_file(path).stat()
+        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self.conn is not None and key == self.key:
+            return self.conn
+        self.close()
+        _limit_address_space(None)
+        try:
+            self.conn = open_trace(path, config=self.duckdb_config)
+            self.key = key
+            self.conn.execute("SELECT 1").to_arrow_table()  # start DuckDB's threads before measuring
+        finally:
+            _limit_address_space(int(self.cfg["memory_bytes"]))
+        if self.idle_rss is None:
+            self.idle_rss = _statm()[1]
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: BLE001 - an invalidated instance may refuse even this
+                pass
+        self.conn, self.key = None, None
+
+
+def _watch_parent(parent: int, temp_dir: str | None) -> None:
+    """Exit when the parent is gone (it was killed without closing the pool): never outlive the server."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            if temp_dir:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+            os._exit(0)
+
+
+def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
+    import duckdb
+
+    from tracer.analysis.sql import execute
+    from tracer.db import is_damaged
+
+    conns = _Connections(cfg)
+    _limit_address_space(int(cfg["memory_bytes"]))
+    if cfg.get("preopen"):
+        try:
+            conns.get(cfg["preopen"])
+        except (TracerError, duckdb.Error):
+            conns.close()  # the first request reports it
+
+    def send(msg: dict[str, Any]) -> None:
+        out.write(json.dumps(msg, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n")
+        out.flush()
+
+    send({"ready": os.getpid()})
+    while True:
+        ready, _, _ = select.select([inp], [], [], IDLE_CLOSE_S)
+        if not ready:
+            conns.close()  # release the file's read lock while nobody asks
+            continue
+        line = inp.readline()
+        if not line:
+            return
+        retire = False
+        try:
+            req = json.loads(line)
+            conn = conns.get(req["db"])
+            res = execute(
+                conn,
+                req["query"],
+                req["limit"],
+                req["timeout_s"],
+                reply_bytes=req["reply_bytes"],
+                value_chars=req["value_chars"],
+            )
+            reply: dict[str, Any] = {"result": res.model_dump(mode="json")}
+        except TracerError as e:
+            reply = {"error": {"kind": type(e).__name__, "message": e.message, "hint": e.hint}}
+            # DuckDB invalidates its instance after an internal or fatal error: start afresh
+            retire = isinstance(e, QueryOutOfMemory) or any(s in e.message for s in ("INTERNAL Error", "FATAL"))
+            if isinstance(e, StoreError):
+                conns.close()
+        except MemoryError:
+            reply = {"error": {"kind": "QueryOutOfMemory", "message": "the query ran out of memory", "hint": ""}}
+            retire = True
+        except duckdb.Error as e:  # opening or re-validating the DB
+            reply = {"error": {"kind": "StoreError", "message": str(e).splitlines()[0][:300], "hint": ""}}
+            retire = not is_damaged(e)
+            conns.close()
+        except Exception as e:  # noqa: BLE001 - a bug here must come back as an answer, not a dead worker
+            reply = {"error": {"kind": "SqlError", "message": f"query worker error: {type(e).__name__}: {e}"[:500]}}
+            retire = True
+        if conns.idle_rss is not None and _statm()[1] - conns.idle_rss > int(cfg.get("retire_growth", 0) or 0):
+            retire = True
+        if retire:
+            reply["retire"] = True
+        send(reply)
+        if retire:
+            return
+
+
+def _worker_main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the terminal is for the parent; it kills us
+    cfg = json.loads(argv[0]) if argv else asdict(LIMITS) | {"temp_dir": tempfile.gettempdir(), "preopen": None}
+    cfg.setdefault("retire_growth", RETIRE_GROWTH_BYTES)
+    temp_dir = cfg["temp_dir"] if argv else None  # ours to remove only when the parent made it for us
+    threading.Thread(target=_watch_parent, args=(os.getppid(), temp_dir), daemon=True).start()
+    # the protocol gets a private copy of stdout; fd 1 goes to /dev/null so nothing else can write into it
+    out = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    try:
+        _serve(cfg, sys.stdin.buffer, out)
+    except BrokenPipeError:  # the parent closed our pipe: it is done with us
+        pass
+    finally:
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))
