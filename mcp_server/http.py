@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,7 @@ def build_app(
     allowed_hosts: list[str] | None = None,
     connect: Connect | None = None,
     sql_pool: SqlPool | None = None,
+    freshen: Callable[[], None] | None = None,
 ) -> Any:
     """Return the ASGI app: FastAPI with ``/healthz`` and MCP streamable HTTP at ``/mcp``.
 
@@ -105,7 +106,7 @@ def build_app(
             "<token>), or bind to loopback with --http :PORT.",
         )
     pool = sql_pool or SqlPool()
-    mcp = build_server(db, connect=connect, sql_pool=pool)
+    mcp = build_server(db, connect=connect, sql_pool=pool, freshen=freshen)
     security = security_for(host, port, allowed_hosts or [])
     mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", host=host, transport_security=security)
     checks = TransportSecurityMiddleware(security)
@@ -142,11 +143,12 @@ def serve_http(
     token: str | None = None,
     allowed_hosts: list[str] | None = None,
     log: Any = None,
+    freshen: Callable[[], None] | None = None,
 ) -> None:
-    """Serve until Ctrl-C (uvicorn, one process)."""
+    """Serve until Ctrl-C (uvicorn, one process). ``freshen``: see :func:`mcp_server.server.build_server`."""
     import uvicorn
 
-    app = build_app(db, host, port, token=token, allowed_hosts=allowed_hosts)
+    app = build_app(db, host, port, token=token, allowed_hosts=allowed_hosts, freshen=freshen)
     shown = f"[{host}]" if ":" in host else host
     if log is not None:
         log.print(

@@ -148,6 +148,7 @@ _ENDED = {
     "target_exited": "the recording ended when the traced program exited",
     "failed": "the recorder stopped on an error; the data written before it is here",
     "disk_full": "the recording ended when the disk filled up; the data committed before that is here",
+    "snapshot": "a snapshot of a recording in progress (tracer record --mcp-http): it covers up to session.flushed_ns",
 }
 
 
@@ -209,7 +210,7 @@ def recording_state(conn: duckdb.DuckDBPyConnection) -> RecordingState:
         return RecordingState(
             status=status,
             live=False,
-            finished=status not in ("failed", "disk_full"),
+            finished=status not in ("failed", "disk_full", "snapshot"),
             ended=ended,
             recorder_pid=pid,
             flushed_ns=flushed,

@@ -37,7 +37,7 @@ from tracer.budget import Activity, DutyCycler, OverheadEstimator, launch_scales
 from tracer.db import boot_id, process_start_ticks
 from tracer.errors import EnvironmentProblem, TargetError, UsageError
 from tracer.procmaps import MapCache, Mapping, kernel_dev
-from tracer.proctree import ProcessTree
+from tracer.proctree import ProcessTree, ThreadInfo
 from tracer.program import (
     ProgramOptions,
     compile_program,
@@ -79,6 +79,8 @@ class RecordOptions:
     launch_probes: str = "auto"  # auto | driver | both (tracer/attach.py)
     sched_sample_every: int = SCHED_SAMPLE_EVERY
     keep_command: bool = False  # at --duration, leave a launched command running instead of stopping it
+    mcp_http: str | None = None  # serve the recording in progress over MCP at [HOST]:PORT (tracer/live.py)
+    mcp_token_file: Path | None = None
 
 
 @dataclass
@@ -187,6 +189,8 @@ class Recorder:
         self._calls_by_tid: dict[int, int] = {}
         self._sampled_at = time.monotonic()
         self._session_written = False
+        self.live: Any = None
+        self._live_failed = False
 
     def _elapsed(self) -> float:
         """Seconds since the `tracer record` process started."""
@@ -205,6 +209,15 @@ class Recorder:
         if o.launch_probes not in ("auto", "driver", "both"):
             raise UsageError(f"unknown --launch-probes {o.launch_probes!r}", "use auto, driver or both")
         check_db_path(o.db, o.force)
+        if o.mcp_http is not None:
+            from mcp_server.http import is_loopback, parse_listen, read_token
+
+            host, _port = parse_listen(o.mcp_http)
+            if not is_loopback(host) and not read_token(o.mcp_token_file, os.environ.get("TRACER_MCP_TOKEN")):
+                raise UsageError(
+                    f"--mcp-http on non-loopback address {host} needs a bearer token",
+                    "Set TRACER_MCP_TOKEN or pass --mcp-token-file FILE, or bind to loopback with --mcp-http :PORT.",
+                )
         if o.pid is not None:
             targets.check_pid(o.pid)
         else:
@@ -328,6 +341,8 @@ class Recorder:
         old_term = signal.signal(signal.SIGTERM, self._on_signal)
         try:
             self._write_session_row("recording")
+            if self.opts.mcp_http is not None:
+                self._start_live()
             t = time.monotonic()
             self._attach_targets()
             self.phases["attach_s"] = time.monotonic() - t
@@ -349,6 +364,19 @@ class Recorder:
                 signal.signal(signal.SIGINT, old_int)
                 signal.signal(signal.SIGTERM, old_term)
         return summary
+
+    def _start_live(self) -> None:
+        """The MCP server over snapshots of this recording (tracer/live.py)."""
+        from tracer.live import LiveServer
+
+        def snapshot(path: Path) -> None:
+            self._write_totals(time.monotonic_ns(), live=True)  # op_stats, processes, threads as of now
+            self._write_session_row("recording")  # flushed_ns: how far the snapshot goes
+            self.store.snapshot(path)
+
+        self.live = LiveServer(self.opts.mcp_http or "", self.opts.mcp_token_file, snapshot)
+        self.live.start()
+        self._status(f"serving this recording over MCP at http://{self.opts.mcp_http}/mcp (snapshots on demand)")
 
     def _open_rings(self) -> None:
         """Ring buffers, each into a buffer drained by the loop (the callbacks only copy bytes)."""
@@ -585,6 +613,13 @@ class Recorder:
         self._apply_overhead_budget(now - self._last_tick)
         self._last_tick = now
         self.attacher.release_stale(older_than_ns=2_000_000_000)
+        if self.live is not None:
+            self.live.refresh()
+            why = self.live.failure()
+            if why and not self._live_failed:
+                self._live_failed = True
+                self.notes.append(f"the live MCP server stopped: {why}")
+                self._status(f"the live MCP server stopped: {why}")
         self.attacher.note_runtime_launches(*self._launch_tally, on_closed=self._clear_stale_launches)
         self._launch_tally = [0, 0]
         for pid in list(self._py_pending):
@@ -738,6 +773,8 @@ class Recorder:
         self.attacher.release_all()
         self.cycler.stop()
         self._end_command(status)
+        if self.live is not None:
+            self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
         try:
             summary = self._flush(status, t_flush)
         finally:
@@ -754,12 +791,10 @@ class Recorder:
         end_ns = time.monotonic_ns()
         self._close_open_segments(end_ns)
         self._drain_aggregates(before_sec=None)
-        summary_ops = self._write_op_stats()
         for p in self.tree.targets():
             if p.exit_ns is None and not targets.is_alive(p.pid) and status != "interrupted":
                 p.exit_ns = end_ns - self.start_mono
-        self.store.put("processes", rows.process_columns(self.tree.procs.values()))
-        self.store.put("threads", rows.thread_columns(self.tree.threads.values(), self._calls_by_tid))
+        summary_ops = self._write_totals(end_ns, live=False)
         self.store.sync()
         traced = sum(o.calls for o in summary_ops)
         stored = self.store.rows_written.get("cuda_calls", 0)
@@ -817,6 +852,30 @@ class Recorder:
         if self.first_event_ns is None:
             return None
         return self._since_start0 + (self.first_event_ns / 1e9 - self._mono0)
+
+    def _write_totals(self, end_ns: int, live: bool) -> list[rows.OpSummary]:
+        """(Re)write the tables that hold totals rather than a stream: op_stats (from the in-kernel counts),
+        processes and threads. At the end, once; while recording (``live``), for each MCP snapshot, replacing the
+        last ones, with the threads still running ending now."""
+        for table in ("op_stats", "processes", "threads"):
+            self.store.execute(f"DELETE FROM {table}")
+        summary = self._write_op_stats()
+        self.store.put("processes", rows.process_columns(self.tree.procs.values()))
+        threads = list(self.tree.threads.values())
+        if live:
+            threads += self._running_threads(end_ns)
+        self.store.put("threads", rows.thread_columns(threads, self._calls_by_tid))
+        return summary
+
+    def _running_threads(self, end_ns: int) -> list[ThreadInfo]:
+        """Threads still running, their span ending at ``end_ns`` (a live snapshot's view; nothing is changed)."""
+        out = []
+        for k, st in self.bpf["tstate"].items():
+            tid = int(k.value)
+            if tid not in self.tree.threads:
+                first = max(0, int(st.first) - self.start_mono)
+                out.append(ThreadInfo(int(st.tgid), tid, "", first, end_ns - self.start_mono))
+        return out
 
     def _close_open_segments(self, end_ns: int) -> None:
         """Account each live thread's segment still open at the end (accounting.h closes them only at the next

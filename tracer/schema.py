@@ -57,7 +57,7 @@ TABLES: tuple[Table, ...] = (
             "status",
             "VARCHAR",
             "recording (or a recorder that died: see recorder_pid) | complete | interrupted (Ctrl-C) | "
-            "target_exited | failed | disk_full",
+            "target_exited | failed | disk_full | snapshot (a live copy served by tracer record --mcp-http)",
         ),
         ("host", "VARCHAR", "hostname"),
         ("kernel", "VARCHAR", "uname -r"),

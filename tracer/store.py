@@ -12,8 +12,9 @@ import errno
 import logging
 import os
 import queue
+import shutil
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,24 @@ class Store:
         self._q.put(("call", done.set, None))
         while self._writer.is_alive() and not done.wait(0.05):
             pass
+
+    def snapshot(self, dest: Path, on_done: Callable[[], None] | None = None) -> None:
+        """Queue a consistent copy of the DB at ``dest``, taken by the writer thread after everything queued before
+        it: a checkpoint, a file copy, the copy's session marked ``snapshot``, then an atomic rename (a reader of
+        ``dest`` sees the old copy or the new one, never half of one). The live MCP server reads it
+        (tracer/live.py): no other process can open a DuckDB file while it is being written."""
+
+        def take() -> None:
+            self.conn.execute("CHECKPOINT")
+            tmp = dest.with_name(dest.name + ".tmp")
+            shutil.copyfile(self.path, tmp)
+            with duckdb.connect(str(tmp)) as c:
+                c.execute("UPDATE session SET status = 'snapshot' WHERE status = 'recording'")
+            os.replace(tmp, dest)
+            if on_done is not None:
+                on_done()
+
+        self._q.put(("call", take, None))
 
     def _run(self) -> None:
         pending: dict[str, list[pa.Table]] = {}

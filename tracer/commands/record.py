@@ -122,6 +122,19 @@ def record(
             "to reach libcuda, then driver.",
         ),
     ] = "auto",
+    mcp_http: Annotated[
+        str | None,
+        typer.Option(
+            "--mcp-http",
+            help="Serve the recording in progress over MCP at http://HOST:PORT/mcp (':8090' = loopback), as "
+            "`tracer mcp serve` does for a finished one: each tool call answers over what has been flushed so "
+            "far, from a snapshot the recorder takes when asked. It stops with the recording.",
+        ),
+    ] = None,
+    mcp_token_file: Annotated[
+        Path | None,
+        typer.Option("--mcp-token-file", help="Bearer token file for a non-loopback --mcp-http (or TRACER_MCP_TOKEN)."),
+    ] = None,
     keep_running: Annotated[
         bool,
         typer.Option(
@@ -136,6 +149,8 @@ def record(
     Attach to a running job (no restart, no code change):  sudo tracer record --pid 1234 --duration 60
 
     Or launch and trace a command:  sudo tracer record --db run.duckdb -- python train.py --epochs 2
+
+    Ask an assistant while it runs:  sudo tracer record --pid 1234 --mcp-http :8090
 
     Stops on Ctrl-C, at --duration, or when every traced process has exited; each way writes the same final
     summary. A launched command still running at --duration is stopped (SIGTERM, then SIGKILL after 5 s) unless
@@ -158,6 +173,8 @@ def record(
         overhead_budget=overhead_budget,
         launch_probes=launch_probes,
         keep_command=keep_running,
+        mcp_http=mcp_http,
+        mcp_token_file=_absolute(mcp_token_file) if mcp_token_file else None,
     )
     live = sys.stderr.isatty()
 

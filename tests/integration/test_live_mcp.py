@@ -1,0 +1,93 @@
+"""MCP while recording (tracer/live.py): a real MCP client asks `tracer record --mcp-http` about a recording in
+progress, and gets answers over what has been flushed so far, growing as the job runs; the recording is unharmed.
+
+Real eBPF, the real MCP SDK client over HTTP.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+from conftest import PY, ROOT, TRACER, workload
+
+sys.path.insert(0, str(ROOT / "tests"))
+from hostile_corpus import call  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> None:
+    # GIVEN a 25 s training job recorded with --mcp-http
+    port = _free_port()
+    db = tmp_path / "live.duckdb"
+    rec = subprocess.Popen(
+        [
+            str(TRACER),
+            "record",
+            "--db",
+            str(db),
+            "--mcp-http",
+            f"127.0.0.1:{port}",
+            "--",
+            PY,
+            workload("train.py"),
+            "--duration",
+            "25",
+            "--workers",
+            "1",
+            "--persistent-workers",
+            "--steps",
+            "20",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert _wait_port(port, 90), "the live MCP server never listened"
+        url = f"http://127.0.0.1:{port}/mcp"
+        # WHEN get_trace_stats is asked twice, a few seconds apart, while the job runs
+        first, _ = anyio.run(call, url, "get_trace_stats", {})
+        time.sleep(4)
+        second, _ = anyio.run(call, url, "get_trace_stats", {})
+        sql, _ = anyio.run(call, url, "run_sql", {"query": "SELECT status, flushed_ns FROM session"})
+        # THEN each answers, from a snapshot of the recording in progress that grows between the two
+        assert not first.is_error and not second.is_error, (first.content, second.content)
+        assert not sql.is_error, sql.content
+        ((status, flushed_ns),) = sql.structured_content["rows"]
+        assert status == "snapshot" and flushed_ns > 0
+
+        def calls(r) -> int:  # noqa: ANN001
+            return sum(o["calls"] for o in r.structured_content["ops"])
+
+        assert calls(second) > calls(first) > 0
+    finally:
+        out, err = rec.communicate(timeout=120)
+    # AND the recording itself ends normally, with its DB and no server left behind
+    assert rec.returncode == 0, err
+    assert "live MCP server stopped" not in err
+    assert not _wait_port(port, 0.5), "the live server outlived the recording"
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as c:
+        assert c.execute("SELECT status FROM session").fetchone()[0] == "target_exited"

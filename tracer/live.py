@@ -1,0 +1,142 @@
+"""MCP while recording (`tracer record --mcp-http HOST:PORT`): the tools answer over what has been flushed so far.
+
+DuckDB lets no other process open a file while one writes it, and a query run inside the recorder could take its
+CPU, its memory, or (a hostile run_sql) its writer. So the recorder serves snapshots: when a tool call comes, the
+server touches a request file; the recorder's loop sees it within a second and has its store's writer thread
+checkpoint the DB, copy it, mark the copy's session ``snapshot`` and rename it into place
+(:meth:`tracer.store.Store.snapshot`). The server, a separate `tracer mcp serve --live` process with every
+protection of a normal one (query workers it can kill, limits, Host and token checks), waits up to FRESH_WAIT_S for
+that copy and answers from it; session.flushed_ns says how far it goes. The recording never waits on a query: a
+snapshot costs the writer thread one file copy, at most once per MIN_INTERVAL_S, and only when asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL_S = 1.0  # at most one snapshot a second
+FRESH_WAIT_S = 2.0  # a tool call waits this long at most for a snapshot newer than its request
+SNAPSHOT = "live.duckdb"
+REQUEST = "live.request"
+
+
+class LiveServer:
+    """The recorder's half: the snapshot directory, the server process, and taking snapshots when asked.
+
+    Args:
+        listen: ``[HOST]:PORT`` as ``tracer mcp serve --http`` takes it.
+        token_file: the bearer token file for a non-loopback address (else TRACER_MCP_TOKEN).
+        snapshot: called with the snapshot path (and a callback for when it is in place) to queue one; the
+            recorder passes its store's :meth:`~tracer.store.Store.snapshot`.
+    """
+
+    def __init__(self, listen: str, token_file: Path | None, snapshot: Callable[[Path], None]) -> None:
+        self.listen = listen
+        self.token_file = token_file
+        self._snapshot = snapshot
+        self.dir = Path(tempfile.mkdtemp(prefix="tracer-live-"))
+        self.path = self.dir / SNAPSHOT
+        self._request = self.dir / REQUEST
+        self._taken = 0.0
+        self._last_wall = 0.0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Take the first snapshot (queued; the server waits for it) and start the server process."""
+        self.refresh(force=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "tracer.cli",
+            "mcp",
+            "serve",
+            "--db",
+            str(self.path),
+            "--http",
+            self.listen,
+            "--live",
+        ]
+        if self.token_file is not None:
+            cmd += ["--token-file", str(self.token_file)]
+        logf = open(self.dir / "server.log", "wb")  # noqa: SIM115 - the child keeps it; closed in stop()
+        self._log = logf
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+
+    def refresh(self, force: bool = False) -> None:
+        """Queue a snapshot if the server asked for one since the last (or ``force``), at most once a
+        MIN_INTERVAL_S."""
+        now = time.monotonic()
+        if not force:
+            try:
+                asked = self._request.stat().st_mtime
+            except FileNotFoundError:
+                return
+            if asked <= self._last_wall or now - self._taken < MIN_INTERVAL_S:
+                return
+        self._taken = now
+        self._last_wall = time.time()
+        self._snapshot(self.path)
+
+    def failure(self) -> str | None:
+        """Why the server process stopped (the end of its log), or None while it runs."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        try:
+            tail = (self.dir / "server.log").read_text(errors="replace").strip().splitlines()[-3:]
+        except OSError:
+            tail = []
+        return " / ".join(tail) or f"exit code {self.proc.returncode}"
+
+    def stop(self) -> None:
+        """Stop the server and remove the snapshots."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def freshen(snapshot: Path) -> Callable[[], None]:
+    """The server's half, run before each tool call: ask the recorder for a new snapshot and wait for it (up to
+    FRESH_WAIT_S; an older one is used if it does not come)."""
+    request = snapshot.with_name(REQUEST)
+
+    def ask() -> None:
+        asked = time.time()
+        request.touch()
+        deadline = time.monotonic() + FRESH_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                if snapshot.stat().st_mtime >= asked:
+                    return
+            except FileNotFoundError:
+                pass
+            time.sleep(0.05)
+        log.info("no fresh snapshot within %.1f s; answering from the last one", FRESH_WAIT_S)
+
+    return ask
+
+
+def wait_for_snapshot(snapshot: Path, timeout_s: float = 30.0) -> bool:
+    """True once the first snapshot exists (the server starts before the recorder has written it)."""
+    deadline = time.monotonic() + timeout_s
+    while not snapshot.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return os.path.getsize(snapshot) > 0
