@@ -39,18 +39,23 @@ def rel(ts: np.ndarray, start: int) -> np.ndarray:
 
 
 def _dict_col(idx: np.ndarray, dictionary: pa.Array, mask: np.ndarray | None = None) -> pa.Array:
-    return pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32), mask=mask), dictionary).cast(pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32), mask=mask), dictionary)
+
+
+def _strings(v: pa.Array | Sequence[str | None]) -> pa.Array:
+    return v if isinstance(v, pa.Array) else pa.array(list(v), type=pa.string())
 
 
 def call_columns(
     ev: np.ndarray,
     start: int,
-    kernels: Sequence[str | None],
-    kernel_notes: Sequence[str | None],
+    kernels: pa.Array | Sequence[str | None],
+    kernel_notes: pa.Array | Sequence[str | None],
     stack_ids: Sequence[int | None],
 ) -> Columns:
     """cuda_calls columns of a batch of call events (events.CALL_DTYPE), with the launches' kernel names (and why
-    a name is missing) and the calls' stack ids resolved by the caller, one per event."""
+    a name is missing) and the calls' stack ids resolved by the caller, one per event. Dictionary-encoded string
+    columns go to DuckDB as they are: it stores them as VARCHAR without Arrow materialising every string."""
     ops = ev["op"].astype(np.int32)
     kinds = ev["kind"]
     return {
@@ -63,12 +68,12 @@ def call_columns(
         "bytes": pa.array(ev["bytes"].astype(np.int64), mask=~_HAS_BYTES[ops]),
         "kind": _dict_col(np.minimum(kinds, len(_KIND_NAMES) - 1), _KIND_DICT, mask=kinds >= len(_KIND_NAMES)),
         "stream": pa.array(ev["stream"], mask=~_HAS_STREAM[ops]),
-        "kernel": pa.array(list(kernels), type=pa.string()),
+        "kernel": _strings(kernels),
         "ret": ev["ret"],
-        "stack_id": pa.array(list(stack_ids), type=pa.int64()),
+        "stack_id": pa.array(stack_ids, type=pa.int64()),
         "off_cpu_ns": ev["off_cpu_ns"].astype(np.int64),
         "runq_ns": ev["runq_ns"].astype(np.int64),
-        "kernel_note": pa.array(list(kernel_notes), type=pa.string()),
+        "kernel_note": _strings(kernel_notes),
     }
 
 
@@ -269,7 +274,7 @@ def op_stats_columns(
             continue
         spec = CATALOG[op]
         h = sorted(buckets.get((pid, op), []))
-        scale = scales.get(pid, LaunchScale()) if spec.op_class == OpClass.LAUNCH else LaunchScale()
+        scale = scales.get(pid, LaunchScale()) if spec.duty_cycled else LaunchScale()
         frac = scale.fraction
         calls = round(int(t["calls"][i]) / frac)
         rows["pid"].append(pid)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from probes.catalog import CATALOG
 from tracer import events
@@ -195,17 +196,31 @@ class StackResolver:
             self._kernels[key] = hit
         return hit
 
-    def kernels(self, ev: np.ndarray) -> tuple[list[str | None], list[str | None]]:
-        """Kernel names and notes for a batch of call events (None for calls that are not launches)."""
+    def kernels(self, ev: np.ndarray) -> tuple[pa.Array, pa.Array]:
+        """Kernel names and why-not notes for a batch of call events, NULL for calls that are not launches; as
+        dictionary-encoded columns (a batch has a handful of distinct kernels), without per-call Python work."""
         n = len(ev)
-        names: list[str | None] = [None] * n
-        notes: list[str | None] = [None] * n
         ops = ev["op"].astype(np.int64)
         sel = np.nonzero(IS_LAUNCH[ops] & (ev["func"] != 0))[0]
-        if len(sel):
-            pairs = np.stack([ev["pid"][sel].astype(np.uint64), ev["func"][sel]], axis=1)
-            uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
-            resolved = [self.kernel(int(p), int(f)) for p, f in uniq.tolist()]
-            for j, i in enumerate(sel.tolist()):
-                names[i], notes[i] = resolved[int(inverse.reshape(-1)[j])]
-        return names, notes
+        codes = np.zeros(n, dtype=np.int32)
+        if len(sel) == 0:
+            null = pa.nulls(n, pa.string())
+            return null, null
+        funcs, pids = ev["func"][sel], ev["pid"][sel]
+        ufuncs, inverse = np.unique(funcs, return_inverse=True)  # a plain uint64 sort: few distinct targets
+        inverse = inverse.reshape(-1)
+        sel_codes = np.empty(len(sel), dtype=np.int32)
+        resolved: list[tuple[str | None, str | None]] = []
+        for j, func in enumerate(ufuncs.tolist()):
+            at = inverse == j
+            for pid in np.unique(pids[at]).tolist():  # usually one process per target
+                here = at & (pids == pid)
+                sel_codes[here] = len(resolved)
+                resolved.append(self.kernel(pid, func))
+        codes[sel] = sel_codes
+        missing = np.ones(n, dtype=bool)
+        missing[sel] = False
+        names = pa.array([r[0] for r in resolved], type=pa.string())
+        notes = pa.array([r[1] for r in resolved], type=pa.string())
+        idx = pa.array(codes, mask=missing)
+        return pa.DictionaryArray.from_arrays(idx, names), pa.DictionaryArray.from_arrays(idx, notes)
