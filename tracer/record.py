@@ -18,6 +18,7 @@ import ctypes as ct
 import logging
 import os
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -46,6 +47,7 @@ from tracer.program import (
     sample_every,
     set_sample_every,
 )
+from tracer.ringbuf import DirectRing
 from tracer.stack_resolver import StackResolver
 from tracer.store import Store, check_db_path
 from tracer.sysinfo import ProcSampler, environment
@@ -384,8 +386,9 @@ class Recorder:
         self.rb_proc = events.RawBuffer(events.PROC_DTYPE)
         self.rb_codes = events.RawBuffer(events.CODE_DTYPE)
         self.rb_knames = events.RawBuffer(events.KNAME_DTYPE)
-        self.rb_calls = events.RawBuffer(events.CALL_DTYPE)
-        self.rb_sched = events.RawBuffer(events.SCHED_DTYPE)
+        # the two high-volume rings are read straight from their memory (tracer/ringbuf.py), the others by bcc
+        self.rb_calls = DirectRing(self.bpf["calls"], events.CALL_DTYPE)
+        self.rb_sched = DirectRing(self.bpf["sched_rb"], events.SCHED_DTYPE)
         self.rb_stacks: list[bytes] = []
         self.rb_ustacks: list[bytes] = []
         b = self.bpf
@@ -395,10 +398,12 @@ class Recorder:
         # stacks before their user-stack copies: a copy that comes a drain early waits for its stack
         b["stacks_rb"].open_ring_buffer(lambda _c, d, n: self.rb_stacks.append(ct.string_at(d, n)))
         b["ustack_rb"].open_ring_buffer(lambda _c, d, n: self.rb_ustacks.append(ct.string_at(d, n)))
-        b["calls"].open_ring_buffer(self.rb_calls.callback)
-        b["sched_rb"].open_ring_buffer(self.rb_sched.callback)
         if self.pyrt is not None:
             b["codes_rb"].open_ring_buffer(self.rb_codes.callback)
+        # woken only by a forced wakeup: a hold (maps_rb) or a burst filling a ring (calls); else DRAIN_S passes
+        self._wake = select.epoll()
+        for fd in (b["maps_rb"].map_fd, self.rb_calls.fileno(), self.rb_sched.fileno()):
+            self._wake.register(fd, select.EPOLLIN | select.EPOLLET)
 
     def _attach_targets(self) -> None:
         if self.opts.pid is not None:
@@ -437,8 +442,7 @@ class Recorder:
         pending = self.bpf["calls_pending"]
         while not self._interrupted:
             # returns early only on a forced wakeup: a hold, or a burst filling the calls ring
-            self.bpf.ring_buffer_poll(int(DRAIN_S * 1000))
-            self.bpf.ring_buffer_consume()
+            self._wake.poll(DRAIN_S)
             pending[ct.c_int(0)] = ct.c_uint64(0)
             self._drain()
             self._apply_sampling_budget()
@@ -479,7 +483,15 @@ class Recorder:
 
     def _drain(self) -> None:
         """Everything the ring buffers hold, in dependency order: lifecycle first (an exec'd process gets its
-        Python walker before the library open that holds it is released), then mappings."""
+        Python walker before the library open that holds it is released), then mappings.
+
+        The calls and off-CPU rings are read first, the others after: a call's stack, its code objects and the
+        mapping of its library were submitted before the call was, so reading them later finds every one of them
+        (read the other way round, a call submitted between the two reads would point at a stack not yet seen).
+        """
+        calls = self.rb_calls.drain()
+        sched = self.rb_sched.drain()
+        self.bpf.ring_buffer_consume()
         self._handle_proc(self.rb_proc.drain())
         self._handle_maps(self.rb_maps.drain())
         if self.pyrt is not None:
@@ -499,8 +511,7 @@ class Recorder:
             self._status(f"resolving {len(stacks)} new call stacks…")
         self.resolver.add_ustacks(ustacks)
         self.resolver.add_stacks(stacks)
-        self._handle_calls(self.rb_calls.drain())
-        sched = self.rb_sched.drain()
+        self._handle_calls(calls)
         if len(sched):
             self.store.put("sched", rows.sched_columns(sched, self.start_mono))
 
@@ -786,7 +797,6 @@ class Recorder:
     def _flush(self, status: str, t_flush: float) -> RecordSummary:
         """The final drain and the rows only the end can write."""
         self._status("finishing: draining the last events and writing the exact aggregates…")
-        self.bpf.ring_buffer_consume()
         self._drain()
         end_ns = time.monotonic_ns()
         self._close_open_segments(end_ns)
