@@ -5,7 +5,8 @@
 #      no headers package (custom or cloud kernels), the newest available headers are installed and wired where
 #      bcc looks (/lib/modules/$(uname -r)/{build,source}); uprobes and tracepoints only need them for types.
 #   2. .venv on /usr/bin/python3 with --system-site-packages (bcc is a Debian package, not a PyPI one), with the
-#      project installed editable with its dev extras.
+#      project installed editable with its dev extras (torch==2.13.0 from the machine's disk); skipped when already
+#      there.
 #   3. /usr/local/bin/tracer, so `sudo tracer ...` works.
 #   4. The stand-in CUDA libraries and C fixtures in fixtures/build/.
 set -euo pipefail
@@ -57,9 +58,45 @@ if [ ! -x .venv/bin/python ]; then
     say "creating .venv on /usr/bin/python3 (--system-site-packages, for bcc)"
     /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-say "installing cuda-host-tracer into .venv"
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[dev]"
+# True when .venv already holds this checkout, editable, with pyproject.toml's version and scripts and every
+# requirement (dev extras included) at a version it allows: then pip is not run, so a second run reinstalls nothing.
+installed() {
+    [ -x .venv/bin/tracer ] || return 1
+    # -I: not the checkout's own cuda_host_tracer.egg-info from the working directory
+    .venv/bin/python -I - "$ROOT" >/dev/null 2>&1 <<'PY'
+import json, sys, tomllib
+from importlib import metadata
+from pathlib import Path
+from packaging.requirements import Requirement
+
+root = Path(sys.argv[1])
+project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+dist = metadata.distribution(project["name"])
+url = json.loads(dist.read_text("direct_url.json") or "{}")
+assert url.get("dir_info", {}).get("editable") and url.get("url") == root.as_uri()
+assert dist.version == project["version"]
+assert {e.name: e.value for e in dist.entry_points if e.group == "console_scripts"} == project.get("scripts", {})
+for req in map(Requirement, project["dependencies"] + project["optional-dependencies"]["dev"]):
+    assert req.specifier.contains(metadata.version(req.name), prereleases=True), req
+PY
+}
+
+# torch==2.13.0 (dev extras) is a CPU build that lies on this kind of machine's disk: pip finds it through the
+# find-links of its config (pip config list), which sudo's clean environment may drop ($PIP_FIND_LINKS). Name
+# every local directory that holds the wheel, so the install never falls back to a download of another build.
+find_links=()
+for d in ${PIP_FIND_LINKS:-} /opt/wheels; do
+    case " ${find_links[*]} " in *" $d "*) continue ;; esac
+    if compgen -G "$d/torch-2.13.0[+-]*.whl" >/dev/null; then find_links+=(--find-links "$d"); fi
+done
+if installed; then
+    say "cuda-host-tracer and its requirements are already installed in .venv"
+else
+    say "installing cuda-host-tracer into .venv (with torch==2.13.0 for the tests)"
+    [ ${#find_links[@]} -gt 0 ] || warn "no torch-2.13.0 wheel on this disk: pip will look for it in the index"
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q "${find_links[@]}" -e ".[dev]"
+fi
 
 cat > /usr/local/bin/tracer <<LAUNCHER
 #!/bin/sh
@@ -70,5 +107,8 @@ chmod 755 /usr/local/bin/tracer
 say "building the stand-in CUDA libraries and fixtures"
 make -s -C fixtures
 
-.venv/bin/python -c "import bcc, duckdb, mcp" || { echo "error: the virtualenv cannot import bcc/duckdb/mcp" >&2; exit 3; }
+.venv/bin/python -c "import bcc, duckdb, mcp, torch" || {
+    echo "error: the virtualenv cannot import bcc/duckdb/mcp/torch" >&2
+    exit 3
+}
 say "done. Next: .venv/bin/pytest   (tests)   and   sudo tracer demo   (a recorded investigation)"

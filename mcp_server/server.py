@@ -1,4 +1,4 @@
-"""The MCP surface: four read-only tools over one trace DB, its schema as a resource, and an investigation
+"""The MCP surface: five read-only tools over one trace DB, its schema as a resource, and an investigation
 prompt.
 
 Every tool calls one ``tracer.analysis`` function and returns its pydantic record, so the output schema and
@@ -8,10 +8,16 @@ its own read-only connection (DuckDB connections must not be shared across threa
 ``ToolError`` (bad argument, unreadable DB, refused SQL) becomes an ``is_error`` result the model reads and
 can
 correct from; anything else is a server bug.
+
+run_sql is the exception to "one connection per call": its statement runs in a query worker process
+(:mod:`tracer.analysis.sqlpool`) that can be killed, under the limits its description states, so no query can
+wedge this process, starve the other tools or bloat its memory. A DuckDB error inside any tool (a file damaged or
+swapped underneath the server) becomes a ToolError, raised after the connection is closed.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,19 +26,27 @@ from typing import Annotated
 import duckdb
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
+from tracer.analysis.arguments import check_args
+from tracer.analysis.breakdown import Breakdown, time_breakdown
 from tracer.analysis.chains import ChainsResult, compute_chains
-from tracer.analysis.sql import SqlResult
-from tracer.analysis.sql import run_sql as _run_sql
+from tracer.analysis.sql import LIMITS, SqlResult, execute
+from tracer.analysis.sqlpool import SqlPool, default_pool
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
 from tracer.analysis.stats import TraceStats, trace_stats
-from tracer.db import open_trace
+from tracer.db import open_trace, read_error
 from tracer.errors import TracerError
 from tracer.schema import schema_markdown
 
-SQL_TIMEOUT_S = 10.0
+SQL_TIMEOUT_S = LIMITS.timeout_s
+# The SDK client refuses a server-sent event over 1 MiB, and a tool result carries the rows twice (structured
+# content, and the same JSON as text for models that read only text): the result must fit in the event, and
+# the rows get a little under half of it.
+SQL_REPLY_BYTES = (1 << 20) - (16 << 10)
+SQL_ROWS_BYTES = SQL_REPLY_BYTES // 2 - (8 << 10)
+ECHO_CHARS = 80  # an argument quoted back in an error is cut to this (a 1 MB op name is not sent back)
 
 INSTRUCTIONS = """\
 You are investigating one recording of a GPU training job: every CUDA API call with its latency, what the
@@ -40,10 +54,12 @@ calling
 thread did during it (off CPU, waiting for a CPU, who preempted it), the process tree, and host samples.
 Investigation order:
 1. get_trace_stats: environment, per-op p50/p99 and tail ratio, per-process off-CPU, host peaks, chain counts.
-2. get_causal_chains: diagnoses worst first, each with evidence and fixes for this trace. Filter with
-   pid/severity.
-3. get_stacks(op): for the op a chain names, the code paths from the Python file:line to the CUDA call.
-4. run_sql: anything else (time buckets, the microsecond timeline around a stall, per-PID scheduling). Read
+2. get_causal_chains: diagnoses worst first, ranked by the share of the training thread's time each cost, with
+   the culprit (process, thread, Python line), evidence and fixes for this trace. Filter with pid/severity.
+3. get_time_breakdown: where the training thread's time went (on CPU, in CUDA calls by class, waiting for a CPU
+   and who held it, blocked and who woke it, page faults), per time bucket; the tracer's own cost.
+4. get_stacks(op): for the op a chain names, the code paths from the Python file:line to the CUDA call.
+5. run_sql: anything else (time buckets, the microsecond timeline around a stall, per-PID scheduling). Read
    the
    trace://schema resource first. Timestamps are ns since session start; ts_ns // 10000000000 buckets by 10 s.
 Quote the numbers the tools return; op_stats counts are exact, cuda_calls rows are a sample that keeps the tail."""  # noqa: E501
@@ -53,26 +69,43 @@ READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False, idempote
 Connect = Callable[[], duckdb.DuckDBPyConnection]
 
 
-def build_server(db_path: str | Path, *, connect: Connect | None = None) -> MCPServer:
+def build_server(
+    db_path: str | Path,
+    *,
+    connect: Connect | None = None,
+    sql_pool: SqlPool | None = None,
+    freshen: Callable[[], None] | None = None,
+) -> MCPServer:
     """Return the MCP server for the trace DB at ``db_path``.
 
     Args:
         connect: open a read connection per tool call. Default: :func:`tracer.db.open_trace` on ``db_path``.
-            The recorder passes a factory on its own DuckDB instance to serve a DB it is still writing.
+            The recorder passes a factory on its own DuckDB instance to serve a DB it is still writing; run_sql
+            then runs in-process, with the timer, row and reply caps but without a worker to kill.
+        sql_pool: the query workers for run_sql. Default: this process's pool
+            (:func:`tracer.analysis.sqlpool.default_pool`); ``tracer mcp serve`` starts it before serving.
+        freshen: run before each tool call: a live recording's server asks for a new snapshot (tracer/live.py).
     """
     path = Path(db_path)
     opener: Connect = connect or (lambda: open_trace(path))
 
     @contextmanager
     def conn() -> Iterator[duckdb.DuckDBPyConnection]:
+        if freshen is not None:
+            freshen()
         try:
             c = opener()
         except TracerError as e:
-            raise ToolError(f"{e.message}. {e.hint}".strip()) from None
+            raise ToolError(_tool_message(e)) from None
+        failed: TracerError | None = None
         try:
             yield c
+        except duckdb.Error as e:  # the file changed or is damaged (or an analysis bug): a clear answer, not a crash
+            failed = read_error(path.name, e)
         finally:
             c.close()
+        if failed is not None:  # raised here, outside the except block: no traceback keeps the query alive
+            raise ToolError(_tool_message(failed))
 
     mcp = MCPServer("cuda-host-tracer", instructions=INSTRUCTIONS, version="0.1.0", log_level="WARNING")
 
@@ -94,7 +127,7 @@ def build_server(db_path: str | Path, *, connect: Connect | None = None) -> MCPS
         tail.
         """
         with conn() as c:
-            _check_pid(c, pid)
+            _check(c, pid=pid)
             return trace_stats(c, pid=pid)
 
     @mcp.tool(title="Causal chains", annotations=READ_ONLY)
@@ -105,19 +138,41 @@ def build_server(db_path: str | Path, *, connect: Connect | None = None) -> MCPS
     ) -> ChainsResult:
         """Diagnoses of why CUDA calls were slow, worst first.
 
-        Each chain has a category (cpu_contention, sync_stall, gpu_bound, process_churn, memory_pressure,
-        allocation_churn), severity, time range (ns since start), pids, the affected op with its p50/p99 µs,
-        the
-        measured evidence (per-call off-CPU and run-queue time, who preempted, fork/exit timing, host samples)
-        and
-        recommendations written for this trace. No chain means no host-side cause was measured. Next:
-        get_stacks(op) for the chain's op; run_sql for the timeline around start_ns.
+        Each chain has a category (cpu_contention, sync_stall, allocation_churn, process_churn, memory_pressure,
+        dataloader_starvation, launch_bound, gpu_bound), a severity from the share of the affected thread's
+        time it cost (HIGH >= 20%, MEDIUM >= 5%; gpu_bound is informational), that share and its ms, the culprit
+        (process, thread, comm, Python file:line where known; never the tracer), the time range (ns since
+        start), pids, the op involved with its p50/p99 µs, typed evidence (kind = category) and recommendations
+        written for this trace. Next: get_time_breakdown for the thread's whole picture; get_stacks(op) for the
+        chain's op; run_sql for the timeline around start_ns.
         """
-        if severity is not None and severity.lower() not in ("high", "medium", "low"):
-            raise ToolError(f"unknown severity {severity!r}: use high, medium or low (or omit it)")
         with conn() as c:
-            _check_pid(c, pid)
+            _check(c, pid=pid, severity=severity)
             return compute_chains(c, pid=pid, severity=severity, limit=limit)
+
+    @mcp.tool(title="Time breakdown", annotations=READ_ONLY)
+    def get_time_breakdown(
+        pid: Annotated[int | None, Field(description="Only this process's threads; omit for the whole tree.")] = None,
+        tid: Annotated[int | None, Field(description="Only this thread (any thread, CUDA or not).")] = None,
+        bucket_s: Annotated[
+            int, Field(description="Bucket width in seconds for the per-bucket rows; 0 picks about 60 buckets.", ge=0)
+        ] = 0,
+    ) -> Breakdown:
+        """Where each CUDA thread's wall time went, the training thread (most launch + sync time) first.
+
+        Per thread, in ms and as shares that add up to its wall time: cpu (Python/host work outside CUDA calls),
+        launch, sync (waiting for the GPU: synchronize and synchronous copies such as .item()), alloc, free,
+        copy, other, runq_self / runq_tree / runq_other / runq_tracer (runnable, waiting for a CPU held by its own
+        process, its own workers, other processes, the tracer), blocked (sleep, futex such as the GIL, I/O).
+        Also who held the CPU (holders), who woke it (wakers: the GIL holder, a DataLoader worker), page faults
+        and page allocation, a coverage check (check.gap_pct), per-bucket shares for the first thread, every
+        thread of its process in brief (the culprit of a fault storm is often a thread with no CUDA call), and the
+        tracer's own cost. basis = estimated on a recording made before the time accounting existed. Next:
+        get_causal_chains for the causes ranked by the time they cost.
+        """
+        with conn() as c:
+            _check(c, pid=pid, tid=tid, bucket_s=bucket_s)
+            return time_breakdown(c, pid=pid, tid=tid, bucket_s=bucket_s)
 
     @mcp.tool(title="Call stacks of an op", annotations=READ_ONLY)
     def get_stacks(
@@ -137,32 +192,38 @@ def build_server(db_path: str | Path, *, connect: Connect | None = None) -> MCPS
         stack_id = N for when those calls happened.
         """
         with conn() as c:
+            _check(c, pid=pid)
             try:
                 return top_stacks(c, op, pid=pid, limit=limit)
             except UnknownOp as e:
-                raise ToolError(f"{e}. Call get_stacks with one of those names.") from None
+                known = ", ".join(e.known) or "(none)"
+                raise ToolError(
+                    f"unknown op {_echo(op)}; traced ops: {known}. Call get_stacks with one of those names."
+                ) from None
 
-    @mcp.tool(title="Read-only SQL", annotations=READ_ONLY)
+    @mcp.tool(title="Read-only SQL", annotations=READ_ONLY, description=RUN_SQL_DESCRIPTION)
     def run_sql(
         query: Annotated[str, Field(description="One SELECT / WITH / DESCRIBE / SHOW / SUMMARIZE / EXPLAIN.")],
         limit: Annotated[
             int, Field(description="Row cap (1-10000); truncated says if more existed.", ge=1, le=10000)
         ] = 1000,
-    ) -> SqlResult:
-        """Run one read-only SQL statement (DuckDB dialect) on the trace DB, for questions the other tools do
-        not
-        answer: time buckets, the microsecond timeline around a stall, per-PID scheduling, malloc/free
-        balance.
-
-        Read the trace://schema resource for tables and columns. Timestamps are ns since session start
-        (ts_ns // 10000000000 buckets by 10 s); durations are ns. Writes, several statements, file or network
-        access, ATTACH, COPY, SET, PRAGMA and INSTALL/LOAD are refused; queries stop after 10 s.
-        """
-        with conn() as c:
-            try:
-                return _run_sql(c, query, limit=limit, timeout_s=SQL_TIMEOUT_S)
-            except TracerError as e:
-                raise ToolError(f"{e.message}. {e.hint}".strip()) from None
+    ) -> Annotated[CallToolResult, SqlResult]:
+        """One read-only statement; the tool description (:data:`RUN_SQL_DESCRIPTION`) states the limits."""
+        failed: TracerError | None = None
+        try:
+            if connect is not None:  # the recorder's live DB: only its own DuckDB instance can read it
+                with conn() as c:
+                    res = execute(c, query, limit, SQL_TIMEOUT_S, reply_bytes=SQL_ROWS_BYTES)
+            else:
+                if freshen is not None:
+                    freshen()
+                pool = sql_pool or default_pool()
+                res = pool.run(path, query, limit, SQL_TIMEOUT_S, reply_bytes=SQL_ROWS_BYTES)
+        except TracerError as e:
+            failed = e
+        if failed is not None:
+            raise ToolError(_tool_message(failed))
+        return sql_reply(res)
 
     @mcp.resource("trace://schema", name="schema", title="Trace DB schema", mime_type="text/markdown")
     def schema() -> str:
@@ -182,11 +243,63 @@ def build_server(db_path: str | Path, *, connect: Connect | None = None) -> MCPS
     return mcp
 
 
-def _check_pid(c: duckdb.DuckDBPyConnection, pid: int | None) -> None:
-    if pid is None:
-        return
-    if not c.execute("SELECT 1 FROM processes WHERE pid = ?", [pid]).fetchone():
-        pids = [r[0] for r in c.execute("SELECT pid FROM processes ORDER BY pid LIMIT 20").fetchall()]
-        raise ToolError(
-            f"pid {pid} is not in this trace; traced pids: {', '.join(map(str, pids))}. Omit pid for the whole tree."
+RUN_SQL_DESCRIPTION = f"""\
+Run one read-only SQL statement (DuckDB dialect) on the trace DB, for questions the other tools do not answer:
+time buckets, the microsecond timeline around a stall, per-PID scheduling, malloc/free balance.
+
+Read the trace://schema resource for tables and columns. Timestamps are ns since session start
+(ts_ns // 10000000000 buckets by 10 s); durations are ns. Writes, several statements, file or network access,
+ATTACH, COPY, SET, PRAGMA and INSTALL/LOAD are refused; EXPLAIN [ANALYZE] only of a SELECT.
+
+Limits per query: {SQL_TIMEOUT_S:g} s of wall clock (a query still running then is stopped, even inside one long
+function call); {LIMITS.memory_bytes >> 20} MiB of memory; about {SQL_ROWS_BYTES >> 10} KiB of rows per reply, \
+past which truncated is true and note says so (page with LIMIT/OFFSET, or aggregate); text values cut at \
+{LIMITS.value_chars:,} characters. A stopped query never affects the next call."""
+
+
+def sql_reply(res: SqlResult) -> CallToolResult:
+    """Return the run_sql tool result for ``res``: structured content plus the same JSON, compact, as text.
+
+    Rows are dropped from the end (``truncated``, ``note``) until the whole result fits in
+    :data:`SQL_REPLY_BYTES`: text escaping can make the text copy larger than the rows' own JSON.
+    """
+    while True:
+        data = res.model_dump(mode="json")
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        out = CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+        size = len(out.model_dump_json(by_alias=True).encode())
+        if res.row_count == 0 or size <= SQL_REPLY_BYTES:
+            return out
+        keep = min(res.row_count - 1, res.row_count * SQL_REPLY_BYTES // size)
+        res = res.model_copy(
+            update={
+                "rows": res.rows[:keep],
+                "row_count": keep,
+                "truncated": True,
+                "note": f"reply cut to {keep} rows to fit the {SQL_REPLY_BYTES >> 10} KiB message limit; "
+                "select fewer or narrower columns, or page with LIMIT/OFFSET",
+            }
         )
+
+
+def _tool_message(e: TracerError) -> str:
+    """The tool-error text for ``e``: its message and hint (the hint says how to fix the call)."""
+    return f"{e.message}. {e.hint}".strip() if e.hint else e.message
+
+
+def _echo(value: str) -> str:
+    """``value`` quoted for an error message, cut to :data:`ECHO_CHARS` characters."""
+    if len(value) <= ECHO_CHARS:
+        return repr(value)
+    return f"{value[:ECHO_CHARS]!r}… ({len(value):,} characters)"
+
+
+def _check(c: duckdb.DuckDBPyConnection, **args: object) -> None:
+    """Check the tool's arguments as the CLI does (:func:`tracer.analysis.arguments.check_args`)."""
+    failed: TracerError | None = None
+    try:
+        check_args(c, **args)  # type: ignore[arg-type]
+    except TracerError as e:
+        failed = e
+    if failed is not None:
+        raise ToolError(_tool_message(failed))

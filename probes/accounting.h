@@ -36,7 +36,7 @@ struct tstate {
     u8 off_cpu;
     u8 reason;       /* SCHED_*, while off CPU */
     u8 in_call;      /* a probed CUDA call is in flight: its time goes to the call's part */
-    u8 _pad;
+    u8 waker_irq;    /* woken by an interrupt handler of this kind (IRQ_*, sched.bpf.c), 0 otherwise */
     char waker_comm[COMM_LEN];
 };
 

@@ -296,8 +296,10 @@ struct tb_val {
 struct wake_key {
     u32 tid;
     u32 sec;
-    u32 waker_tid;
-    u32 in_call;
+    u32 waker_tid; /* 0: an interrupt handler (waker_irq says which kind) */
+    u8 in_call;
+    u8 waker_irq; /* IRQ_* (sched.bpf.c): handlers of different kinds are different wakers */
+    u16 _pad;
 };
 struct wake_val {
     u32 pid;

@@ -7,7 +7,9 @@
  *   workers), the tracer, or another process. Inside a call the interval goes to the call (maps.h `inflight`), so
  *   each call carries its own off_cpu_ns / runq_ns.
  * sched:sched_waking: runs in the waker's context, so it names who woke a blocked target thread (the GIL holder,
- *   the worker that delivered a batch). A wakeup from an interrupt names the task the interrupt found running.
+ *   the worker that delivered a batch). A wakeup from an interrupt handler (a timer expiring: a sleep, a timeout,
+ *   the GIL's 5 ms wait; a softirq; a device) runs on whatever task the interrupt found, which woke no one: it is
+ *   credited to pid 0, named for the kind of handler: "[timer]", "[net]", "[block]", "[softirq]", "[irq]".
  * Intervals go out as sched_events within a budget (every one >= CFG_SCHED_KEEP_NS or inside a call, 1 in
  * CFG_SCHED_EVERY of the rest); the per-second totals (tbreak, wake_aggs, preempt_aggs) are exact.
  */
@@ -27,6 +29,68 @@ BPF_HASH(wake_aggs, struct wake_key, struct wake_val, 16384);
  * drained every second. */
 BPF_HASH(preempt_aggs, struct preempt_key, struct preempt_val, 16384);
 BPF_PERCPU_ARRAY(sched_sample_cnt, u32, 1);
+
+/* Interrupt handlers running on this CPU, innermost last: a depth, not a flag, as a hard interrupt can nest in a
+ * softirq. Entries and exits are tracepoints, so neither is missed once both are attached (a handler that
+ * interrupts a BPF program runs with tracepoint programs off for its entry and its exit alike). The exits are
+ * defined, so attached, before the entries: a handler under way at attach time shows an exit first, which leaves
+ * the depth at 0, never an entry without its exit. And every context switch resets it: no task switches inside
+ * an interrupt handler, so a depth left over can never outlive the next switch on its CPU. */
+#define IRQ_TIMER 1 /* an hrtimer, or the timer / hrtimer softirq: a sleep or timeout expired */
+#define IRQ_SOFT 2  /* another softirq (RCU, tasklets, scheduler) */
+#define IRQ_HARD 3  /* a device interrupt */
+#define IRQ_NET 4   /* the network softirqs: a packet arrived or was sent */
+#define IRQ_BLOCK 5 /* the block softirq: a disk I/O completed */
+#define IRQ_NEST 4
+struct irq_ctx {
+    u32 depth;
+    u8 kind[IRQ_NEST];
+};
+BPF_PERCPU_ARRAY(irq_ctx, struct irq_ctx, 1);
+
+static __always_inline int irq_enter(u8 kind)
+{
+    u32 zero = 0;
+    struct irq_ctx *c = irq_ctx.lookup(&zero);
+    if (c) {
+        if (c->depth < IRQ_NEST)
+            c->kind[c->depth] = kind;
+        c->depth++;
+    }
+    return 0;
+}
+
+static __always_inline int irq_exit(void)
+{
+    u32 zero = 0;
+    struct irq_ctx *c = irq_ctx.lookup(&zero);
+    if (c && c->depth)
+        c->depth--;
+    return 0;
+}
+
+TRACEPOINT_PROBE(timer, hrtimer_expire_exit) { return irq_exit(); }
+TRACEPOINT_PROBE(irq, softirq_exit) { return irq_exit(); }
+TRACEPOINT_PROBE(irq, irq_handler_exit) { return irq_exit(); }
+TRACEPOINT_PROBE(timer, hrtimer_expire_entry) { return irq_enter(IRQ_TIMER); }
+/* vec: TIMER_SOFTIRQ 1, NET_TX 2, NET_RX 3, BLOCK 4, HRTIMER_SOFTIRQ 8 (include/linux/interrupt.h) */
+TRACEPOINT_PROBE(irq, softirq_entry)
+{
+    u32 v = args->vec;
+    return irq_enter(v == 1 || v == 8 ? IRQ_TIMER : v == 2 || v == 3 ? IRQ_NET : v == 4 ? IRQ_BLOCK : IRQ_SOFT);
+}
+TRACEPOINT_PROBE(irq, irq_handler_entry) { return irq_enter(IRQ_HARD); }
+
+/* The kind of interrupt handler running on this CPU (IRQ_*), 0 in task context. */
+static __always_inline u8 irq_kind(void)
+{
+    u32 zero = 0;
+    struct irq_ctx *c = irq_ctx.lookup(&zero);
+    if (!c || !c->depth)
+        return 0;
+    u32 i = c->depth > IRQ_NEST ? IRQ_NEST - 1 : c->depth - 1;
+    return c->kind[i & (IRQ_NEST - 1)];
+}
 
 /* index: HC_* (common.h); per-CPU host counters read (and summed) by user space about once a second. */
 BPF_PERCPU_ARRAY(host_counters, u64, HC_COUNT);
@@ -61,6 +125,8 @@ static __always_inline void switch_out(u32 tid, u32 tgid, long prev_state, u64 n
     st->mark = now;
     st->waker_tid = 0;
     st->waker_tgid = 0;
+    st->waker_comm[0] = 0; /* no wakeup seen yet */
+    st->waker_irq = 0;
     if ((prev_state & 0xff) == 0) { /* TASK_RUNNING (or TASK_REPORT_MAX for a preemption): still runnable */
         st->reason = SCHED_PREEMPTED;
         st->ts_runnable = now;
@@ -77,6 +143,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
 {
     u64 now = bpf_ktime_get_ns();
     host_count(HC_SWITCHES, 1);
+    u32 zero = 0;
+    struct irq_ctx *ic = irq_ctx.lookup(&zero);
+    if (ic)
+        ic->depth = 0; /* task context: no interrupt handler is running on this CPU */
     u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
     u32 prev_tid = args->prev_pid;
     if (prev_tid && is_target(prev_tgid))
@@ -110,7 +180,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
     tb_max(next_tid, tgid, out, TB_MAX_OFF, dur);
     u32 sec = session_sec(now);
     if (o->reason != SCHED_PREEMPTED && runnable > out) {
-        struct wake_key wk = {.tid = next_tid, .sec = sec, .waker_tid = o->waker_tid, .in_call = in_call};
+        struct wake_key wk = {
+            .tid = next_tid, .sec = sec, .waker_tid = o->waker_tid, .in_call = in_call, .waker_irq = o->waker_irq};
         struct wake_val *wv = wake_aggs.lookup(&wk);
         if (!wv) {
             struct wake_val init = {.pid = tgid, .waker_pid = o->waker_tgid};
@@ -173,7 +244,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
             e.by_pid = prev_tgid;
             bpf_probe_read_kernel(e.by_comm, sizeof(e.by_comm), args->prev_comm);
         }
-        if (o->reason != SCHED_PREEMPTED && o->waker_tid) {
+        if (o->reason != SCHED_PREEMPTED && o->waker_comm[0]) {
             e.waker_pid = o->waker_tgid;
             e.waker_tid = o->waker_tid;
             __builtin_memcpy(e.waker_comm, o->waker_comm, COMM_LEN);
@@ -193,8 +264,25 @@ TRACEPOINT_PROBE(sched, sched_waking)
     struct tstate *o = tstate.lookup(&tid);
     if (!o || !o->off_cpu || o->ts_runnable)
         return 0;
-    u64 id = bpf_get_current_pid_tgid();
     o->ts_runnable = bpf_ktime_get_ns();
+    u8 irq = irq_kind();
+    o->waker_irq = irq;
+    if (irq) {
+        o->waker_tid = 0;
+        o->waker_tgid = 0;
+        if (irq == IRQ_TIMER)
+            __builtin_memcpy(o->waker_comm, "[timer]", 8);
+        else if (irq == IRQ_NET)
+            __builtin_memcpy(o->waker_comm, "[net]", 6);
+        else if (irq == IRQ_BLOCK)
+            __builtin_memcpy(o->waker_comm, "[block]", 8);
+        else if (irq == IRQ_SOFT)
+            __builtin_memcpy(o->waker_comm, "[softirq]", 10);
+        else
+            __builtin_memcpy(o->waker_comm, "[irq]", 6);
+        return 0;
+    }
+    u64 id = bpf_get_current_pid_tgid();
     o->waker_tid = (u32)id;
     o->waker_tgid = id >> 32;
     bpf_get_current_comm(o->waker_comm, sizeof(o->waker_comm));

@@ -39,7 +39,7 @@ def test_chains_stacks_sql(db, capsys):
     assert main(["stacks", "--db", db, "--op", "cudaStreamSynchronize", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stacks"][0]["label"] == "train.py:88 train_step"
     assert main(["sql", "--db", db, "SELECT count(*) AS n FROM processes", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["rows"] == [[4]]  # main, two workers, the tracer
+    assert json.loads(capsys.readouterr().out)["rows"] == [[3]]  # main and two workers
 
 
 @pytest.mark.parametrize(

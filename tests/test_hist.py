@@ -6,13 +6,16 @@ import random
 
 import numpy as np
 
-from tracer.hist import SUB, percentile, slot_bounds, slot_of
+from tracer.hist import SUB, bucket_of, percentile, quantile, slot_bounds, slot_of
 
 
 def _values() -> list[int]:
     rng = random.Random(7)
-    return list(range(0, 70_000)) + [rng.randrange(1, 1 << 42) for _ in range(20_000)] + [(1 << e) + d for e in
-                                                                                       range(4, 43) for d in (-1, 0, 1)]
+    return (
+        list(range(0, 70_000))
+        + [rng.randrange(1, 1 << 42) for _ in range(20_000)]
+        + [(1 << e) + d for e in range(4, 43) for d in (-1, 0, 1)]
+    )
 
 
 def test_every_value_falls_in_its_slot() -> None:
@@ -52,3 +55,22 @@ def test_percentiles_within_5_percent_of_numpy() -> None:
 def test_percentile_of_nothing_is_zero() -> None:
     assert percentile([], 0.5) == 0
     assert percentile([(10, 11, 0)], 0.99) == 0
+
+
+def test_bucket_of_is_the_slot_bounds() -> None:
+    # GIVEN values around powers of two; THEN bucket_of(v) is the bucket of v's slot, 1/16 of an octave wide
+    for v in (0, 15, 16, 17, 31, 32, 1023, 1024, 1025, 1_000_000, (1 << 40) + 12345):
+        lo, hi = bucket_of(v)
+        assert (lo, hi) == slot_bounds(slot_of(v)) and lo <= v < hi
+    assert bucket_of(1024) == (1024, 1088) and bucket_of(1087) == (1024, 1088) and bucket_of(1088) == (1088, 1152)
+
+
+def test_quantile_interpolates_and_clamps() -> None:
+    buckets = [(0, 10, 10), (10, 20, 10)]
+    assert quantile(buckets, 0.5) == 10.0 and quantile(buckets, 0.75) == 15.0
+    # clamped to what was measured: the bucket edge 20 lies above the slowest call
+    assert quantile(buckets, 0.99, 0, 18) == 18.0 and quantile(buckets, 0.0, 3, 18) == 3.0
+    # empty buckets are skipped, unsorted input is sorted
+    assert quantile([(10, 20, 10), (5, 6, 0), (0, 10, 10)], 0.25) == 5.0
+    # the whole-ns view the recorder stores is the same number, truncated
+    assert percentile(buckets, 0.75) == 15 and percentile([(100, 116, 3)], 0.5) == int(quantile([(100, 116, 3)], 0.5))

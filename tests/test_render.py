@@ -6,7 +6,9 @@ import json
 
 from rich.console import Console, Group
 
+from tracer.analysis.breakdown import Holder
 from tracer.analysis.chains import CausalChain, ChainsResult
+from tracer.analysis.chains.model import CpuContentionEvidence, Culprit
 from tracer.analysis.sql import SqlResult
 from tracer.analysis.stacks import Frame, StacksResult, StackStat
 from tracer.analysis.stats import ProcessStat
@@ -37,6 +39,7 @@ def test_units():
 
 
 def test_chains_view():
+    hog = Holder(pid=4242, comm="[red]stress-ng[/]", holder="other", preemptions=310, runq_ms=5493.0)
     ch = CausalChain(
         id="x-1",
         severity="HIGH",
@@ -44,19 +47,48 @@ def test_chains_view():
         start_ns=20_000_000_000,
         end_ns=40_000_000_000,
         pids=[12004],
+        tid=12004,
+        thread_comm="python3",
+        share=0.233,
+        impact_ms=5493.0,
+        basis="exact",
+        culprit=Culprit(
+            kind="process", pid=4242, tid=None, comm="[red]stress-ng[/]", relation="other_process", code_site=None
+        ),
         op="cudaStreamSynchronize",
         op_p50_us=10.0,
         op_p99_us=39_900.0,
-        impact_ms=5493.0,
         summary="who took the CPU",
-        evidence={"runq_ms": 5493.0, "preemptors": [{"pid": 4242, "comm": "[red]stress-ng[/]"}]},
+        evidence=CpuContentionEvidence(
+            holder_class="other",
+            runq_ms=5493.0,
+            runq_outside_calls_ms=4800.0,
+            runq_inside_calls_ms=693.0,
+            runq_by_holder_ms={"other": 4800.0},
+            holders=[hog],
+            cpu_cores=2,
+            dataloader_workers=0,
+            max_load1=24.0,
+            max_cpu_busy_pct=100.0,
+        ),
         recommendations=["renice -n 19 -p 4242", "taskset -cp 0-3 12004"],
     )
-    out = text_of(ChainsResult(chains=[ch], total=1, by_severity={"HIGH": 1, "MEDIUM": 0, "LOW": 0}))
+    result = ChainsResult(
+        chains=[ch],
+        total=1,
+        by_severity={"HIGH": 1, "MEDIUM": 0, "LOW": 0},
+        basis="exact",
+        note="",
+        training_tid=12004,
+    )
+    out = text_of(result)
     assert "#1 HIGH cpu_contention" in out and "p99 39.9ms" in out
+    assert "23.3%" in out  # the share of the thread's time, the ranking key
     assert "1. renice -n 19 -p 4242" in out and "2. taskset" in out
     assert "[red]stress-ng[/]" in out  # markup in traced data is shown literally
-    assert "No causal chains" in text_of(ChainsResult(chains=[], total=0, by_severity={}))
+    assert "No causal chains" in text_of(
+        ChainsResult(chains=[], total=0, by_severity={}, basis="none", note="", training_tid=None)
+    )
 
 
 def test_stacks_view():

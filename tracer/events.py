@@ -140,7 +140,9 @@ USTACK_HEADER_DTYPE = np.dtype(
 # Map keys and values user space reads in bulk (tracer/bpfmaps.py), mirroring common.h.
 TB_KEY_DTYPE = np.dtype([("tid", "<u4"), ("sec", "<u4")])
 TB_VAL_DTYPE = np.dtype([("pid", "<u4"), ("_pad", "<u4"), ("v", "<u8", (C.TB_NFIELDS,))])
-WAKE_KEY_DTYPE = np.dtype([("tid", "<u4"), ("sec", "<u4"), ("waker_tid", "<u4"), ("in_call", "<u4")])
+WAKE_KEY_DTYPE = np.dtype(
+    [("tid", "<u4"), ("sec", "<u4"), ("waker_tid", "<u4"), ("in_call", "u1"), ("waker_irq", "u1"), ("_pad", "<u2")]
+)
 WAKE_VAL_DTYPE = np.dtype(
     [("pid", "<u4"), ("waker_pid", "<u4"), ("wakeups", "<u8"), ("blocked_ns", "<u8"), ("waker_comm", "S16")]
 )

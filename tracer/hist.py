@@ -2,6 +2,9 @@
 
 Values below 16 ns get one slot each; above, every power of two is split into 16 linear sub-buckets, so a bucket
 spans 1/16 of its lower bound and a midpoint estimate is within 3.1% of any value in it.
+
+This is the only histogram implementation: the recorder (``op_stats`` percentiles), the analyses (``stats``,
+``chains``) and the hand-built test DBs (``tests/tracedb.py``) all bucket and interpolate through it.
 """
 
 from __future__ import annotations
@@ -27,17 +30,38 @@ def slot_of(v: int) -> int:
     return (msb - 3) * SUB + ((v >> (msb - 4)) & 15)
 
 
-def percentile(buckets: Iterable[tuple[int, int, int]], q: float) -> int:
-    """Return the q-quantile (0..1) in ns from (lo_ns, hi_ns, count) buckets, interpolating inside a bucket."""
+def bucket_of(v: int) -> tuple[int, int]:
+    """Return the [lo, hi) bucket in ns that holds latency ``v`` ns."""
+    return slot_bounds(slot_of(v))
+
+
+def quantile(
+    buckets: Iterable[tuple[int, int, int]], q: float, lo_clamp: float | None = None, hi_clamp: float | None = None
+) -> float:
+    """Return the q-quantile (0..1) in ns of (lo_ns, hi_ns, count) buckets, linear inside its bucket.
+
+    The result is clamped to [lo_clamp, hi_clamp] when given (an op's exact min_ns / max_ns: the bucket edges
+    can lie outside what was measured). No counts: 0.
+    """
     bs = sorted((lo, hi, c) for lo, hi, c in buckets if c > 0)
     total = sum(c for _, _, c in bs)
     if total == 0:
-        return 0
+        return 0.0
     rank = q * total
     seen = 0
+    value = float(bs[-1][1])
     for lo, hi, c in bs:
         if seen + c >= rank:
-            frac = (rank - seen) / c
-            return int(lo + (hi - lo) * frac)
+            value = lo + (hi - lo) * (rank - seen) / c
+            break
         seen += c
-    return bs[-1][1]
+    if lo_clamp is not None:
+        value = max(value, float(lo_clamp))
+    if hi_clamp is not None:
+        value = min(value, float(hi_clamp))
+    return value
+
+
+def percentile(buckets: Iterable[tuple[int, int, int]], q: float) -> int:
+    """Return the q-quantile (0..1) in whole ns from (lo_ns, hi_ns, count) buckets (see :func:`quantile`)."""
+    return int(quantile(buckets, q))

@@ -99,7 +99,8 @@ def sched_columns(ev: np.ndarray, start: int) -> Columns:
         "runq_ns": ev["runq_ns"].astype(np.int64),
         "preempted_by_pid": _pid_col(ev["by_pid"]),
         "preempted_by_comm": _str_or_null(ev["by_comm"]),
-        "waker_pid": pa.array(ev["waker_pid"].astype(np.int32), mask=ev["waker_tid"] == 0),
+        # no waker seen: NULL; an interrupt handler: pid 0 (its name says which kind), tid NULL
+        "waker_pid": pa.array(ev["waker_pid"].astype(np.int32), mask=ev["waker_comm"] == b""),
         "waker_tid": _pid_col(ev["waker_tid"]),
         "waker_comm": _str_or_null(ev["waker_comm"]),
         "in_call": ev["in_call"].astype(bool),

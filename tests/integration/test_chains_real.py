@@ -1,6 +1,12 @@
 """Real eBPF, investigation surface: each problem workload, recorded for real, yields a causal chain of the
 right category naming the right pid (through compute_chains and through `tracer chains --json`), the chains
-were written into causal_chains at the end of the recording, and the healthy workload yields nothing HIGH."""
+were written into causal_chains at the end of the recording, and the healthy workload yields nothing HIGH.
+
+Issue 10 changed what two of them mean: chains are now ranked by the share of the training thread's time they
+cost. sync_heavy.py waits ~2.5 ms for queued GPU work at each of its three syncs a step and does almost no host
+work in between: the GPU is the limit (gpu_bound), removing its syncs would gain nothing, so it is no longer a
+sync_stall; the implicit per-step sync that does cost time is in test_diagnosis_real.py. Evidence is typed
+(attributes, not dict keys): the preemptors are now the holders of the CPU, per waiting thread."""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ EXPECTED = {
     "respawn": "process_churn",
     "memory": "memory_pressure",
     "alloc": "allocation_churn",
-    "sync": "sync_stall",
+    "sync": "gpu_bound",
 }
 
 
@@ -85,9 +91,9 @@ def test_healthy_recording_has_no_high_chain(named):
 def test_cpu_contention_names_the_hog_as_preemptor(named):
     r = named("contention")
     chain = max(_of(_chains(r), "cpu_contention"), key=lambda c: c.impact_ms)
-    pre = chain.evidence["preemptors"]
-    assert pre and pre[0]["comm"] == HOG_NAME and pre[0]["pid"] == r.hog_pid and not pre[0]["own"], pre
-    assert chain.evidence["runq_share"] >= 0.3
+    pre = chain.evidence.holders
+    assert pre and pre[0].comm == HOG_NAME and pre[0].pid == r.hog_pid and pre[0].holder == "other", pre
+    assert chain.evidence.holder_class == "other" and chain.culprit.pid == r.hog_pid
     assert any(str(r.hog_pid) in rec_ for rec_ in chain.recommendations)
 
 
@@ -95,7 +101,7 @@ def test_allocation_churn_names_the_alloc_site_line(named):
     r = named("alloc")
     line = alloc_site_line()
     chain = _of(_chains(r), "allocation_churn")[0]
-    site = chain.evidence["top_sites"][0]["site"]
+    site = chain.evidence.top_sites[0].site
     assert site.split(" ")[0].endswith(f"alloc_stress.py:{line}"), site
     assert f"alloc_stress.py:{line}" in chain.recommendations[0]
 
@@ -104,14 +110,16 @@ def test_process_churn_counts_the_respawn_waves(named):
     r = named("respawn")
     chain = _of(_chains(r), "process_churn")[0]
     # train.py --epochs 4 --respawn-workers with 2 workers: 4 waves of 2 forks, 3 respawns
-    assert chain.evidence["fork_waves"] == 4 and chain.evidence["respawn_waves"] == 3
-    assert chain.evidence["workers_per_wave"] == 2 and chain.evidence["worker_comm"] == "pt_data_worker"
+    assert chain.evidence.fork_waves == 4 and chain.evidence.respawn_waves == 3
+    assert chain.evidence.workers_per_wave == 2 and chain.evidence.worker_comm == "pt_data_worker"
     assert chain.pids[0] == r.pid or r.pid in chain.pids
 
 
-def test_sync_stall_points_at_the_sync_heavy_step(named):
+def test_sync_heavy_is_gpu_bound_and_counts_its_copies(named):
     r = named("sync")
-    chain = _of(_chains(r), "sync_stall")[0]
-    assert "Synchronize" in chain.op
-    assert "sync_heavy.py" in (chain.evidence["code_site"] or ""), chain.evidence
-    assert chain.evidence["blocked_share_of_sync_time"] >= 0.5
+    chain = _of(_chains(r), "gpu_bound")[0]
+    # every wait for the GPU counts, the DtoH cudaMemcpy (loss.item()) too: three a step, 60 steps
+    assert chain.op in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
+    assert chain.evidence.syncs == 180 and chain.evidence.sync_share >= 0.5 and chain.severity == "LOW"
+    # and it is not a stall: the GPU's queue is refilled right after each sync
+    assert not [c for c in _of(_chains(r), "sync_stall") if c.severity != "LOW"]

@@ -4,7 +4,7 @@ non-main threads, per-epoch worker forks, and page-allocation counters, each che
 from __future__ import annotations
 
 import pytest
-from _helpers import HOG_NAME, scenario
+from _helpers import HOG_NAME, PY, WORKLOADS, cached, scenario
 
 pytestmark = pytest.mark.bpf
 
@@ -155,3 +155,37 @@ def test_memory_pressure_page_allocation_is_counted(memory):
     assert total >= GIB, total
     assert target >= GIB // 2, target
     assert target <= total
+
+
+# a target that sleeps 5 ms at a time on CPU 0 while the hog runs there: each sleep ends in a timer interrupt
+SLEEPER = (
+    f"import sys, time; sys.path.insert(0, {str(WORKLOADS)!r})\n"
+    "import fakecuda\n"
+    "fakecuda.FakeCuda().cudaSetDevice(0)\n"
+    "for _ in range(200):\n"
+    "    time.sleep(0.005)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def sleeper(tmp_path_factory):
+    return cached("sleeper", tmp_path_factory, ["taskset", "-c", "0", str(PY), "-c", SLEEPER], hog_seconds=60)
+
+
+def test_a_timer_wakeup_is_credited_to_the_interrupt_not_the_task_it_interrupted(sleeper):
+    # GIVEN 200 sleeps of 5 ms, each ended by a timer firing on CPU 0, where the hog runs
+    wakers = sleeper.q(
+        "SELECT waker_pid, waker_comm, sum(wakeups) FROM thread_wakers WHERE tid = ? GROUP BY ALL ORDER BY 3 DESC",
+        [sleeper.pid],
+    )
+    # THEN the sleeps' wakeups go to pid 0, "[timer]", and none to the hog the interrupt happened to find running
+    timer = sum(n for pid, comm, n in wakers if pid == 0 and comm == "[timer]")
+    assert timer >= 190, wakers
+    assert all(comm != HOG_NAME and pid != sleeper.hog_pid for pid, comm, _ in wakers), wakers
+    # AND the stored off-CPU rows say the same: waker pid 0 and no waker thread
+    rows = sleeper.q(
+        "SELECT waker_pid, waker_tid, waker_comm, count(*) FROM sched WHERE tid = ? AND reason = 'sleep' "
+        "AND dur_ns >= 4000000 GROUP BY ALL ORDER BY 4 DESC",
+        [sleeper.pid],
+    )
+    assert rows and rows[0][:3] == (0, None, "[timer]"), rows

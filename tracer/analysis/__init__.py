@@ -2,11 +2,11 @@
 
 Every record is a frozen pydantic model with units in its field names (``p99_us``, ``off_cpu_s``) and a
 description on each field, so the CLI renders it (``tracer.render``), ``--json`` dumps it, and the MCP tools
-return
-it with an output schema: the views cannot disagree. Modules: ``stats`` (trace overview), ``chains`` (causal
-chain detectors), ``stacks`` (call stacks per op), ``timeline`` (time buckets, events around an instant),
-``sql``
-(guarded read-only SQL).
+return it with an output schema: the views cannot disagree. Modules: ``recording`` (what a DB holds: roles, the
+tracer's pids, which v2 tables exist), ``taxonomy`` (op parts from the probe catalog), ``breakdown`` (where each
+thread's time went), ``chains`` (causal chains ranked by the time they cost, one detector module each),
+``stats`` (trace overview), ``stacks`` (call stacks per op), ``timeline`` (time buckets, events around an
+instant), ``arguments`` (argument checks shared by the CLI and MCP), ``sql`` (guarded read-only SQL).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The trace overview: environment, event accounting, per-op latency, per-process scheduling, host peaks,
-chains.
+the training thread's time breakdown, the tracer's own cost, and chain counts.
 
 Latency percentiles come from ``op_stats.hist``, the exact in-kernel histogram over every call (not only the
-stored rows). Buckets are log-linear (16 per power of two); a percentile is interpolated linearly inside its
-bucket and clamped to the op's min/max, so the error is at most half a bucket width (<= 3.1 %).
+stored rows), through :func:`tracer.hist.quantile`: buckets are log-linear (16 per power of two), a percentile is
+interpolated linearly inside its bucket and clamped to the op's min/max, so the error is at most half a bucket
+width (<= 3.1 %).
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
+from tracer.analysis.breakdown import PartTime, TracerCost, load_thread_times, parts_of, tracer_cost
+from tracer.analysis.chains import compute_chains
+from tracer.analysis.recording import DATALOADER_COMM, load_recording, main_pid
+from tracer.analysis.taxonomy import part_name
+from tracer.db import RecordingState, recording_state
+from tracer.hist import quantile
 
-DATALOADER_COMM = "pt_data_worker"
+__all__ = ["DATALOADER_COMM", "main_pid", "op_stats", "process_stats", "trace_stats"]
 
 
 class Environment(Record):
@@ -45,6 +52,13 @@ class OpStat(Record):
 
     op: Annotated[str, Field(description="API function, e.g. cudaStreamSynchronize")]
     layer: Annotated[str, Field(description="runtime (libcudart) | driver (libcuda); kept apart, never summed")]
+    part: Annotated[
+        str,
+        Field(
+            description="where its time goes in the breakdown (probe catalog): launch | sync | alloc | free | copy | "
+            "other; sync includes synchronous copies (cudaMemcpy, cuMemcpyDtoH), which wait for the GPU"
+        ),
+    ]
     calls: Annotated[int, Field(description="number of calls (scaled from a sample when sampled_fraction < 1)")]
     total_ms: Annotated[float, Field(description="sum of latencies in ms")]
     p50_us: Annotated[float, Field(description="median latency, µs")]
@@ -63,7 +77,7 @@ class ProcessStat(Record):
     pid: int
     ppid: int | None
     comm: Annotated[str, Field(description="process name (DataLoader workers: pt_data_worker)")]
-    role: Annotated[str, Field(description="main (the traced target) | dataloader_worker | child")]
+    role: Annotated[str, Field(description="main (the traced target) | dataloader_worker | child | tracer")]
     cuda_calls: Annotated[int, Field(description="CUDA calls (exact, from op_stats)")]
     context_switches: Annotated[int, Field(description="times its threads were switched out")]
     preemptions: Annotated[int, Field(description="of those, while still runnable (CPU taken away)")]
@@ -86,6 +100,17 @@ class HostPeaks(Record):
     max_swap_used_bytes: int | None
 
 
+class TrainingTime(Record):
+    """The training thread (most launch + sync time) and where its wall time went."""
+
+    pid: int
+    tid: int
+    comm: str
+    basis: Annotated[str, Field(description="exact (thread_breakdown) | estimated (older recording)")]
+    wall_ms: float
+    parts: Annotated[list[PartTime], Field(description="non-zero parts, largest first")]
+
+
 class TraceStats(Record):
     """Overview of one trace: start every investigation here."""
 
@@ -99,22 +124,17 @@ class TraceStats(Record):
     host: HostPeaks
     chains_by_severity: Annotated[dict[str, int], Field(description="causal chains found, by severity")]
     top_chain: Annotated[str | None, Field(description="summary of the worst chain, if any")]
-
-
-def percentile_ns(buckets: list[tuple[int, int, int]], q: float, lo_clamp: int, hi_clamp: int) -> float:
-    """Return the q-quantile (0..1) in ns of histogram ``buckets`` [(lo_ns, hi_ns, count)], linear in the bucket."""  # noqa: E501
-    total = sum(b[2] for b in buckets)
-    if total == 0:
-        return 0.0
-    rank = q * total
-    cum = 0
-    value = float(buckets[-1][1])
-    for lo, hi, n in sorted(buckets):
-        if n and cum + n >= rank:
-            value = lo + (hi - lo) * (rank - cum) / n
-            break
-        cum += n
-    return float(min(max(value, lo_clamp), hi_clamp))
+    training_thread: Annotated[
+        TrainingTime | None, Field(description="where the training thread's time went (get_time_breakdown: more)")
+    ]
+    tracer: Annotated[TracerCost, Field(description="the tracer's own cost on this host (never a culprit)")]
+    recording: Annotated[
+        RecordingState,
+        Field(
+            description="whether the recording finished, is still being written (live: the numbers cover what was "
+            "flushed so far) or was cut off (exact aggregates may be missing)"
+        ),
+    ]
 
 
 def _merge(hists: Iterable[list[dict[str, int]] | None]) -> list[tuple[int, int, int]]:
@@ -141,12 +161,13 @@ def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list
         mn = min(r[4] for r in rs if r[4] is not None) if any(r[4] is not None for r in rs) else 0
         mx = max(r[5] or 0 for r in rs)
         buckets = _merge(r[8] for r in rs)
-        p50, p95, p99 = (percentile_ns(buckets, q, mn, mx) for q in (0.5, 0.95, 0.99))
+        p50, p95, p99 = (quantile(buckets, q, mn, mx) for q in (0.5, 0.95, 0.99))
         frac = min((r[7] if r[7] is not None else 1.0) for r in rs)
         out.append(
             OpStat(
                 op=op,
                 layer=layer or "",
+                part=part_name(op),
                 calls=int(calls),
                 total_ms=round(sum(r[3] or 0 for r in rs) / 1e6, 3),
                 p50_us=round(p50 / 1e3, 1),
@@ -190,32 +211,10 @@ def environment(conn: duckdb.DuckDBPyConnection) -> Environment:
     )
 
 
-def main_pid(conn: duckdb.DuckDBPyConnection) -> int | None:
-    """Return the traced target's pid: ``pid N`` in session.target, else the root of the process tree."""
-    t = conn.execute("SELECT target FROM session LIMIT 1").fetchone()
-    if t and t[0] and t[0].startswith("pid "):
-        try:
-            return int(t[0].split()[1])
-        except (IndexError, ValueError):
-            pass
-    r = conn.execute(
-        "SELECT pid FROM processes WHERE ppid IS NULL OR ppid NOT IN (SELECT pid FROM processes) "
-        "ORDER BY first_ns, pid LIMIT 1"
-    ).fetchone()
-    return int(r[0]) if r else None
-
-
-def role_of(pid: int, comm: str | None, main: int | None) -> str:
-    if pid == main:
-        return "main"
-    if comm == DATALOADER_COMM:
-        return "dataloader_worker"
-    return "child"
-
-
 def process_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list[ProcessStat]:
     """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit."""  # noqa: E501
-    main = main_pid(conn)
+    info = load_recording(conn)
+    main = info.main_pid
     rows = conn.execute(
         """
         SELECT p.pid, p.ppid, p.comm, p.first_ns, p.exit_ns, p.exit_code,
@@ -236,7 +235,7 @@ def process_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) ->
             pid=r[0],
             ppid=r[1],
             comm=r[2] or "",
-            role=role_of(r[0], r[2], main),
+            role=info.process_role(r[0]),
             cuda_calls=int(r[6]),
             context_switches=int(r[7]),
             preemptions=int(r[8]),
@@ -270,16 +269,26 @@ def host_peaks(conn: duckdb.DuckDBPyConnection) -> HostPeaks:
     )
 
 
-def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> TraceStats:
-    """Return the overview of the trace (or of one process with ``pid``), including chain counts by severity."""  # noqa: E501
-    from tracer.analysis.chains import compute_chains
-
-    ev = conn.execute("SELECT events_traced, events_stored, events_lost FROM session LIMIT 1").fetchone() or (
-        0,
-        0,
-        0,
+def training_time(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> tuple[TrainingTime | None, TracerCost]:
+    """Return the training thread's breakdown in brief (of ``pid`` when given) and the tracer's own cost."""
+    info = load_recording(conn)
+    times = load_thread_times(conn, info, pid)
+    t = times.training
+    cost = tracer_cost(conn, info, times.threads)
+    if t is None:
+        return None, cost
+    parts = sorted((p for p in parts_of(t) if p.ms > 0), key=lambda p: -p.ms)
+    return (
+        TrainingTime(pid=t.pid, tid=t.tid, comm=t.comm, basis=times.basis, wall_ms=round(t.wall / 1e6, 3), parts=parts),
+        cost,
     )
+
+
+def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> TraceStats:
+    """Return the overview of the trace (or of one process with ``pid``), including chain counts by severity."""
+    ev = conn.execute("SELECT events_traced, events_stored, events_lost FROM session LIMIT 1").fetchone() or (0, 0, 0)
     chains = compute_chains(conn, pid=pid, limit=1)
+    training, cost = training_time(conn, pid)
     return TraceStats(
         environment=environment(conn),
         pid=pid,
@@ -291,4 +300,7 @@ def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> Trac
         host=host_peaks(conn),
         chains_by_severity=chains.by_severity,
         top_chain=chains.chains[0].summary if chains.chains else None,
+        training_thread=training,
+        tracer=cost,
+        recording=recording_state(conn),
     )

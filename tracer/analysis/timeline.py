@@ -1,10 +1,9 @@
 """When things happened: fixed time buckets over the whole trace, and every event around one instant.
 
-``buckets`` answers "when do the stalls happen" (per bucket: calls per op class, sync p99, off-CPU,
-preemptions,
-page allocation). ``around`` reconstructs the microsecond timeline around a stall: CUDA calls, off-CPU
-intervals
-and process events of the traced tree within ±window, time-ordered, with offsets from the instant.
+``buckets`` answers "when do the stalls happen" (per bucket: stored calls per op part from the probe catalog, so
+synchronous copies count as syncs; sync p99, off-CPU, preemptions, page allocation). ``around`` reconstructs the
+microsecond timeline around a stall: CUDA calls, off-CPU intervals and process events of the traced tree within
+±window, time-ordered, with offsets from the instant.
 """
 
 from __future__ import annotations
@@ -15,27 +14,9 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
+from tracer.analysis.taxonomy import part_case_sql
 
 S = 1_000_000_000
-
-
-def op_class(op: str) -> str:
-    """Group an op for bucketing: sync | alloc | memcpy | launch | other."""
-    if "Synchronize" in op:
-        return "sync"
-    if "Alloc" in op or "Malloc" in op or "Free" in op:
-        return "alloc"
-    if "Memcpy" in op or "Memset" in op:
-        return "memcpy"
-    if "Launch" in op:
-        return "launch"
-    return "other"
-
-
-_CLASS_SQL = """CASE WHEN op LIKE '%Synchronize%' THEN 'sync'
-  WHEN op LIKE '%Alloc%' OR op LIKE '%Malloc%' OR op LIKE '%Free%' THEN 'alloc'
-  WHEN op LIKE '%Memcpy%' OR op LIKE '%Memset%' THEN 'memcpy'
-  WHEN op LIKE '%Launch%' THEN 'launch' ELSE 'other' END"""
 
 
 class Bucket(Record):
@@ -43,10 +24,11 @@ class Bucket(Record):
 
     start_s: Annotated[float, Field(description="bucket start, seconds since session start")]
     calls: Annotated[
-        dict[str, int], Field(description="stored CUDA calls per op class (sync/alloc/memcpy/launch/other)")
+        dict[str, int],
+        Field(description="stored CUDA calls per part (launch/sync/alloc/free/copy/other; sync copies are sync)"),
     ]
-    alloc_bytes: Annotated[int, Field(description="bytes requested by alloc-class calls")]
-    sync_p99_us: Annotated[float | None, Field(description="p99 of sync-class calls in the bucket, µs")]
+    alloc_bytes: Annotated[int, Field(description="bytes requested by alloc calls")]
+    sync_p99_us: Annotated[float | None, Field(description="p99 of the calls that waited for the GPU, µs")]
     sync_max_us: Annotated[float | None, Field(description="slowest sync in the bucket, µs")]
     off_cpu_ms: Annotated[float, Field(description="off-CPU time of traced threads (sched_stats, exact), ms")]
     context_switches: int
@@ -108,7 +90,7 @@ def buckets(conn: duckdb.DuckDBPyConnection, seconds: int = 10, pid: int | None 
 
     for b, cls, n, by, p99, mx in conn.execute(
         f"""
-            SELECT ts_ns // $w, {_CLASS_SQL} AS cls, count(*), coalesce(sum(bytes), 0),
+            SELECT ts_ns // $w, {part_case_sql("op")} AS cls, count(*), coalesce(sum(bytes), 0),
                    quantile_cont(dur_ns, 0.99), max(dur_ns)
             FROM cuda_calls WHERE ($pid IS NULL OR pid = $pid) GROUP BY ALL""",
         p,

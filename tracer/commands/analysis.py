@@ -1,4 +1,5 @@
-"""`tracer stats|chains|stacks|sql` and `tracer mcp serve` (registered on the app by tracer.cli).
+"""`tracer stats|chains|stacks|sql|timeline|breakdown|export` and `tracer mcp serve` (registered on the app by
+tracer.cli).
 
 Each command opens the DB read-only (:func:`tracer.db.open_trace`), calls one analysis function and renders
 the
@@ -9,13 +10,15 @@ record: rich on stdout, or ``--json``. Errors are :class:`tracer.errors.TracerEr
 from __future__ import annotations
 
 import os
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from tracer.analysis.arguments import check_args
+from tracer.console import make_console
 from tracer.errors import UsageError
 
 DbOption = Annotated[Path, typer.Option("--db", help="Trace DB written by `tracer record`.")]
@@ -23,15 +26,33 @@ PidOption = Annotated[int | None, typer.Option("--pid", help="Only this process 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the MCP tool's output).")]
 DEFAULT_DB = Path("trace.duckdb")
 
-# wide enough for the per-op table when piped (rich defaults to 80 columns off a terminal)
-out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 
 
-def _open(db: Path):  # noqa: ANN202
-    from tracer.db import open_trace
+@contextmanager
+def _open(db: Path) -> Iterator[Any]:
+    """Yield a read-only connection to the trace DB; say on stderr when its recording did not finish.
 
-    return open_trace(db)
+    A read that fails inside DuckDB (a damaged file, or one changed while read) becomes one clear StoreError.
+    """
+    import duckdb
+
+    from tracer.db import open_trace, read_error, recording_state
+
+    conn = open_trace(db)
+    failed = None
+    try:
+        state = recording_state(conn)
+        if not state.finished:
+            err.print(f"[yellow]note:[/] {state.ended}", highlight=False)
+        yield conn
+    except duckdb.Error as e:
+        failed = read_error(db, e)
+    finally:
+        conn.close()
+    if failed is not None:  # raised outside the except block: one error line, no DuckDB traceback
+        raise failed
 
 
 def _print(record, as_json: bool) -> None:  # noqa: ANN001
@@ -40,16 +61,25 @@ def _print(record, as_json: bool) -> None:  # noqa: ANN001
     print_record(record, out, as_json=as_json)
 
 
-def stats(db: DbOption = DEFAULT_DB, pid: PidOption = None, json: JsonOption = False) -> None:
+def stats(
+    db: DbOption = DEFAULT_DB,
+    pid: PidOption = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="One row per process (default: grouped by name and role, top groups).")
+    ] = False,
+    json: JsonOption = False,
+) -> None:
     """Show the trace overview: environment, per-op latency (p50/p95/p99/max, tail ratio), processes, host
     peaks.
 
     Example: tracer stats --db trace.duckdb --pid 12004
     """
     from tracer.analysis.stats import trace_stats
+    from tracer.render import print_record
 
     with _open(db) as conn:
-        _print(trace_stats(conn, pid=pid), json)
+        check_args(conn, pid=pid)
+        print_record(trace_stats(conn, pid=pid), out, as_json=json, show_all=show_all)
 
 
 def chains(
@@ -68,9 +98,8 @@ def chains(
     """
     from tracer.analysis.chains import compute_chains
 
-    if severity is not None and severity.lower() not in ("high", "medium", "low"):
-        raise UsageError(f"unknown severity {severity!r}", "Use --severity high, medium or low.")
     with _open(db) as conn:
+        check_args(conn, pid=pid, severity=severity, limit=limit)
         _print(compute_chains(conn, pid=pid, severity=severity, limit=limit), json)
 
 
@@ -88,6 +117,7 @@ def stacks(
     from tracer.analysis.stacks import UnknownOp, top_stacks
 
     with _open(db) as conn:
+        check_args(conn, pid=pid, limit=limit)
         try:
             res = top_stacks(conn, op, pid=pid, limit=limit)
         except UnknownOp as e:
@@ -101,13 +131,21 @@ def sql(
     query: Annotated[str, typer.Argument(help="One read-only statement (SELECT/WITH/DESCRIBE/SHOW/...).")],
     db: DbOption = DEFAULT_DB,
     limit: Annotated[int, typer.Option("--limit", help="Return at most N rows.")] = 1000,
-    timeout: Annotated[float, typer.Option("--timeout", help="Interrupt the query after S seconds.")] = 10.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Stop the query after S seconds, even inside one long function call.")
+    ] = 10.0,
     json: JsonOption = False,
 ) -> None:
     """Run one read-only SQL statement on the trace DB (no writes, no file or network access).
 
+    The query runs in a worker process under the run_sql limits (README: run_sql limits): the wall clock of
+    --timeout, 768 MiB of memory, about 1 MiB of rows, text values cut at 16,384 characters.
+
     Example: tracer sql --db trace.duckdb "SELECT op, count(*) FROM cuda_calls GROUP BY op"
     """
+    from tracer.analysis.sqlpool import default_pool
+
+    default_pool().spawn(db)  # the query worker starts while this process imports the rest
     from tracer.analysis.sql import run_sql
 
     _print(run_sql(db, query, limit=limit, timeout_s=timeout), json)
@@ -133,10 +171,104 @@ def timeline(
     from tracer.analysis.timeline import buckets
 
     with _open(db) as conn:
+        check_args(conn, pid=pid, bucket_s=bucket)
         if around is None:
             _print(buckets(conn, seconds=bucket, pid=pid), json)
         else:
             _print(around_fn(conn, int(around * 1e9), window_ms=window, pid=pid), json)
+
+
+def export(
+    output: Annotated[
+        str,
+        typer.Option("--output", "-o", help="File to write: .json, or .json.gz compressed; '-' writes to stdout."),
+    ] = "trace.json",
+    db: DbOption = DEFAULT_DB,
+    fmt: Annotated[
+        str,
+        typer.Option("--format", help="chrome: trace-event JSON (ui.perfetto.dev, chrome://tracing, HTA)."),
+    ] = "chrome",
+    start: Annotated[
+        float | None, typer.Option("--start", help="Window start, seconds since the recording began.")
+    ] = None,
+    end: Annotated[float | None, typer.Option("--end", help="Window end, seconds since the recording began.")] = None,
+    max_events: Annotated[
+        int,
+        typer.Option(
+            "--max-events",
+            help="Most CUDA calls and off-CPU intervals to write, the longest kept first (about 250 bytes each); "
+            "0: no limit. What is left out is said on stderr and in the file.",
+        ),
+    ] = 1_000_000,  # tracer.export.DEFAULT_MAX_EVENTS (a test holds them equal; importing it here costs 0.5 s)
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON on stdout.")] = False,
+) -> None:
+    """Write the recording as a timeline for a viewer: CUDA calls, off-CPU slices with who held the CPU,
+    process events, chains and host counters, in the trace-event JSON of the PyTorch profiler.
+
+    Open the file in https://ui.perfetto.dev or chrome://tracing, or load it with Holistic Trace Analysis.
+
+    Example: tracer export --db trace.duckdb -o trace.json --start 20 --end 40
+    """
+    from tracer.export import FORMATS, export_trace
+
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r}", f"Use --format {' or '.join(FORMATS)}.")
+    if start is not None and start < 0:
+        raise UsageError(f"--start {start:g} is before the recording began", "Pass seconds since its start, >= 0.")
+    if start is not None and end is not None and end <= start:
+        raise UsageError(f"--end {end:g} is not after --start {start:g}", "Pass a window with end > start.")
+    if max_events < 0:
+        raise UsageError(f"--max-events {max_events} is negative", "Pass a count, or 0 for no limit.")
+    path = None if output == "-" else Path(output)
+    if path is None and json:
+        raise UsageError("--json and -o - both write to stdout", "Write the trace to a file, or drop --json.")
+    if path is not None:
+        if path.is_dir():
+            raise UsageError(f"{path} is a directory", "Pass a file name, e.g. -o trace.json.")
+        if not path.parent.is_dir():
+            raise UsageError(f"no directory {path.parent} to write {path.name} into", "Create it, or pick another -o.")
+        if path.exists() and not force:
+            raise UsageError(f"{path} exists", "Pass --force to overwrite it, or pick another -o.")
+    with _open(db) as conn:
+        summary = export_trace(conn, path, fmt=fmt, start_s=start, end_s=end, max_events=max_events or None)
+    for note in summary.notes:
+        err.print(f"[yellow]note:[/] {note}", highlight=False)
+    if path is not None:
+        n = sum(summary.events.values())
+        err.print(
+            f"wrote {path}: {n:,} events ({summary.calls_written:,} CUDA calls, {summary.off_cpu_written:,} off-CPU "
+            f"intervals, t = {summary.window_start_s:.1f}-{summary.window_end_s:.1f} s). Open it in "
+            "https://ui.perfetto.dev or chrome://tracing.",
+            highlight=False,
+        )
+    if json:
+        _print(summary, True)
+
+
+def breakdown(
+    db: DbOption = DEFAULT_DB,
+    pid: PidOption = None,
+    tid: Annotated[
+        int | None, typer.Option("--tid", help="Only this thread (default: every thread that made CUDA calls).")
+    ] = None,
+    bucket: Annotated[
+        int, typer.Option("--bucket", help="Bucket width in seconds for the per-bucket rows (0: about 60 buckets).")
+    ] = 0,
+    json: JsonOption = False,
+) -> None:
+    """Show where each CUDA thread's time went, the training thread first: on CPU, inside CUDA calls (launch,
+    sync incl. synchronous copies, alloc, free, copy), waiting for a CPU and who held it (own process, own
+    workers, other processes, the tracer), blocked and who woke it; page faults of every thread of its process;
+    per time bucket; and what the tracer itself cost.
+
+    Example: tracer breakdown --db trace.duckdb --bucket 10   ·   tracer breakdown --db trace.duckdb --tid 12006
+    """
+    from tracer.analysis.breakdown import time_breakdown
+
+    with _open(db) as conn:
+        check_args(conn, pid=pid, tid=tid, bucket_s=bucket)
+        _print(time_breakdown(conn, pid=pid, tid=tid, bucket_s=bucket), json)
 
 
 mcp_app = typer.Typer(
@@ -165,6 +297,14 @@ def mcp_serve(
         list[str] | None,
         typer.Option("--allow-host", help="Extra Host header value clients use (e.g. gpu-box:8090); repeatable."),
     ] = None,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live",
+            help="Serve snapshots of a recording in progress (started by `tracer record --mcp-http`; --db is the "
+            "snapshot file, refreshed before each tool call).",
+        ),
+    ] = False,
 ) -> None:
     """Serve get_trace_stats, get_causal_chains, get_stacks and run_sql over MCP (stdio or streamable HTTP).
 
@@ -176,17 +316,25 @@ def mcp_serve(
 
     if http and stdio:
         raise UsageError("--http and --stdio are exclusive", "Pick one transport.")
+    freshen = None
+    if live:
+        from tracer.live import freshen as live_freshen
+        from tracer.live import wait_for_snapshot
+
+        if not wait_for_snapshot(db):
+            raise UsageError(f"no live snapshot appeared at {db}", "--live is started by tracer record --mcp-http.")
+        freshen = live_freshen(db)
     open_trace(db).close()  # fail now, with the reason, rather than on the first tool call
     if http is None:
         serve_stdio(db)
         return
     host, port = parse_listen(http)
     token = read_token(token_file, os.environ.get("TRACER_MCP_TOKEN"))
-    serve_http(db, host, port, token=token, allowed_hosts=allow_host or [], log=err)
+    serve_http(db, host, port, token=token, allowed_hosts=allow_host or [], log=err, freshen=freshen)
 
 
 def register(app: typer.Typer) -> None:
     """Add the analysis commands and the `mcp` group to ``app``."""
-    for f in (stats, chains, stacks, sql, timeline):
+    for f in (stats, chains, stacks, sql, timeline, breakdown, export):
         app.command()(f)
     app.add_typer(mcp_app, name="mcp")

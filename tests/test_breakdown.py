@@ -1,0 +1,196 @@
+"""tracer.analysis.breakdown on hand-built DBs: every part, holder, waker and fault count equals what the builder
+derived from its rows; the estimate of an older recording equals the exact parts where it can; the tracer's cost
+is its own line."""
+
+from __future__ import annotations
+
+import pytest
+from tracedb import (
+    HOG_PID,
+    MAIN_PID,
+    MS,
+    SCENARIOS,
+    STORM_TID,
+    TRACER_PID,
+    S,
+    TraceBuilder,
+    add_tracer,
+    build,
+    builder,
+    downgrade_to_v1,
+    parts_total,
+)
+
+from tracer.analysis.breakdown import MAX_BUCKETS, NO_BREAKDOWN, auto_bucket, time_breakdown
+from tracer.analysis.taxonomy import PART_NAMES
+from tracer.db import open_trace
+
+
+def breakdown_of(path, **kw):
+    with open_trace(path) as c:
+        return time_breakdown(c, **kw)
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("breakdown")
+    return {n: (d / f"{n}.duckdb", build(n, d / f"{n}.duckdb")) for n in SCENARIOS}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_parts_equal_the_builder_and_add_up(dbs, name):
+    # GIVEN a hand-built scenario; WHEN its breakdown is computed
+    path, b = dbs[name]
+    res = breakdown_of(path)
+    rows = b.breakdown_rows()
+    t = res.threads[0]
+    # THEN the training thread comes first, and each part is the builder's exact sum (ms, rounded to 1 µs)
+    assert (res.basis, res.note, res.training_tid, t.tid, t.role) == ("exact", "", MAIN_PID, MAIN_PID, "training")
+    assert [p.part for p in t.parts] == list(PART_NAMES)
+    for p in t.parts:
+        assert p.ms == pytest.approx(parts_total(rows, MAIN_PID, p.part) / MS, abs=1e-3), p.part
+    assert t.wall_ms == pytest.approx(parts_total(rows, MAIN_PID, "wall") / MS, abs=1e-3)
+    # the shares add up to 1 (each rounded to 1e-4) and the seconds cover the thread's whole span
+    assert sum(p.share for p in t.parts) == pytest.approx(1.0, abs=len(PART_NAMES) * 5e-5)
+    assert t.check.gap_ms == 0 and t.check.parts_mismatch_ms == 0 and t.check.span_ms == t.wall_ms
+
+
+def test_training_thread_is_the_one_feeding_the_gpu(tmp_path):
+    # GIVEN a process with a thread making 20,000 cheap pinned-memory copies and one launching and syncing
+    b = TraceBuilder(duration_s=10)
+    b.process(MAIN_PID, "python3")
+    for i in range(20_000):
+        b.call(i * 400_000 + 100_000, 2_000, "cudaMemcpyAsync", tid=MAIN_PID + 7, kind="HtoH")
+    for i in range(100):
+        t = i * 100 * MS + 1 * MS
+        b.call(t, 10_000, "cudaLaunchKernel")
+        b.call(t + 20 * MS, 60 * MS, "cudaStreamSynchronize")
+    b.write(tmp_path / "t.duckdb")
+    res = breakdown_of(tmp_path / "t.duckdb")
+    # THEN the training thread is the one with the most launch + sync time, not the one with the most calls
+    assert res.training_tid == MAIN_PID
+    assert [(t.tid, t.role, t.cuda_calls) for t in res.threads] == [
+        (MAIN_PID, "training", 200),
+        (MAIN_PID + 7, "cuda", 20_000),
+    ]
+    # only the first thread gets per-bucket rows; auto buckets: 10 s -> 1 s wide
+    assert len(res.threads[0].buckets) == 10 and res.threads[1].buckets == [] and res.bucket_s == 1
+
+
+def test_buckets(dbs):
+    path, b = dbs["fault_storm"]
+    res = breakdown_of(path, bucket_s=10)
+    bk = res.threads[0].buckets
+    assert res.bucket_s == 10 and [x.start_s for x in bk] == [0, 10, 20, 30, 40, 50]
+    # t = 10..50 s: 15 ms of every 100 ms step waiting behind its own process, 30 ms blocked on the GIL
+    assert [x.share.get("runq_self", 0) for x in bk] == [0, 0.15, 0.15, 0.15, 0.15, 0]
+    assert bk[1].ms["runq_self"] == 1500.0 and bk[1].wall_ms == 10_000.0
+    assert bk[0].faults == 2_000 and bk[0].page_alloc_bytes == 8 << 20
+
+
+def test_auto_bucket():
+    assert [auto_bucket(s * S) for s in (0, 60, 61, 300, 3600, 10**6)] == [1, 1, 2, 5, 60, 3600]
+    assert all(auto_bucket(s * S) * MAX_BUCKETS >= s for s in (59, 119, 1799))
+
+
+def test_holders_are_per_waiting_thread(dbs):
+    path, b = dbs["cpu_contention"]
+    t = breakdown_of(path).threads[0]
+    hog = [s for s in b.sched if s["preempted_by_pid"] == HOG_PID and s["tid"] == MAIN_PID]
+    assert t.holders[0].model_dump() == dict(
+        pid=HOG_PID,
+        comm="stress-ng",
+        holder="other",
+        preemptions=len(hog),
+        runq_ms=pytest.approx(sum(s["runq_ns"] for s in hog) / MS, abs=1e-3),
+    )
+    assert [(h.pid, h.holder) for h in t.holders[1:]] == [(MAIN_PID + 1, "tree")] and t.holders_note == ""
+    # the hog held the CPU inside syncs too: in-call run-queue time is counted apart from the parts
+    assert t.in_call_runq_ms == pytest.approx(sum(r["runq_ns"] for r in b.cuda_calls) / MS, abs=1e-3)
+
+
+def test_wakers_name_the_workers(dbs):
+    path, b = dbs["dataloader_starvation"]
+    t = breakdown_of(path).threads[0]
+    assert [(w.pid, w.tid, w.comm, w.holder) for w in t.wakers] == [
+        (MAIN_PID + 1, MAIN_PID + 1, "pt_data_worker", "tree"),
+        (MAIN_PID + 2, MAIN_PID + 2, "pt_data_worker", "tree"),
+    ]
+    assert [(w.wakeups, w.blocked_ms, w.in_call_ms) for w in t.wakers] == [(300, 12_000.0, 0.0)] * 2
+
+
+def test_every_thread_of_the_process_with_its_faults(dbs):
+    # GIVEN a thread of the training process with no CUDA call faulting in memory
+    path, b = dbs["fault_storm"]
+    res = breakdown_of(path)
+    storm = res.process_threads[0]
+    mine = [m for m in b.memory if m["tid"] == STORM_TID]
+    # THEN it heads the process's threads, with exact faults, page allocation and reclaim
+    assert (storm.tid, storm.comm, storm.cuda_calls) == (STORM_TID, "cache_fill", 0)
+    assert storm.faults == sum(m["faults"] for m in mine) and storm.page_alloc_bytes == sum(
+        m["page_alloc_bytes"] for m in mine
+    )
+    assert storm.reclaim_ms == pytest.approx(sum(m["reclaim"] for m in mine) / MS)
+    assert [t.tid for t in res.process_threads] == [STORM_TID, MAIN_PID]
+    # and asked for by tid, it gets the full view although it made no CUDA call
+    one = breakdown_of(path, tid=STORM_TID)
+    assert one.pid == MAIN_PID and [(t.tid, t.role) for t in one.threads] == [(STORM_TID, "thread")]
+    assert one.threads[0].buckets and one.threads[0].page_alloc_bytes == storm.page_alloc_bytes
+
+
+def test_pid_filter(dbs):
+    path, _ = dbs["healthy"]
+    res = breakdown_of(path, pid=MAIN_PID + 1)  # a DataLoader worker: no CUDA call
+    assert res.threads == [] and [t.tid for t in res.process_threads] == [MAIN_PID + 1]
+
+
+def test_tracer_is_a_line_of_its_own(tmp_path):
+    # GIVEN the recorder preempting the training thread between calls, 2 ms every second
+    b = builder("healthy")
+    add_tracer(b)
+    for sec in range(60):
+        b.off_cpu(sec * S + 3 * MS, 2 * MS, reason="preempted", runq_ns=2 * MS, by_pid=TRACER_PID, by_comm="tracer")
+    b.write(tmp_path / "t.duckdb")
+    res = breakdown_of(tmp_path / "t.duckdb")
+    t = res.threads[0]
+    # THEN that wait is its own part and the tracer's cost line counts it, with the recorder's CPU
+    assert next(p.ms for p in t.parts if p.part == "runq_tracer") == 120.0
+    assert next(h for h in t.holders if h.pid == TRACER_PID).holder == "tracer"
+    cpu = sum(h["tracer_cpu_ms"] for h in b.host_samples)
+    assert res.tracer.runq_caused_ms == 120.0 and res.tracer.cpu_ms == pytest.approx(cpu + 250)
+    assert res.tracer.share_of_host_cpu == pytest.approx((cpu + 250) / (60_000 * 16), abs=1e-4)
+    assert "traced threads waited 120.0 ms for a CPU it held" in res.tracer.summary
+
+
+@pytest.mark.parametrize("name", ["cpu_contention", "memory_pressure", "process_churn"])
+def test_estimate_of_an_older_recording(dbs, tmp_path, name):
+    # GIVEN the same scenario recorded without the time accounting (new tables empty), and as a v1 file
+    path, b = dbs[name]
+    exact = {p.part: p.ms for p in breakdown_of(path).threads[0].parts}
+    b.accounting = False
+    b.write(tmp_path / "empty.duckdb")
+    b.write(tmp_path / "v1.duckdb")
+    downgrade_to_v1(tmp_path / "v1.duckdb")
+    b.accounting = True
+    for p in (tmp_path / "empty.duckdb", tmp_path / "v1.duckdb"):
+        res = breakdown_of(p)
+        t = res.threads[0]
+        # THEN it says so, and the parts op_stats and sched_stats hold exactly are the exact ones
+        assert res.basis == "estimated" and res.note.startswith(NO_BREAKDOWN) and t.check is None
+        est = {x.part: x.ms for x in t.parts}
+        for part in ("launch", "sync", "copy", "blocked"):
+            assert est[part] == pytest.approx(exact[part], abs=1e-3), part
+        runq = ("runq_self", "runq_tree", "runq_other", "runq_tracer")
+        assert sum(est[x] for x in runq) == pytest.approx(sum(exact[x] for x in runq), abs=1e-3)
+        # its span starts at the first CUDA call (0.2 ms in): that much less time on CPU
+        assert est["cpu"] == pytest.approx(exact["cpu"] - 0.2, abs=1e-3)
+        assert t.faults == 0 and t.wakers == []
+    assert "does not say which thread waited" in breakdown_of(tmp_path / "v1.duckdb").threads[0].holders_note
+    assert breakdown_of(tmp_path / "v1.duckdb").tracer.cpu_ms is None
+
+
+def test_empty_recording(tmp_path):
+    TraceBuilder().write(tmp_path / "e.duckdb")
+    res = breakdown_of(tmp_path / "e.duckdb")
+    assert (res.basis, res.threads, res.training_tid) == ("none", [], None) and NO_BREAKDOWN in res.note
+    assert res.tracer.summary == "the tracer used 250 ms of CPU on this host (0.0% of its 16 CPUs over the recording)"

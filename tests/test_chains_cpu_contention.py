@@ -1,0 +1,71 @@
+"""chains.cpu_contention: waiting for a CPU, split into other tenants' processes and the job's own, culprit named,
+the tracer never counted; severity scales with the share of the thread's time."""
+
+from __future__ import annotations
+
+import pytest
+from tracedb import HOG_PID, MAIN_PID, MS, TRACER_PID, add_tracer, builder
+
+from tracer.analysis.chains import compute_chains
+from tracer.analysis.chains.cpu_contention import CATEGORY, HIGH, MEDIUM
+from tracer.db import open_trace
+
+
+def contention(tmp_path, b):
+    b.write(tmp_path / "t.duckdb")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        return [x for x in compute_chains(c, limit=100).chains if x.category == CATEGORY]
+
+
+def test_foreign_hog_is_named_with_a_fix_for_it(tmp_path):
+    (ch,) = contention(tmp_path, builder("cpu_contention"))
+    ev = ch.evidence
+    assert ev.holder_class == "other" and ch.severity == "HIGH" and ch.share >= HIGH
+    assert (ch.culprit.pid, ch.culprit.comm, ch.culprit.relation) == (HOG_PID, "stress-ng", "other_process")
+    assert ev.runq_outside_calls_ms == 12_000.0 and ev.runq_by_holder_ms["other"] == 12_000.0
+    assert ev.holders[0].pid == HOG_PID and all(h.holder != "tracer" for h in ev.holders)
+    assert (
+        f"renice -n 19 -p {HOG_PID}" in ch.recommendations[0]
+        and f"taskset -cp <cores> {MAIN_PID}" in (ch.recommendations[1])
+    )
+    assert "stress-ng (pid 4242)" in ch.summary and ev.max_load1 == 24.0
+
+
+def test_own_workers_are_told_apart(tmp_path):
+    # GIVEN the job's own DataLoader worker holding the CPU 17 ms of every step's Python work, the whole run
+    b = builder("healthy")
+    for i in range(600):
+        b.off_cpu(
+            i * 100 * MS + 3 * MS,
+            17 * MS,
+            reason="preempted",
+            runq_ns=17 * MS,
+            by_pid=MAIN_PID + 1,
+            by_comm="pt_data_worker",
+        )
+    (ch,) = contention(tmp_path, b)
+    # THEN the chain is about its own job: the worker is the culprit and the fix is fewer workers
+    assert ch.evidence.holder_class == "own" and ch.severity == "MEDIUM" and ch.share == pytest.approx(0.17, abs=1e-3)
+    assert (ch.culprit.pid, ch.culprit.relation) == (MAIN_PID + 1, "own_workers")
+    assert "num_workers" in ch.recommendations[0] and ch.evidence.dataloader_workers == 2
+
+
+@pytest.mark.parametrize("ms,severity", [(15, "MEDIUM"), (3, "LOW"), (1, None)])
+def test_severity_follows_the_share(tmp_path, ms, severity):
+    b = builder("healthy")
+    for i in range(600):
+        b.off_cpu(i * 100 * MS + 3 * MS, ms * MS, reason="preempted", runq_ns=ms * MS, by_pid=HOG_PID, by_comm="hog")
+    found = contention(tmp_path, b)
+    assert [c.severity for c in found] == ([severity] if severity else [])
+    if severity == "MEDIUM":
+        assert MEDIUM <= found[0].share < HIGH
+
+
+def test_the_tracer_holding_the_cpu_is_not_contention(tmp_path):
+    b = builder("healthy")
+    add_tracer(b)
+    for i in range(600):  # 17 of every 100 ms: it would be MEDIUM contention were it anyone else
+        b.off_cpu(
+            i * 100 * MS + 3 * MS, 17 * MS, reason="preempted", runq_ns=17 * MS, by_pid=TRACER_PID, by_comm="tracer"
+        )
+    assert contention(tmp_path, b) == []

@@ -1,0 +1,46 @@
+"""chains.process_churn: respawn waves counted from process events, their cost from the thread's time above its
+usual rate after each respawn; waiting for fresh workers is churn, not a starved loader."""
+
+from __future__ import annotations
+
+import pytest
+from tracedb import MAIN_PID, MS, S, builder
+
+from tracer.analysis.chains import compute_chains
+from tracer.analysis.chains.process_churn import WAVE_WINDOW_NS
+from tracer.db import open_trace
+
+
+@pytest.fixture(scope="module")
+def chains(tmp_path_factory):
+    p = tmp_path_factory.mktemp("churn") / "t.duckdb"
+    builder("process_churn").write(p)
+    with open_trace(p) as c:
+        return compute_chains(c, limit=100).chains
+
+
+def test_waves_and_cost(chains):
+    (ch,) = [c for c in chains if c.category == "process_churn"]
+    ev = ch.evidence
+    assert (ev.fork_waves, ev.respawn_waves, ev.workers_per_wave, ev.forks, ev.exits) == (6, 5, 4, 24, 20)
+    assert ev.wave_times_s == [round(e * 10 + 0.001, 2) for e in range(6)]
+    # each respawn blocks the thread 3.48 s, until it issues CUDA work again (the window runs to that second,
+    # past WAVE_WINDOW_NS); its usual rate of non-CUDA time (~22 %) in those seconds is not loss
+    assert all(w.lost_ms == pytest.approx(ev.waves[0].lost_ms, abs=1.0) for w in ev.waves)
+    assert 2500 < ev.avg_lost_ms_per_respawn < 3480 and ch.severity == "HIGH"
+    assert ch.impact_ms == pytest.approx(ev.lost_ms, abs=0.1)
+    assert (ch.start_ns, ch.end_ns) == (10 * S + 1 * MS, 54 * S) and 54 * S > 50 * S + 1 * MS + WAVE_WINDOW_NS
+    assert "num_workers=4, persistent_workers=True" in ch.recommendations[0]
+    assert ch.culprit.pid == MAIN_PID and ch.culprit.relation == "own_workers"
+
+
+def test_fresh_workers_are_not_a_starved_loader(chains):
+    # the thread's 3.48 s waits are ended by the new workers: churn's, so no dataloader_starvation
+    assert "dataloader_starvation" not in {c.category for c in chains}
+
+
+def test_one_wave_of_persistent_workers_is_healthy(tmp_path):
+    b = builder("healthy")  # two workers forked once at 0.5 s
+    b.write(tmp_path / "h.duckdb")
+    with open_trace(tmp_path / "h.duckdb") as c:
+        assert "process_churn" not in {x.category for x in compute_chains(c, limit=100).chains}

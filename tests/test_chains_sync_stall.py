@@ -1,0 +1,62 @@
+"""chains.sync_stall: syncs counted from the catalog (synchronous copies included, never by name), the cost is
+the host work the GPU could have overlapped, the culprit is the line of the sync."""
+
+from __future__ import annotations
+
+import pytest
+from tracedb import ITEM_STACK, MAIN_PID, MS, US, TraceBuilder, builder
+
+from tracer.analysis.chains import compute_chains
+from tracer.analysis.chains.sync_stall import CATEGORY, MIN_SYNCS
+from tracer.db import open_trace
+
+
+def stalls(tmp_path, b):
+    b.write(tmp_path / "t.duckdb")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        return [x for x in compute_chains(c, limit=100).chains if x.category == CATEGORY]
+
+
+def test_implicit_sync_through_a_small_dtoh_copy(tmp_path):
+    (ch,) = stalls(tmp_path, builder("sync_stall"))
+    ev = ch.evidence
+    # 600 cudaMemcpy DtoH (the driver copy inside each one is the same wait: counted once)
+    assert (ev.syncs, ev.implicit_syncs, [o.op for o in ev.ops]) == (600, 600, ["cudaMemcpy"])
+    assert ev.ops[0].implicit_sync and ch.op == "cudaMemcpy" and ch.culprit.code_site == "train.py:92 train_step"
+    # the GPU idles 45 ms after each copy while the thread prepares the next step: about half its time
+    assert ev.idle_gap_after_sync_us == pytest.approx(51_000, rel=0.1) and ch.severity == "HIGH"
+    assert ch.share == pytest.approx(min(ev.sync_ms, ev.host_ms) / (ev.sync_ms + ev.host_ms), abs=0.01)
+    assert ".item()" in ch.recommendations[0] and "train.py:92" in ch.recommendations[0]
+
+
+def _loop(op: str, layer: str | None = None, host_before_ms: float = 30, gpu_ms: float = 30) -> TraceBuilder:
+    b = TraceBuilder(duration_s=20)
+    b.process(MAIN_PID, "python3")
+    sid = b.stack(ITEM_STACK)
+    step = int((host_before_ms + gpu_ms + 0.1) * MS)
+    for i in range(int(20e9 // step)):
+        t = i * step + int(host_before_ms * MS)
+        b.call(t, 8 * US, "cudaLaunchKernel")
+        b.call(t + 20 * US, int(gpu_ms * MS), op, layer=layer, stack_id=sid, off_cpu_ns=int(gpu_ms * MS) - 40 * US)
+    return b
+
+
+@pytest.mark.parametrize("op", ["cudaDeviceSynchronize", "cuStreamSynchronize", "cuMemcpyDtoH", "cudaEventSynchronize"])
+def test_every_op_that_waits_for_the_gpu(tmp_path, op):
+    b = _loop(op)
+    (ch,) = stalls(tmp_path, b)
+    n = len(b.cuda_calls) // 2
+    assert ch.op == op and ch.severity == "HIGH" and ch.evidence.syncs == n
+    assert ch.evidence.implicit_syncs == (n if op == "cuMemcpyDtoH" else 0)
+
+
+def test_an_async_copy_is_not_a_sync(tmp_path):
+    assert stalls(tmp_path, _loop("cudaMemcpyAsync")) == []
+
+
+def test_enqueueing_right_after_the_sync_costs_little(tmp_path):
+    # GIVEN a GPU-bound loop: it waits 60 ms for the GPU but launches the next step 0.5 ms after the sync
+    b = _loop("cudaStreamSynchronize", host_before_ms=0.5, gpu_ms=60)
+    found = stalls(tmp_path, b)
+    # THEN the sync costs ~0.6 ms of idle GPU per step: no chain, whatever the share waiting
+    assert found == [] and len(b.cuda_calls) // 2 >= MIN_SYNCS

@@ -1,0 +1,147 @@
+"""Causal chains: why the training loop was slow, each cause ranked by the share of the training thread's time
+it cost, with the culprit (process, thread, Python line) and fixes written for this trace.
+
+Contract: a detector is ``detect(ctx: ChainContext) -> list[CausalChain]`` in a module of its own, named for its
+category, with its thresholds at the top; :data:`DETECTORS` lists them and :func:`compute_chains` runs every one
+and ranks the result worst first. Severity comes from the cost share (``context.grade``: HIGH >= 20 %, MEDIUM
+>= 5 %), read from the thread's exact time breakdown (:mod:`tracer.analysis.breakdown`), or from its estimate on
+a recording made before the breakdown existed (then ``basis`` says ``estimated``). The tracer's own processes
+are never a culprit and no fix touches them; their cost is reported by ``tracer breakdown``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+import duckdb
+
+from tracer.analysis.chains import (
+    allocation_churn,
+    cpu_contention,
+    dataloader_starvation,
+    gpu_bound,
+    launch_bound,
+    memory_pressure,
+    process_churn,
+    sync_stall,
+)
+from tracer.analysis.chains.context import ChainContext, Subject
+from tracer.analysis.chains.model import (
+    CATEGORIES,
+    SEVERITIES,
+    AllocationChurnEvidence,
+    CausalChain,
+    ChainsResult,
+    CpuContentionEvidence,
+    Culprit,
+    DataloaderStarvationEvidence,
+    Evidence,
+    GpuBoundEvidence,
+    LaunchBoundEvidence,
+    MemoryPressureEvidence,
+    ProcessChurnEvidence,
+    SyncStallEvidence,
+)
+
+__all__ = [
+    "CATEGORIES",
+    "DETECTORS",
+    "SEVERITIES",
+    "AllocationChurnEvidence",
+    "CausalChain",
+    "ChainContext",
+    "ChainsResult",
+    "CpuContentionEvidence",
+    "Culprit",
+    "DataloaderStarvationEvidence",
+    "Detector",
+    "Evidence",
+    "GpuBoundEvidence",
+    "LaunchBoundEvidence",
+    "MemoryPressureEvidence",
+    "ProcessChurnEvidence",
+    "Subject",
+    "SyncStallEvidence",
+    "compute_chains",
+    "detect_all",
+    "write_chains",
+]
+
+Detector = Callable[[ChainContext], list[CausalChain]]
+DETECTORS: tuple[Detector, ...] = (
+    cpu_contention.detect,
+    sync_stall.detect,
+    allocation_churn.detect,
+    process_churn.detect,
+    memory_pressure.detect,
+    dataloader_starvation.detect,
+    launch_bound.detect,
+    gpu_bound.detect,
+)
+
+
+def detect_all(ctx: ChainContext) -> list[CausalChain]:
+    """Run every detector; return all chains worst first (severity, then share of the thread's time)."""
+    chains = [c for d in DETECTORS for c in d(ctx)]
+    chains.sort(key=lambda c: (SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
+    return chains
+
+
+def compute_chains(
+    conn: duckdb.DuckDBPyConnection, pid: int | None = None, severity: str | None = None, limit: int = 10
+) -> ChainsResult:
+    """Return causal chains worst first, optionally only for ``pid`` and at one ``severity`` (high|medium|low)."""
+    sev = severity.upper() if severity else None
+    if sev is not None and sev not in SEVERITIES:
+        raise ValueError(f"unknown severity {severity!r}; use one of high, medium, low")
+    ctx = ChainContext.load(conn, pid)
+    chains = detect_all(ctx)
+    counts = {s: sum(1 for c in chains if c.severity == s) for s in SEVERITIES}
+    if sev:
+        chains = [c for c in chains if c.severity == sev]
+    note = ctx.times.note
+    if ctx.times.basis != "exact" and not ctx.info.has_wakers:
+        note = (note + "; " if note else "") + "dataloader_starvation needs wakers, which this recording lacks"
+    training = ctx.training
+    return ChainsResult(
+        chains=chains[: max(limit, 0)],
+        total=len(chains),
+        by_severity=counts,
+        basis=ctx.times.basis,
+        note=note,
+        training_tid=training.tid if training else None,
+    )
+
+
+def write_chains(rw_conn: duckdb.DuckDBPyConnection, chains: Sequence[CausalChain]) -> int:
+    """Append ``chains`` to ``causal_chains`` with computed_at = now; return the number written.
+
+    ``evidence`` holds the chain's measured part: share, impact, thread, basis, culprit and the category's
+    evidence fields, so SQL reads them as ``evidence->>'share'``."""
+    for c in chains:
+        evidence = {
+            "share": c.share,
+            "impact_ms": c.impact_ms,
+            "tid": c.tid,
+            "basis": c.basis,
+            "culprit": c.culprit.model_dump() if c.culprit else None,
+            **c.evidence.model_dump(),
+        }
+        rw_conn.execute(
+            "INSERT INTO causal_chains (id, computed_at, severity, category, start_ns, end_ns, pids, op, summary, "
+            "evidence, recommendations) VALUES (?, now(), ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                c.id,
+                c.severity,
+                c.category,
+                c.start_ns,
+                c.end_ns,
+                c.pids,
+                c.op or None,
+                c.summary,
+                json.dumps(evidence, default=str),
+                json.dumps(c.recommendations),
+            ],
+        )
+    return len(chains)

@@ -1,0 +1,334 @@
+"""What every detector reads, loaded once per ``compute_chains``: the recording, each thread's time breakdown,
+the subjects (the threads whose time the chains explain), exact per-op latency, and code sites.
+
+A *subject* is a process's driver thread (its CUDA thread with the most launch + sync time; see
+:mod:`tracer.analysis.breakdown`), its time clipped to its *steps*: from its first launch or sync to the end of
+its last, so the set-up before the loop (imports, forking the loader, the first batch) does not count as loss.
+A subject in a process that never launches a kernel (a data worker pinning memory) is not training the model:
+its chains are capped at MEDIUM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import duckdb
+
+from tracer.analysis.breakdown import (
+    FIELDS,
+    Holder,
+    ThreadTime,
+    ThreadTimes,
+    Waker,
+    holders_of,
+    load_thread_times,
+    wakers_of,
+)
+from tracer.analysis.chains.model import CausalChain, Culprit, Evidence
+from tracer.analysis.recording import RecordingInfo, load_recording
+from tracer.analysis.taxonomy import part_name
+from tracer.hist import quantile
+
+S = 1_000_000_000
+MS = 1_000_000
+# Severity is the share of the affected thread's (steps') wall time a cause cost (issue 10). Detectors use these
+# unless they name their own at their top.
+HIGH_SHARE = 0.20
+MEDIUM_SHARE = 0.05
+# below this a cause is noise, not a chain: 2% of a step is within run-to-run jitter of a training loop
+LOW_SHARE = 0.02
+STEP_PARTS = ("launch", "sync")  # the calls that mark a training loop's steps
+# Shares are of at least a second of steps: in a loop that ran for 0.1 s, a few ms of scheduling noise would
+# otherwise be a HIGH cause (the issue's severities are about a training job, not its first step).
+MIN_STEPS_NS = 1_000_000_000
+# a second is part of a cause's time range when the cause took >= 10 % of it
+HOT_SECOND_FRAC = 0.10
+
+
+def grade(share: float, high: float = HIGH_SHARE, medium: float = MEDIUM_SHARE, low: float = LOW_SHARE) -> str | None:
+    """Return HIGH / MEDIUM / LOW for a cost ``share`` of the thread's time, or None below ``low``."""
+    if share >= high:
+        return "HIGH"
+    if share >= medium:
+        return "MEDIUM"
+    return "LOW" if share >= low else None
+
+
+@dataclass(frozen=True)
+class OpLatency:
+    """One (pid, op) from op_stats: exact calls, time and percentiles."""
+
+    pid: int
+    op: str
+    layer: str
+    calls: int
+    total_ns: int
+    p50_ns: float
+    p99_ns: float
+    bytes: int
+
+    @property
+    def part(self) -> str:
+        return part_name(self.op)
+
+
+@dataclass
+class Subject:
+    """A thread whose time the chains explain, clipped to its steps."""
+
+    time: ThreadTime
+    training: bool  # the recording's training thread
+    launches: bool  # its process launches kernels (else chains are capped at MEDIUM)
+    start_ns: int
+    end_ns: int
+
+    @property
+    def pid(self) -> int:
+        return self.time.pid
+
+    @property
+    def tid(self) -> int:
+        return self.time.tid
+
+    def share(self, ns: float) -> float:
+        """Return ``ns`` as a share of the subject's steps, counted as at least MIN_STEPS_NS long."""
+        wall = max(self.time.wall, MIN_STEPS_NS)
+        return ns / wall if wall > 0 else 0.0
+
+    def cap(self, severity: str) -> str:
+        """Return ``severity`` capped at MEDIUM for a subject that does not train the model."""
+        if self.launches or severity != "HIGH":
+            return severity
+        return "MEDIUM"
+
+
+@dataclass
+class ChainContext:
+    """Shared, typed inputs of the detectors (see the module docstring)."""
+
+    conn: duckdb.DuckDBPyConnection
+    info: RecordingInfo
+    pid: int | None
+    times: ThreadTimes
+    subjects: list[Subject]
+    ops: dict[tuple[int, str], OpLatency]
+    _frames: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> ChainContext:
+        info = load_recording(conn)
+        times = load_thread_times(conn, info, pid)
+        ops: dict[tuple[int, str], OpLatency] = {}
+        for p, op, layer, calls, total, mn, mx, by, hist in conn.execute(
+            "SELECT pid, op, layer, calls, total_ns, min_ns, max_ns, bytes, hist FROM op_stats "
+            "WHERE ($pid IS NULL OR pid = $pid)",
+            {"pid": pid},
+        ).fetchall():
+            b = [(h["lo_ns"], h["hi_ns"], h["count"]) for h in hist or []]
+            ops[(p, op)] = OpLatency(
+                pid=p,
+                op=op,
+                layer=layer or "",
+                calls=int(calls or 0),
+                total_ns=int(total or 0),
+                p50_ns=quantile(b, 0.5, mn or 0, mx or 0),
+                p99_ns=quantile(b, 0.99, mn or 0, mx or 0),
+                bytes=int(by or 0),
+            )
+        ctx = cls(conn=conn, info=info, pid=pid, times=times, subjects=[], ops=ops)
+        ctx.subjects = ctx._subjects()
+        return ctx
+
+    # -- subjects
+    def _subjects(self) -> list[Subject]:
+        training = self.times.training
+        out = []
+        for t in self.times.drivers:
+            if t.wall <= 0:
+                continue
+            launches = any(o.part == "launch" and o.calls for o in self.ops_of(t.pid)) or t.ns("launch") > 0
+            a, b = self._steps(t)
+            out.append(Subject(clip(t, a, b), t is training, launches, a, b))
+        return out
+
+    def _steps(self, t: ThreadTime) -> tuple[int, int]:
+        ops = [o.op for o in self.ops_of(t.pid) if o.part in STEP_PARTS] or [o.op for o in self.ops_of(t.pid)]
+        r = None
+        if ops:
+            r = self.conn.execute(
+                "SELECT min(ts_ns), max(ts_ns + dur_ns) FROM cuda_calls WHERE tid = ? AND list_contains(?, op)",
+                [t.tid, ops],
+            ).fetchone()
+        a, b = (r[0], r[1]) if r and r[0] is not None else (t.first_ns, t.end_ns)
+        return max(int(a), t.first_ns), min(int(b), t.end_ns) if t.end_ns > a else int(b)
+
+    @property
+    def training(self) -> Subject | None:
+        return next((s for s in self.subjects if s.training), None)
+
+    def hot_range(
+        self, s: Subject, value: Callable[[dict[str, int]], float], frac: float = HOT_SECOND_FRAC
+    ) -> tuple[int, int]:
+        """Return [start, end) of the seconds in which ``value(row)`` took >= ``frac`` of the subject's time: when
+        a cause was at work (the subject's steps when it never reached that)."""
+        hot = [sec for sec, r in s.time.by_sec.items() if r["wall"] and value(r) >= frac * r["wall"]]
+        if not hot:
+            return s.start_ns, s.end_ns
+        return max(min(hot) * S, s.start_ns), min((max(hot) + 1) * S, s.end_ns)
+
+    # -- ops
+    def ops_of(self, pid: int, pred: Callable[[OpLatency], bool] | None = None) -> list[OpLatency]:
+        """Return the pid's ops (matching ``pred``), counting a runtime call and the driver call inside it once:
+        per part, the runtime layer when it has calls, else the driver layer."""
+        mine = [o for (p, _), o in self.ops.items() if p == pid and o.calls]
+        runtime_parts = {o.part for o in mine if o.layer == "runtime"}
+        kept = [o for o in mine if o.layer == "runtime" or o.part not in runtime_parts]
+        kept = [o for o in kept if pred is None or pred(o)]
+        return sorted(kept, key=lambda o: (-o.total_ns, o.op))
+
+    def op_latency(self, pid: int, op: str) -> tuple[float, float]:
+        o = self.ops.get((pid, op))
+        return (o.p50_ns, o.p99_ns) if o else (0.0, 0.0)
+
+    # -- who
+    def holders(self, s: Subject) -> tuple[list[Holder], str]:
+        """Return who held the CPU while the subject waited, within its steps."""
+        return holders_of(self.conn, self.info, s.time, limit=20, scale=self._in_steps(s))
+
+    def wakers(self, s: Subject, limit: int = 50) -> list[Waker]:
+        """Return who woke the subject, within its steps."""
+        return wakers_of(self.conn, self.info, s.time, limit=limit, scale=self._in_steps(s))
+
+    def _in_steps(self, s: Subject) -> Callable[[int], float]:
+        """Return sec -> the share of that second's accounted time that lies in the subject's steps: per-second
+        rows (preemptors, wakers) are weighted by it, as the thread's own seconds are by :func:`clip`."""
+        full = self.times.by_tid(s.tid)
+        whole = full.by_sec if full else {}
+
+        def k(sec: int) -> float:
+            mine, all_ = s.time.by_sec.get(sec), whole.get(sec)
+            if not mine or not all_ or not all_["wall"]:
+                return 0.0
+            return min(mine["wall"] / all_["wall"], 1.0)
+
+        return k
+
+    def threads_of(self, pid: int) -> list[ThreadTime]:
+        return [t for t in self.times.threads if t.pid == pid]
+
+    # -- code sites
+    def code_site(self, pid: int, ops: Iterable[str], tid: int | None = None) -> str | None:
+        """Return 'file:line function' of the Python code behind the most call time of ``ops`` in pid (tid)."""
+        sites = self.top_sites(pid, ops, tid, limit=1)
+        return sites[0][0] if sites else None
+
+    def top_sites(
+        self, pid: int, ops: Iterable[str], tid: int | None = None, limit: int = 3
+    ) -> list[tuple[str | None, int, int, int]]:
+        """Return [(site, stored calls, total ns, bytes)] of ``ops`` in pid, most call time first."""
+        rows = self.conn.execute(
+            "SELECT stack_id, count(*), sum(dur_ns), coalesce(sum(bytes), 0) FROM cuda_calls WHERE pid = $pid "
+            "AND list_contains($ops, op) AND stack_id IS NOT NULL AND ($tid IS NULL OR tid = $tid) "
+            "GROUP BY stack_id ORDER BY 3 DESC, 1 LIMIT $limit",
+            {"pid": pid, "ops": list(ops), "tid": tid, "limit": limit},
+        ).fetchall()
+        return [(self.frame_of(sid), int(n), int(ns or 0), int(b)) for sid, n, ns, b in rows]
+
+    def frame_of(self, stack_id: int) -> str | None:
+        """Return 'file:line function' of the stack's innermost Python frame in the user's own code.
+
+        Library frames (site-packages, the stdlib) are skipped. When no library frame sits above the C call,
+        the innermost file is the binding that made it (a ctypes wrapper such as FakeCuda.call): if a caller
+        in another file exists, that caller is the code site, not the wrapper."""
+        if stack_id not in self._frames:
+            frames = self.conn.execute(
+                "SELECT file, line, function FROM stacks WHERE stack_id = ? AND kind = 'python' ORDER BY depth DESC",
+                [stack_id],
+            ).fetchall()
+            user = [f for f in frames if not _is_library(f[0])] or frames
+            if user and frames and user[0][0] == frames[0][0]:
+                callers = [f for f in user if f[0] != user[0][0]]
+                user = callers or user
+            f = user[0] if user else None
+            self._frames[stack_id] = f"{f[0]}:{f[1]} {f[2]}" if f else ""
+        return self._frames[stack_id] or None
+
+    # -- building a chain
+    def chain(
+        self,
+        s: Subject,
+        *,
+        category: str,
+        severity: str,
+        cost_ns: float,
+        summary: str,
+        evidence: Evidence,
+        recommendations: list[str],
+        culprit: Culprit | None = None,
+        op: str = "",
+        start_ns: int | None = None,
+        end_ns: int | None = None,
+        pids: Iterable[int] = (),
+    ) -> CausalChain:
+        """Return a chain about subject ``s`` that cost it ``cost_ns`` (its share is the ranking key)."""
+        a = s.start_ns if start_ns is None else start_ns
+        b = s.end_ns if end_ns is None else end_ns
+        p50, p99 = self.op_latency(s.pid, op) if op else (0.0, 0.0)
+        who = f"{culprit.pid}/{culprit.tid}/{culprit.comm}" if culprit else ""
+        key = f"{category}|{s.pid}|{s.tid}|{op}|{who}|{a // S}|{b // S}"
+        return CausalChain(
+            id=f"{category}-{hashlib.sha1(key.encode()).hexdigest()[:10]}",
+            severity=s.cap(severity),
+            category=category,
+            start_ns=int(a),
+            end_ns=int(b),
+            pids=sorted({s.pid, *pids}),
+            tid=s.tid,
+            thread_comm=s.time.comm,
+            share=round(s.share(cost_ns), 4),
+            impact_ms=round(cost_ns / MS, 1),
+            basis=self.times.basis,
+            culprit=culprit,
+            op=op,
+            op_p50_us=round(p50 / 1e3, 1),
+            op_p99_us=round(p99 / 1e3, 1),
+            summary=summary,
+            evidence=evidence,
+            recommendations=recommendations,
+        )
+
+
+_LIBRARY_PARTS = ("site-packages", "dist-packages", "<frozen", "/lib/python3")
+
+
+def _is_library(path: str | None) -> bool:
+    return not path or any(p in path for p in _LIBRARY_PARTS)
+
+
+def clip(t: ThreadTime, start_ns: int, end_ns: int) -> ThreadTime:
+    """Return ``t`` restricted to [start_ns, end_ns): whole seconds inside, edge seconds pro-rated by overlap."""
+    out = ThreadTime(
+        pid=t.pid,
+        tid=t.tid,
+        comm=t.comm,
+        first_ns=max(t.first_ns, start_ns),
+        end_ns=min(t.end_ns, end_ns),
+        exited=t.exited,
+        cuda_calls=t.cuda_calls,
+        total=dict.fromkeys(FIELDS, 0),
+    )
+    for sec, row in t.by_sec.items():
+        lo, hi = max(sec * S, t.first_ns), min((sec + 1) * S, t.end_ns)
+        if hi <= lo:
+            lo, hi = sec * S, (sec + 1) * S
+        ov = min(hi, end_ns) - max(lo, start_ns)
+        if ov <= 0:
+            continue
+        k = min(ov / (hi - lo), 1.0)
+        r = {f: int(round(v * k)) for f, v in row.items()} if k < 1 else dict(row)
+        out.by_sec[sec] = r
+        for f, v in r.items():
+            out.total[f] = out.total.get(f, 0) + v
+    return out

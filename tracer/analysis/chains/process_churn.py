@@ -1,0 +1,172 @@
+"""process_churn: worker processes forked again and again (a DataLoader without persistent workers, a pool
+re-created per epoch), each respawn stalling the training thread while the new workers start and deliver their
+first batches.
+
+Waves: forks of one parent more than FORK_GAP_NS apart, or after a worker of the current wave exited, start a
+new wave; one wave of long-lived workers is the healthy shape. Cost: in the WAVE_WINDOW_NS after each respawn (or
+until the thread issued CUDA work again, when later), the parent's driver thread's time outside CUDA
+calls (forking, waiting for batches) above its usual per-second rate elsewhere in its steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
+from tracer.analysis.chains.model import CausalChain, Culprit, ProcessChurnEvidence, WaveLoss
+from tracer.analysis.recording import DATALOADER_COMM
+from tracer.analysis.taxonomy import CALL_PART_NAMES
+
+CATEGORY = "process_churn"
+HIGH = HIGH_SHARE
+MEDIUM = MEDIUM_SHARE
+LOW = LOW_SHARE
+S = 1_000_000_000
+MS = 1_000_000
+# forks within 1 s of each other are one wave (a pool starts its workers together)
+FORK_GAP_NS = 1 * S
+# new workers import, fork and warm up for about a second before their first batch: the respawn's window
+WAVE_WINDOW_NS = 2 * S
+
+# The process that forked: the recorder writes a fork as (pid = child, ppid = parent, child = child), a
+# hand-built trace as (pid = parent, child = child); both read the same way through this.
+_FORK_PARENT = "(CASE WHEN {e}pid = {e}child THEN {e}ppid ELSE {e}pid END)"
+
+
+def _waves(ctx: ChainContext) -> tuple[list[list[tuple]], int]:
+    parent_of = _FORK_PARENT.format(e="e.")
+    forks = ctx.conn.execute(
+        f"SELECT e.ts_ns, {parent_of}, e.child, p.comm FROM process_events e LEFT JOIN processes p "
+        f"ON p.pid = e.child WHERE e.kind = 'fork' AND ($pid IS NULL OR {parent_of} = $pid) ORDER BY e.ts_ns",
+        {"pid": ctx.pid},
+    ).fetchall()
+    tracer = ctx.info.tracer_pids
+    forks = [f for f in forks if f[1] not in tracer and f[2] not in tracer]
+    if not forks:
+        return [], 0
+    # child pid -> its exit time: a fork after a worker of the current wave exited starts a new wave even
+    # within FORK_GAP_NS (short epochs re-fork the workers right after shutting the last ones down)
+    exit_at = dict(
+        ctx.conn.execute(
+            "SELECT pid, min(ts_ns) FROM process_events WHERE kind = 'exit' AND list_contains(?, pid) GROUP BY pid",
+            [[f[2] for f in forks]],
+        ).fetchall()
+    )
+    waves: list[list[tuple]] = []
+    for f in forks:
+        respawn = waves and any(exit_at.get(w[2], f[0] + 1) <= f[0] for w in waves[-1])
+        if waves and f[0] - waves[-1][-1][0] <= FORK_GAP_NS and not respawn:
+            waves[-1].append(f)
+        else:
+            waves.append([f])
+    return waves, sum(1 for f in forks if f[2] in exit_at)
+
+
+def _resumed_ns(ctx: ChainContext, tid: int, start: int) -> int | None:
+    """Return the end of the second in which thread ``tid`` issued its first CUDA call at or after ``start``:
+    when it got back to work after the respawn (from the stored calls: any recording has them)."""
+    r = ctx.conn.execute("SELECT min(ts_ns) FROM cuda_calls WHERE tid = ? AND ts_ns >= ?", [tid, start]).fetchone()
+    return (int(r[0]) // S + 1) * S if r and r[0] is not None else None
+
+
+def wave_windows(ctx: ChainContext, tid: int, waves: list[list[tuple]]) -> list[tuple[int, int, list[int]]]:
+    """Return (start, end, worker pids) per respawn wave: from its first fork for WAVE_WINDOW_NS, or until
+    thread ``tid`` issued CUDA work again when that came later (a slow start is the respawn's too)."""
+    out = []
+    for w in waves[1:]:
+        start = w[0][0]
+        out.append((start, max(start + WAVE_WINDOW_NS, _resumed_ns(ctx, tid, start) or 0), [f[2] for f in w if f[2]]))
+    return out
+
+
+def respawn_windows(ctx: ChainContext, tid: int) -> dict[int, tuple[int, int]]:
+    """Return {worker pid: its wave's window} for the workers of every respawn wave: the time in which thread
+    ``tid`` waiting for them is the respawn's cost (dataloader_starvation leaves it to this detector)."""
+    waves, n_exits = _waves(ctx)
+    if len(waves) < 2 or n_exits == 0:
+        return {}
+    return {p: (a, b) for a, b, pids in wave_windows(ctx, tid, waves) for p in pids}
+
+
+def _non_cuda(row: dict[str, int]) -> int:
+    return row["wall"] - sum(row[p] for p in CALL_PART_NAMES)
+
+
+def detect(ctx: ChainContext) -> list[CausalChain]:
+    """Return one chain when workers were forked in two waves or more and some exited: the respawns."""
+    waves, n_exits = _waves(ctx)
+    if len(waves) < 2 or n_exits == 0:
+        return []  # one wave of long-lived workers is the healthy shape
+    forks = [f for w in waves for f in w]
+    parent = max({f[1] for f in forks}, key=lambda p: sum(1 for f in forks if f[1] == p))
+    subject = next((s for s in ctx.subjects if s.pid == parent), None) or ctx.training
+    if subject is None:
+        return []
+    return [_chain(ctx, subject, parent, waves, forks, n_exits)] if subject else []
+
+
+def _chain(
+    ctx: ChainContext, s: Subject, parent: int, waves: list[list[tuple]], forks: list[tuple], n_exits: int
+) -> CausalChain:
+    t = s.time
+    windows = [(a, b, len(pids)) for a, b, pids in wave_windows(ctx, s.tid, waves)]
+    in_wave = {sec for a, b, _ in windows for sec in range(a // S, (b - 1) // S + 1)}
+    rest = [_non_cuda(r) / r["wall"] for sec, r in t.by_sec.items() if sec not in in_wave and r["wall"]]
+    base = statistics.median(rest) if rest else 0.0
+    losses = []
+    seen: set[int] = set()
+    for a, b, n in windows:
+        lost = 0.0
+        for sec in range(a // S, (b - 1) // S + 1):
+            r = t.by_sec.get(sec)
+            if r is None or sec in seen or not r["wall"]:
+                continue
+            seen.add(sec)  # a second shared by two windows counts once
+            lost += max(_non_cuda(r) - base * r["wall"], 0.0)
+        losses.append(WaveLoss(start_s=round(a / S, 2), workers=n, lost_ms=round(lost / MS, 1)))
+    cost = sum(w.lost_ms for w in losses) * MS
+    respawns = len(waves) - 1
+    per_wave = sorted(len(w) for w in waves)[len(waves) // 2]
+    comm = next((f[3] for f in forks if f[3]), "worker")
+    avg = cost / MS / respawns
+    sev = grade(s.share(cost), HIGH, MEDIUM, LOW) or "LOW"
+    is_dl = comm == DATALOADER_COMM
+    recs = [
+        (
+            f"Keep the {per_wave} DataLoader workers alive across epochs: DataLoader(..., num_workers={per_wave}, "
+            "persistent_workers=True)"
+            if is_dl
+            else f"Reuse the {per_wave} {comm} worker processes instead of forking new ones every wave"
+        )
+        + f"; pid {parent} re-forked them {respawns} times.",
+        f"Each respawn cost thread {s.tid} ~{avg:,.0f} ms: with persistent workers the next epoch starts from "
+        "already-prefetched batches (prefetch_factor=2 or more).",
+    ]
+    return ctx.chain(
+        s,
+        category=CATEGORY,
+        severity=sev,
+        cost_ns=cost,
+        # the workers come and go: the culprit is the respawning, named by the process that forks them
+        culprit=Culprit(kind="workers", pid=parent, tid=None, comm=comm, relation="own_workers", code_site=None),
+        start_ns=waves[1][0][0],
+        end_ns=max(waves[-1][-1][0] + WAVE_WINDOW_NS, windows[-1][1]),
+        pids=[parent] + [f[2] for f in forks if f[2] is not None][:16],
+        summary=(
+            f"pid {parent} forked {per_wave} {comm} workers {len(waves)} times ({n_exits} exited); the respawns "
+            f"cost thread {s.tid} {cost / MS:,.0f} ms ({s.share(cost):.0%} of its steps' time), ~{avg:,.0f} ms each."
+        ),
+        evidence=ProcessChurnEvidence(
+            fork_waves=len(waves),
+            respawn_waves=respawns,
+            workers_per_wave=per_wave,
+            worker_comm=comm,
+            forks=len(forks),
+            exits=n_exits,
+            wave_times_s=[round(w[0][0] / S, 2) for w in waves],
+            lost_ms=round(cost / MS, 1),
+            avg_lost_ms_per_respawn=round(avg, 1),
+            waves=losses,
+        ),
+        recommendations=recs,
+    )

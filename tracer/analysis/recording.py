@@ -1,0 +1,172 @@
+"""What a recording holds, loaded once and shared by the analyses: session basics, the process tree with roles,
+which tables and columns exist, and who the tracer was.
+
+A DB from before schema v2 lacks ``threads``, ``thread_breakdown``, ``thread_wakers`` and several columns
+(``processes.role``, ``preemptors.tid`` / ``is_tracer``, ``sched.waker_*``); a v2 DB whose recorder did not run
+the time accounting has those tables empty. :class:`RecordingInfo` says which case holds so each analysis can
+fall back (and say so) instead of failing on a missing column.
+
+The recorder's own processes (``processes.role = 'tracer'``, ``preemptors.is_tracer``, ``session.recorder_pid``)
+are never the traced target, never a culprit and never the main pid. A v1 recording has none of those marks;
+there the recorder is recognised by its process name (:data:`TRACER_COMMS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import duckdb
+
+S = 1_000_000_000
+DATALOADER_COMM = "pt_data_worker"
+# The recorder's process name (the `tracer` console script): how a v1 recording, which has no role or
+# is_tracer column, names it in preemptors.
+TRACER_COMMS: frozenset[str] = frozenset({"tracer"})
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process of the recording (``processes`` row)."""
+
+    pid: int
+    ppid: int | None
+    comm: str
+    role: str  # target | tracer
+    first_ns: int
+    exit_ns: int | None
+    exit_code: int | None
+
+
+@dataclass
+class RecordingInfo:
+    """Facts about one recording that every analysis needs (see the module docstring)."""
+
+    columns: dict[str, frozenset[str]]
+    duration_ns: int = 0
+    cpu_cores: int = 0
+    mem_bytes: int = 0
+    target: str = ""
+    recorder_pid: int | None = None
+    procs: dict[int, Proc] = field(default_factory=dict)
+    main_pid: int | None = None
+    has_breakdown: bool = False
+    has_wakers: bool = False
+
+    def has(self, table: str, column: str | None = None) -> bool:
+        """Return True when the DB has ``table`` (and its ``column``)."""
+        cols = self.columns.get(table)
+        return cols is not None and (column is None or column in cols)
+
+    def comm(self, pid: int | None) -> str:
+        p = self.procs.get(pid) if pid is not None else None
+        return p.comm if p else "?"
+
+    @property
+    def tracer_pids(self) -> frozenset[int]:
+        pids = {p.pid for p in self.procs.values() if p.role == "tracer"}
+        if self.recorder_pid:
+            pids.add(self.recorder_pid)
+        return frozenset(pids)
+
+    def is_tracer(self, pid: int | None, comm: str | None = None, flagged: bool | None = None) -> bool:
+        """Return True when a task is the tracer: flagged so by the recorder, one of its pids, or (v1) its name."""
+        if flagged:
+            return True
+        if pid is not None and pid in self.tracer_pids:
+            return True
+        return flagged is None and comm in TRACER_COMMS
+
+    def in_tree(self, pid: int | None) -> bool:
+        """Return True when ``pid`` is a process of the traced tree (not the tracer)."""
+        p = self.procs.get(pid) if pid is not None else None
+        return p is not None and p.role != "tracer"
+
+    def process_role(self, pid: int) -> str:
+        """Return main | dataloader_worker | child | tracer for ``pid``."""
+        p = self.procs.get(pid)
+        if p is not None and p.role == "tracer" or pid in self.tracer_pids:
+            return "tracer"
+        if pid == self.main_pid:
+            return "main"
+        if p is not None and p.comm == DATALOADER_COMM:
+            return "dataloader_worker"
+        return "child"
+
+    def target_pids(self) -> list[int]:
+        """Return the traced tree's pids (tracer processes left out), in pid order."""
+        return sorted(p.pid for p in self.procs.values() if p.role != "tracer" and p.pid not in self.tracer_pids)
+
+    def descendants(self, pid: int) -> list[Proc]:
+        """Return every process forked (directly or not) from ``pid``, in pid order."""
+        kids: dict[int, list[int]] = {}
+        for p in self.procs.values():
+            if p.ppid is not None:
+                kids.setdefault(p.ppid, []).append(p.pid)
+        out, todo = [], list(kids.get(pid, []))
+        while todo:
+            c = todo.pop()
+            if c in self.procs and c != pid and self.procs[c] not in out:
+                out.append(self.procs[c])
+                todo.extend(kids.get(c, []))
+        return sorted(out, key=lambda p: p.pid)
+
+
+def table_columns(conn: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
+    """Return {table: its columns} for the DB's main schema."""
+    cols: dict[str, set[str]] = {}
+    for t, c in conn.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main' AND NOT internal"
+    ).fetchall():
+        cols.setdefault(t, set()).add(c)
+    return {t: frozenset(c) for t, c in cols.items()}
+
+
+def load_recording(conn: duckdb.DuckDBPyConnection) -> RecordingInfo:
+    """Return the :class:`RecordingInfo` of the DB behind ``conn``."""
+    info = RecordingInfo(columns=table_columns(conn))
+    extra = "recorder_pid" if info.has("session", "recorder_pid") else "NULL"
+    s = conn.execute(
+        f"SELECT duration_s, cpu_cores, mem_bytes, target, {extra} FROM session ORDER BY session_id DESC LIMIT 1"
+    ).fetchone()
+    if s:
+        info.duration_ns = int((s[0] or 0) * S)
+        info.cpu_cores, info.mem_bytes, info.target = int(s[1] or 0), int(s[2] or 0), s[3] or ""
+        info.recorder_pid = s[4]
+    role = "coalesce(role, 'target')" if info.has("processes", "role") else "'target'"
+    for pid, ppid, comm, r, first, exit_ns, code in conn.execute(
+        f"SELECT pid, ppid, comm, {role}, first_ns, exit_ns, exit_code FROM processes ORDER BY pid"
+    ).fetchall():
+        info.procs[pid] = Proc(pid, ppid, comm or "", r, int(first or 0), exit_ns, code)
+    info.main_pid = _main_pid(info)
+    if info.has("thread_breakdown"):
+        # rows with wall time: a table holding only fault counters is not a time breakdown
+        info.has_breakdown = bool(
+            conn.execute("SELECT count(*) > 0 FROM thread_breakdown WHERE coalesce(wall_ns, 0) > 0").fetchone()[0]
+        )
+    if info.has("thread_wakers"):
+        info.has_wakers = bool(conn.execute("SELECT count(*) > 0 FROM thread_wakers").fetchone()[0])
+    if info.duration_ns <= 0 and info.has("cuda_calls"):
+        end = conn.execute("SELECT max(ts_ns + dur_ns) FROM cuda_calls").fetchone()
+        info.duration_ns = int(end[0] or 0) if end else 0
+    return info
+
+
+def _main_pid(info: RecordingInfo) -> int | None:
+    if info.target.startswith("pid "):
+        try:
+            pid = int(info.target.split()[1])
+            if pid not in info.tracer_pids:
+                return pid
+        except (IndexError, ValueError):
+            pass
+    # the root of the traced tree: a target process whose parent is not a target process (the recorder that
+    # launched the command is in processes as role tracer, so it cannot be the root)
+    tree = {p.pid for p in info.procs.values() if p.role != "tracer" and p.pid not in info.tracer_pids}
+    roots = [p for p in info.procs.values() if p.pid in tree and (p.ppid is None or p.ppid not in tree)]
+    roots.sort(key=lambda p: (p.first_ns, p.pid))
+    return roots[0].pid if roots else None
+
+
+def main_pid(conn: duckdb.DuckDBPyConnection) -> int | None:
+    """Return the traced target's pid: ``pid N`` in session.target, else the root of the traced tree."""
+    return load_recording(conn).main_pid
