@@ -100,7 +100,7 @@ static __always_inline u64 call_arg(struct pt_regs *ctx, int n)
     default:
         if (n > 15)
             return 0;
-        bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 5)));
+        read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 5)));
         return v;
     }
 }
@@ -135,7 +135,7 @@ int cuda_entry(struct pt_regs *ctx)
         struct lib_range *r = rt_ranges.lookup(&tgid);
         u64 ra = 0;
         if (r) {
-            bpf_probe_read_user(&ra, sizeof(ra), (void *)sp);
+            read_user(&ra, sizeof(ra), (void *)sp);
             if (ra >= r->lo && ra < r->hi)
                 f.op = c->rt_twin;
         }
@@ -150,7 +150,7 @@ int cuda_entry(struct pt_regs *ctx)
         f.stream = call_arg(ctx, c->stream_arg);
         if (c->stream_deref >= 0) {
             u64 s = 0;
-            bpf_probe_read_user(&s, sizeof(s), (void *)(f.stream + c->stream_deref));
+            read_user(&s, sizeof(s), (void *)(f.stream + c->stream_deref));
             f.stream = s;
         }
     }

@@ -57,11 +57,11 @@ int kname_return(struct pt_regs *ctx)
         e->handle = 0;
         e->stub = 0;
         e->name[0] = 0;
-        bpf_probe_read_user(&e->handle, sizeof(e->handle), (void *)a->out);
+        read_user(&e->handle, sizeof(e->handle), (void *)a->out);
         if (a->kind == KNAME_BY_STUB)
             e->stub = a->arg;
         else
-            bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)a->arg);
+            read_user_str(e->name, sizeof(e->name), (void *)a->arg);
         knames_rb.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP);
     }
     kname_inflight.delete(&tid);

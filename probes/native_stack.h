@@ -34,15 +34,15 @@ static __always_inline int copy_user_stack(struct pt_regs *ctx, struct ustack_ev
     e->sp = sp;
     e->bp = ctx->bp;
     e->len = 0;
-    if (bpf_probe_read_user(e->data, USTACK_MAX, (void *)sp) == 0) {
+    if (read_user(e->data, USTACK_MAX, (void *)sp) == 0) {
         e->len = USTACK_MAX;
-    } else if (USTACK_MAX >= 8192 && bpf_probe_read_user(e->data, 8192, (void *)sp) == 0) {
+    } else if (USTACK_MAX >= 8192 && read_user(e->data, 8192, (void *)sp) == 0) {
         e->len = 8192;
-    } else if (bpf_probe_read_user(e->data, 4096, (void *)sp) == 0) {
+    } else if (read_user(e->data, 4096, (void *)sp) == 0) {
         e->len = 4096;
     } else {
         u32 n = 4096 - (u32)(sp & 4095); /* 1..4096 */
-        if (n > 0 && n <= 4096 && bpf_probe_read_user(e->data, n, (void *)sp) == 0)
+        if (n > 0 && n <= 4096 && read_user(e->data, n, (void *)sp) == 0)
             e->len = n;
     }
     return e->len;

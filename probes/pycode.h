@@ -77,11 +77,11 @@ static __always_inline u32 queue_new_codes(struct stack_event *se, u32 tgid)
 static __always_inline int read_pystr(char *out, u32 size, u64 str, struct py_cfg *cfg)
 {
     u32 state = 0;
-    if (!str || bpf_probe_read_user(&state, sizeof(state), (void *)(str + 32)))
+    if (!str || read_user(&state, sizeof(state), (void *)(str + 32)))
         return -1;
     if (!((state >> 5) & 1) || !((state >> 6) & 1)) /* compact, ascii */
         return -1;
-    return bpf_probe_read_user_str(out, size, (void *)(str + cfg->str_data)) > 0 ? 0 : -1;
+    return read_user_str(out, size, (void *)(str + cfg->str_data)) > 0 ? 0 : -1;
 }
 
 static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
@@ -102,22 +102,22 @@ static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
     e->qualname[0] = 0;
     e->filename[0] = 0;
     u64 fn = 0, qn = 0, lt = 0;
-    bpf_probe_read_user(&fn, sizeof(fn), (void *)(code + cfg->co_filename));
-    bpf_probe_read_user(&qn, sizeof(qn), (void *)(code + cfg->co_name));
-    bpf_probe_read_user(&lt, sizeof(lt), (void *)(code + cfg->co_linetable));
-    bpf_probe_read_user(&e->firstlineno, sizeof(e->firstlineno), (void *)(code + cfg->co_firstlineno));
+    read_user(&fn, sizeof(fn), (void *)(code + cfg->co_filename));
+    read_user(&qn, sizeof(qn), (void *)(code + cfg->co_name));
+    read_user(&lt, sizeof(lt), (void *)(code + cfg->co_linetable));
+    read_user(&e->firstlineno, sizeof(e->firstlineno), (void *)(code + cfg->co_firstlineno));
     if (read_pystr(e->qualname, CODE_NAME_MAX, qn, cfg))
         e->flags |= CODE_F_NAME_UNREAD;
     if (read_pystr(e->filename, CODE_FILE_MAX, fn, cfg))
         e->flags |= CODE_F_FILE_UNREAD;
     s64 len = 0; /* PyBytesObject: ob_size at 16, ob_sval at 32, in every supported version */
-    if (!lt || bpf_probe_read_user(&len, sizeof(len), (void *)(lt + 16)) || len < 0) {
+    if (!lt || read_user(&len, sizeof(len), (void *)(lt + 16)) || len < 0) {
         e->flags |= CODE_F_LT_UNREAD;
     } else {
         u32 n = len < CODE_LT_MAX ? (u32)len : CODE_LT_MAX - 1;
         n &= CODE_LT_MAX - 1;
         e->lt_full = (u32)len;
-        if (n && bpf_probe_read_user(e->linetable, n, (void *)(lt + 32)))
+        if (n && read_user(e->linetable, n, (void *)(lt + 32)))
             e->flags |= CODE_F_LT_UNREAD;
         else
             e->lt_len = n;

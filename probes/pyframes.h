@@ -79,7 +79,7 @@ static __always_inline u64 py_tstate(struct py_cfg *cfg)
     if (bpf_probe_read_kernel(&fs, sizeof(fs), (void *)((char *)task + FSBASE_OFF)) || !fs)
         return 0;
     u32 tss[2] = {0, 0}; /* Py_tss_t: _is_initialized, _key */
-    if (bpf_probe_read_user(tss, sizeof(tss), (void *)cfg->tss_key_addr) || !tss[0])
+    if (read_user(tss, sizeof(tss), (void *)cfg->tss_key_addr) || !tss[0])
         return 0;
     u32 key = tss[1];
     u64 slot;
@@ -89,13 +89,13 @@ static __always_inline u64 py_tstate(struct py_cfg *cfg)
         if (key >= 1024) /* PTHREAD_KEYS_MAX */
             return 0;
         u64 block = 0;
-        if (bpf_probe_read_user(&block, sizeof(block), (void *)(fs + cfg->pthread_spec2 + (u64)(key / 32) * 8)) ||
+        if (read_user(&block, sizeof(block), (void *)(fs + cfg->pthread_spec2 + (u64)(key / 32) * 8)) ||
             !block)
             return 0;
         slot = block + (u64)(key % 32) * 16 + 8;
     }
     u64 tstate = 0;
-    if (bpf_probe_read_user(&tstate, sizeof(tstate), (void *)slot))
+    if (read_user(&tstate, sizeof(tstate), (void *)slot))
         return 0;
     return tstate;
 }
@@ -118,14 +118,14 @@ static __always_inline int walk_python(struct stack_event *se, u32 tgid, u64 *ha
         return 0;
     }
     u64 frame = 0;
-    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(tstate + cfg->ts_frame))) {
+    if (read_user(&frame, sizeof(frame), (void *)(tstate + cfg->ts_frame))) {
         se->py_status = PYS_READ_FAIL;
         return 0;
     }
     if ((cfg->flags & PYCFG_F_CFRAME) && frame) {
         u64 cframe = frame;
         frame = 0;
-        if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(cframe + cfg->cframe_current))) {
+        if (read_user(&frame, sizeof(frame), (void *)(cframe + cfg->cframe_current))) {
             se->py_status = PYS_READ_FAIL;
             return 0;
         }
@@ -146,7 +146,7 @@ static __always_inline int walk_python(struct stack_event *se, u32 tgid, u64 *ha
     for (i = 0; i < MAX_PY_FRAMES; i++) {
         if (!frame)
             break;
-        if (bpf_probe_read_user(buf, rd, (void *)frame)) {
+        if (read_user(buf, rd, (void *)frame)) {
             status = PYS_READ_FAIL;
             break;
         }

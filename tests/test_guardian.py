@@ -1,5 +1,5 @@
 """tracer/guardian.py: what the guardian does with the `held` map, against a real BPF map and a real stopped process
-(the end-to-end SIGKILL case is tests/integration/test_guardian.py)."""
+(the end-to-end SIGKILL case is tests/integration/test_guardian_bpf.py)."""
 
 from __future__ import annotations
 
@@ -48,4 +48,32 @@ def test_release_continues_every_held_process_and_empties_the_map() -> None:
     finally:
         child.kill()
         child.wait()
+        b.cleanup()
+
+
+def test_the_guardian_holds_the_fds_it_is_given_until_it_exits() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    bcc = pytest.importorskip("bcc")
+    b = bcc.BPF(text="BPF_HASH(held, u32, u64, 16);\nBPF_ARRAY(cfg, u64, 8);\nint noop(void *ctx) { return 0; }")
+    r, w = os.pipe()
+    try:
+        # GIVEN a guardian given the write end of a pipe to keep (as it keeps the tracepoints), and the recorder's
+        # own copy closed
+        g = guardian.spawn(b["held"].map_fd, b["cfg"].map_fd, 3, keep_fds=[w])
+        os.close(w)
+        w = -1
+        os.set_blocking(r, False)
+        # THEN the pipe is still open for writing: its reader sees no end of file while the guardian lives
+        time.sleep(0.2)
+        with pytest.raises(BlockingIOError):
+            os.read(r, 1)
+        # WHEN the recorder ends normally, THEN the guardian exits and with it the last writer
+        g.finish()
+        assert g.proc.wait(timeout=10) == 0
+        assert os.read(r, 1) == b""
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
         b.cleanup()

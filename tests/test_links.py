@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tracer.links import UPROBE_MULTI, LinkError, attach_multi
+from tracer.links import UPROBE_MULTI, LinkError, attach_multi, close_together
 from tracer.procmaps import read_maps
 from tracer.targets import exported_offsets
 
@@ -73,3 +73,20 @@ def test_a_bad_offset_is_a_clear_error(prog) -> None:  # noqa: ANN001
     path, _ = _libc()
     with pytest.raises(LinkError, match="uprobe_multi link on"):
         attach_multi(fd, path, [os.path.getsize(path) + 4096], [0], retprobe=False)
+
+
+def test_close_together_runs_every_closer_and_raises_the_first_error() -> None:
+    done: list[int] = []
+
+    def ok(i: int) -> None:
+        done.append(i)
+
+    def bad() -> None:
+        raise OSError(9, "bad fd")
+
+    close_together([lambda i=i: ok(i) for i in range(5)])
+    assert sorted(done) == [0, 1, 2, 3, 4]
+    done.clear()
+    with pytest.raises(OSError, match="bad fd"):
+        close_together([*(lambda i=i: ok(i) for i in range(5)), bad])
+    assert sorted(done) == [0, 1, 2, 3, 4]  # the others still ran

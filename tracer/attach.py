@@ -28,7 +28,7 @@ from typing import Any
 from probes.catalog import DRIVER_COVERED, OP_IDS
 from tracer import events, targets
 from tracer.budget import DutyCycler
-from tracer.links import LinkError
+from tracer.links import LinkError, close_together
 from tracer.procmaps import FileResolver, kernel_dev
 from tracer.program import AttachedLibrary, Programs, attach_library
 
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 AUTO_CHECK_LAUNCHES = 300  # runtime launches to see, all reaching the driver, before dropping their probes
 # Test hook: seconds to wait before handling a library-load hold, so a test can kill the recorder while a target
-# is stopped and check that the guardian continues it (tests/integration/test_guardian.py). Unset in real use.
+# is stopped and check that the guardian continues it (tests/integration/test_guardian_bpf.py). Unset in real use.
 HOLD_DELAY_ENV = "TRACER_TEST_HOLD_DELAY_S"
 
 
@@ -185,9 +185,12 @@ class Attacher:
             log.info("runtime launches reach the driver: runtime launch probes dropped")
 
     def close(self) -> None:
-        """Detach everything (each link's close waits one RCU grace period)."""
-        for lib in self.attached.values():
-            lib.close()
+        """Detach every probe (idempotent): every entry link, then every return link, each group closed together
+        (each close waits for an RCU grace period; together they wait for about one). Entries first: once they are
+        gone, every call that entered has returned through its return probe."""
+        sets = [p for lib in self.attached.values() for p in lib.probe_sets()]
+        close_together([p.close_entries for p in sets])
+        close_together([p.close_returns for p in sets])
 
 
 def _open_fd_path(pid: int, dev: int, ino: int) -> str | None:

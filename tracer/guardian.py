@@ -6,8 +6,14 @@ stay stopped forever: a multi-day training run hung by its observer. So the reco
 passing it only the BPF maps it needs (``held``: which processes the probes stopped; ``cfg``: the switch that
 enables stopping) and the read end of a pipe. The recorder writes one byte when it ends normally; if the pipe
 closes without it, the recorder died: the guardian turns stopping off, then continues every held process, again
-and again for ``SWEEP_S`` (a hold may race the death), and exits. It holds no probe or program, so the probes are
-gone with the recorder, and it ignores the signals a terminal sends (it runs in its own session).
+and again for ``SWEEP_S`` (a hold may race the death), and exits. It ignores the signals a terminal sends (it runs
+in its own session).
+
+It also holds the recorder's tracepoints (their perf event fds), and does nothing with them: a tracepoint's detach
+waits for RCU grace periods under a kernel-wide mutex, one tracepoint after the other (0.8 s for the 20), and the
+last holder of the fds pays it when it exits. Held here, that wait is the guardian's, after the recorder has
+returned the terminal, instead of the recorder's. By then stopping is off and the recorder has emptied its target
+list (or died), so the programs still attached do no more than a lookup that fails.
 
 It is run as ``python -m tracer.guardian HELD_FD CFG_FD GATE_INDEX PIPE_FD`` (GATE_INDEX: CFG_LIBGATE of
 probes/common.h, passed by the recorder so this process imports nothing else) and uses raw bpf(2) calls, not
@@ -24,6 +30,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 SWEEP_S = 2.0  # keep continuing held processes this long after the recorder's death
@@ -123,13 +130,16 @@ class Guardian:
             self.pipe_w = -1
 
 
-def spawn(held_fd: int, cfg_fd: int, gate_index: int) -> Guardian:
-    """Start the guardian with the two map fds; it runs until :meth:`Guardian.finish` or the recorder's death."""
+def spawn(held_fd: int, cfg_fd: int, gate_index: int, keep_fds: Sequence[int] = ()) -> Guardian:
+    """Start the guardian with the two map fds; it runs until :meth:`Guardian.finish` or the recorder's death.
+
+    ``keep_fds``: fds it only holds until it exits (the tracepoints: their detach is then its wait, see above).
+    """
     r, w = os.pipe()
     os.set_inheritable(w, False)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tracer.guardian", str(held_fd), str(cfg_fd), str(gate_index), str(r)],
-        pass_fds=(held_fd, cfg_fd, r),
+        pass_fds=(held_fd, cfg_fd, r, *keep_fds),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 UPROBE_MULTI = 48  # enum bpf_attach_type BPF_TRACE_UPROBE_MULTI
@@ -48,6 +49,22 @@ class Link:
     @property
     def closed(self) -> bool:
         return self.fd < 0
+
+
+def close_together(closers: Sequence[Callable[[], None]]) -> None:
+    """Run every closer at once, each in its own thread, and return when all are done (raising the first error).
+
+    A BPF link, or a perf event carrying a BPF program, waits for an RCU grace period as it closes (50-80 ms in
+    this VM); one after another, the 20 tracepoints and the uprobe links took 1.5-2 s at the end of a recording.
+    Closed together, their grace periods overlap. ``os.close`` releases the GIL.
+    """
+    if len(closers) <= 1:
+        for c in closers:
+            c()
+        return
+    with ThreadPoolExecutor(min(len(closers), 32), thread_name_prefix="bpf-close") as pool:
+        for f in [pool.submit(c) for c in closers]:
+            f.result()
 
 
 def attach_multi(

@@ -161,6 +161,14 @@ def compile_program(opts: ProgramOptions) -> Any:
     return _compile(opts)
 
 
+def tracepoint_fds(bpf: Any) -> list[int]:
+    """Return the perf event fds of every tracepoint bcc attached (BPF() attaches each TRACEPOINT_PROBE) and make
+    bcc forget them, so that its own cleanup does not detach them again; closing them is the caller's."""
+    fds = [int(fd) for fd in bpf.tracepoint_fds.values()]
+    bpf.tracepoint_fds.clear()
+    return fds
+
+
 # The return probe's tail-called stages (cuda.bpf.c stage_prog), by slot.
 STAGES = ("call_with_stack", "py_read_codes")
 
@@ -281,11 +289,9 @@ class AttachedLibrary:
     probes: list[ProbeSet] = field(default_factory=list)  # always on
     hot: ProbeSet | None = None  # the launch functions: duty-cycled (tracer/budget.py)
 
-    def close(self) -> None:
-        for p in self.probes:
-            p.close()
-        if self.hot is not None:
-            self.hot.close()
+    def probe_sets(self) -> list[ProbeSet]:
+        """Every probe set on the file, the duty-cycled one included."""
+        return [*self.probes, *([self.hot] if self.hot is not None else [])]
 
 
 # Functions that hand out launch handles (probes/kernel_names.bpf.c): the driver's name them by the kernel's name,

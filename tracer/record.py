@@ -46,6 +46,7 @@ from tracer.program import (
     load_programs,
     sample_every,
     set_sample_every,
+    tracepoint_fds,
 )
 from tracer.ringbuf import DirectRing
 from tracer.stack_resolver import StackResolver
@@ -313,7 +314,12 @@ class Recorder:
         self.phases["compile_s"] = time.monotonic() - t
         self._configure_bpf()
         # The guardian first: from here on the probes may stop a process, and nothing may leave one stopped.
-        self.guardian = guardian.spawn(self.bpf["held"].map_fd, self.bpf["cfg"].map_fd, events.C.CFG_LIBGATE)
+        self.guardian = guardian.spawn(
+            self.bpf["held"].map_fd,
+            self.bpf["cfg"].map_fd,
+            events.C.CFG_LIBGATE,
+            keep_fds=list(self.bpf.tracepoint_fds.values()),  # their slow detach becomes the guardian's
+        )
         self.tree = ProcessTree(self.start_mono)
         for pid, comm in ((os.getpid(), "tracer"), (self.guardian.pid, "tracer-guardian")):
             self._add_tracer_pid(pid)
@@ -636,8 +642,10 @@ class Recorder:
         for pid in list(self._py_pending):
             self._pyrt_configure(pid)
         for pid, at in list(self._exited_at.items()):
-            if now - at > 5.0:  # every event of it has been drained by now
+            if now - at > 5.0:  # every event of it has been drained by now: drop its caches (respawned workers)
                 self.maps.forget(pid)
+                if self.pyrt is not None:
+                    self.pyrt.forget(pid)
                 del self._exited_at[pid]
         stored = self.store.rows_written.get("cuda_calls", 0)
         frac = self.cycler.fraction
@@ -787,12 +795,25 @@ class Recorder:
         if self.live is not None:
             self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
         try:
+            self.attacher.close()  # no CUDA call is traced from here on; the rings stay readable for the flush
             summary = self._flush(status, t_flush)
         finally:
             self.store.close()
             self.attacher.close()
+            self._drop_tracepoints()
             self.guardian.finish()
         return summary
+
+    def _drop_tracepoints(self) -> None:
+        """Empty the target list, so the tracepoint programs do nothing more for the job, and close this process's
+        fds of the tracepoints: the guardian holds them too, so their detach (0.8 s of grace periods, one after
+        another) happens at its exit, after this process has returned the terminal (guardian.py)."""
+        try:
+            self.bpf["targets"].clear()
+        except Exception as e:  # noqa: BLE001 - the detach below matters more
+            log.debug("emptying the target list failed: %s", e)
+        for fd in tracepoint_fds(self.bpf):
+            os.close(fd)
 
     def _flush(self, status: str, t_flush: float) -> RecordSummary:
         """The final drain and the rows only the end can write."""
