@@ -1,7 +1,8 @@
 """Overhead of `tracer record` on a training loop, in steady state: untraced vs traced steps/s, alternating A/B.
 
 The workload is the one issue 9 measured: fixtures/workloads/train.py with 2 persistent DataLoader workers,
-50 steps x 20 epochs = 1000 steps, 20 launches and one sync per step (20 K launches). Its own summary line
+50 steps x 100 epochs = 5000 steps (the issue ran 20 epochs: too short for a steady state), 20 launches and one
+sync per step (100 K launches). Its own summary line
 (``steps=N ... wall=Xs``, timed inside the process from its first to its last step) gives steps/s, so the
 recorder's start-up and final flush are not counted. Each pair runs untraced, traced with defaults, traced with
 ``--overhead-budget 1`` and traced with ``--no-python-stacks``, one after the other, so drift hits them alike.
@@ -43,7 +44,9 @@ from bench.common import (
 )
 
 TRAIN_ARGS = ["--workers", "2", "--persistent-workers", "--steps", "50"]
-EPOCHS, QUICK_EPOCHS = 20, 20  # 1000 steps: the issue's workload (a quick run has fewer pairs, not fewer steps)
+# The issue's workload ran 1000 steps, 1.4 s untraced: too short for a steady state (the budget acts on 1 s
+# ticks, and the recorder's CPU is sampled each second). 100 epochs = 5000 steps, ~7 s untraced; --quick keeps 1000.
+EPOCHS, QUICK_EPOCHS = 100, 20
 VARIANTS: dict[str, list[str]] = {
     "default": [],
     "budget_1": ["--overhead-budget", "1"],

@@ -44,10 +44,12 @@ def test_batches_are_written_in_full_and_missing_columns_are_null(tmp_path: Path
     c = duckdb.connect(str(db), read_only=True)
     n, lo, hi, nulls = c.execute(
         "SELECT count(*), min(ts_ns), max(ts_ns), count(*) FILTER (bytes IS NULL AND stack_id IS NULL "
-        "AND kernel IS NULL) FROM cuda_calls").fetchone()
+        "AND kernel IS NULL) FROM cuda_calls"
+    ).fetchone()
     assert (n, lo, hi, nulls) == (3 * FLUSH_ROWS, 0, 3 * FLUSH_ROWS - 1, 3 * FLUSH_ROWS)
     assert c.execute("SELECT DISTINCT op, layer, pid FROM cuda_calls").fetchall() == [
-        ("cudaLaunchKernel", "runtime", 42)]
+        ("cudaLaunchKernel", "runtime", 42)
+    ]
 
 
 def test_closed_db_opens_with_every_schema_table(tmp_path: Path) -> None:
@@ -90,3 +92,88 @@ def test_existing_file_is_refused_without_force(tmp_path: Path) -> None:
 def test_missing_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="does not exist"):
         Store(tmp_path / "nope" / "t.duckdb")
+
+
+def _count_inserts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    inserts: list[int] = []
+    real = Store._insert
+
+    def counting(self: Store, table: str, parts: list[pa.Table]) -> int:
+        inserts.append(sum(p.num_rows for p in parts))
+        return real(self, table, parts)
+
+    monkeypatch.setattr(Store, "_insert", counting)
+    return inserts
+
+
+def test_small_batches_wait_and_go_in_one_insert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a writer that holds rows up to a minute (so nothing but sync() flushes them here)
+    monkeypatch.setattr("tracer.store.FLUSH_S", 60.0)
+    inserts = _count_inserts(monkeypatch)
+    s = Store(tmp_path / "t.duckdb")
+    # WHEN 20 small batches are queued, as 20 drains would
+    for i in range(20):
+        s.put("cuda_calls", _calls(50, start=i * 50))
+    s.sync()
+    # THEN they went into the table as one insert of all 1000 rows
+    assert inserts == [1000] and s.rows_written["cuda_calls"] == 1000
+    s.close()
+
+
+def test_rows_are_written_within_the_flush_interval_without_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    monkeypatch.setattr("tracer.store.FLUSH_S", 0.05)
+    s = Store(tmp_path / "t.duckdb")
+    # GIVEN one small batch and no sync, WHEN its interval passes, THEN the writer inserts it on its own
+    s.put("cuda_calls", _calls(10))
+    deadline = time.monotonic() + 30
+    while s.rows_written.get("cuda_calls", 0) < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.rows_written.get("cuda_calls") == 10
+    s.close()
+
+
+def test_batches_of_a_table_with_dictionary_and_plain_columns_go_in_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN batches whose kernel column is dictionary-encoded in one, plain in another, absent in a third
+    monkeypatch.setattr("tracer.store.FLUSH_S", 60.0)
+    inserts = _count_inserts(monkeypatch)
+    s = Store(tmp_path / "t.duckdb")
+    a = _calls(3)
+    a["kernel"] = pa.DictionaryArray.from_arrays(pa.array([0, 1, None], pa.int32()), pa.array(["k0", "k1"]))
+    b = _calls(2, start=3)
+    b["kernel"] = pa.array(["k2", None])
+    s.put("cuda_calls", a)
+    s.put("cuda_calls", b)
+    s.put("cuda_calls", _calls(1, start=5))
+    s.sync()
+    # THEN one insert wrote all six rows with their values, and the store is still writing
+    assert inserts == [6] and not s.failed
+    s.close()
+    c = duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True)
+    assert c.execute("SELECT kernel FROM cuda_calls ORDER BY ts_ns").fetchall() == [
+        ("k0",),
+        ("k1",),
+        (None,),
+        ("k2",),
+        (None,),
+        (None,),
+    ]
+
+
+def test_a_batch_that_cannot_be_written_fails_the_store_instead_of_killing_its_writer(tmp_path: Path) -> None:
+    # GIVEN a batch whose column cannot become the table's type (text in ts_ns)
+    s = Store(tmp_path / "t.duckdb")
+    bad = _calls(2)
+    bad["ts_ns"] = ["not", "a number"]
+    s.put("cuda_calls", bad)
+    s.sync()
+    # THEN the store reports the failure (the recorder then stops with a clear error), not a silent dead thread
+    assert s.failed
+    with pytest.raises(StoreError):
+        s.put("cuda_calls", _calls(1))
+    s.close()

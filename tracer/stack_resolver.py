@@ -203,8 +203,8 @@ class StackResolver:
         ops = ev["op"].astype(np.int64)
         sel = np.nonzero(IS_LAUNCH[ops] & (ev["func"] != 0))[0]
         codes = np.zeros(n, dtype=np.int32)
-        if len(sel) == 0:
-            null = pa.nulls(n, pa.string())
+        if len(sel) == 0:  # still dictionary-typed: the store appends batches of one type together
+            null = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
             return null, null
         funcs, pids = ev["func"][sel], ev["pid"][sel]
         ufuncs, inverse = np.unique(funcs, return_inverse=True)  # a plain uint64 sort: few distinct targets

@@ -14,6 +14,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,32 @@ log = logging.getLogger(__name__)
 # Rows gathered per table before an insert. 10k rows x ~14 columns is a few MB of Arrow: the knee of DuckDB's
 # append curve without holding much memory.
 FLUSH_ROWS = 10_000
+# ...or for at most this long: an insert costs 2-6 ms of CPU whatever its size, and the recorder queues a batch for
+# 7 tables every second, so inserts every 2 s (all in one transaction), not every drain (0.2 s), cut the
+# recorder's steady-state CPU several times over. A SIGKILL loses at most this much; a live MCP query flushes.
+FLUSH_S = 2.0
+
+
+def _concat(parts: list[pa.Table]) -> pa.Table:
+    """One table of the queued batches of one DB table. A column that is dictionary-encoded in some batches and
+    not in others (or with other index types) is decoded in those batches (DuckDB stores the values either way);
+    NULL-typed columns (a batch that lacked the column) are promoted by concat."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0].schema
+    differ = [i for i, f in enumerate(first) if any(p.schema.field(i).type != f.type for p in parts[1:])]
+    if differ:
+        parts = [_decode(p, differ) for p in parts]
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _decode(tbl: pa.Table, columns: list[int]) -> pa.Table:
+    """``tbl`` with its dictionary-encoded columns among ``columns`` decoded to their value type."""
+    for i in columns:
+        t = tbl.schema.field(i).type
+        if pa.types.is_dictionary(t):
+            tbl = tbl.set_column(i, tbl.schema.field(i).with_type(t.value_type), tbl.column(i).cast(t.value_type))
+    return tbl
 
 
 def check_db_path(path: Path, force: bool) -> None:
@@ -64,6 +91,9 @@ class Store:
             self.conn = duckdb.connect(str(path))
         except duckdb.Error as e:
             raise StoreError(f"cannot create {path}: {e}") from None
+        # One DuckDB thread: the writer appends a few batches a second, which a second thread does not speed up,
+        # and on a small box every thread the recorder runs competes with the job it watches.
+        self.conn.execute("SET threads = 1")
         for t in TABLES:
             self.conn.execute(t.ddl())
         self.conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)])
@@ -126,10 +156,24 @@ class Store:
         self._q.put(("call", take, None))
 
     def _run(self) -> None:
+        try:
+            self._write_loop()
+        except Exception as e:  # noqa: BLE001 - a dead writer would drop every later row silently: fail instead
+            log.error("the writer of %s stopped: %s", self.path, e)
+            self._fail(e)
+
+    def _write_loop(self) -> None:
         pending: dict[str, list[pa.Table]] = {}
+        since = 0.0  # when the oldest pending batch was queued
         stop = False
         while not stop:
-            items = [self._q.get()]
+            # Rows wait up to FLUSH_S (or FLUSH_ROWS per table): each insert costs 1-6 ms of CPU whatever its size,
+            # and the recorder queues a few tables every drain (5 a second).
+            try:
+                wait = None if not pending else max(0.0, since + FLUSH_S - time.monotonic())
+                items = [self._q.get(timeout=wait)]
+            except queue.Empty:
+                items = []
             while True:  # take whatever else is queued, so one insert covers many batches
                 try:
                     items.append(self._q.get_nowait())
@@ -139,28 +183,33 @@ class Store:
                 if item is None:
                     stop = True
                 elif item[0] == "rows":
+                    if not pending:
+                        since = time.monotonic()
                     pending.setdefault(item[1], []).append(item[2])
                 else:
                     self._flush(pending)  # statements and markers keep their place in the order
                     self._guard(item)
                 if self._error:
                     return  # _fail closed the connection: nothing more is written, sync() no longer waits
-            self._flush(pending)
+            if (
+                stop
+                or time.monotonic() - since >= FLUSH_S
+                or any(sum(t.num_rows for t in parts) >= FLUSH_ROWS for parts in pending.values())
+            ):
+                self._flush(pending)
             if self._error:
                 return
 
     def _flush(self, pending: dict[str, list[pa.Table]]) -> None:
-        for table, parts in pending.items():
-            if self._error:
-                break
-            self._guard(("insert", table, pa.concat_tables(parts, promote_options="permissive")))
+        if pending and not self._error:
+            self._guard(("insert", dict(pending), None))
         pending.clear()
 
     def _guard(self, item: tuple[str, Any, Any]) -> None:
         kind, a, b = item
         try:
             if kind == "insert":
-                self._insert(a, b)
+                self._insert_all(a)
             elif kind == "sql":
                 self.conn.execute(a, b)
             elif kind == "call":
@@ -215,14 +264,33 @@ class Store:
             )
         return StoreError(f"writing {self.path} failed: {first}", keep)
 
-    def _insert(self, table: str, tbl: pa.Table) -> None:
+    def _insert_all(self, pending: dict[str, list[pa.Table]]) -> None:
+        """Append each table's batches, all in one transaction: a commit costs more CPU than a small insert."""
+        written = {}
+        self.conn.begin()
+        try:
+            for table, parts in pending.items():
+                written[table] = self._insert(table, parts)
+            self.conn.commit()
+        except BaseException:
+            try:
+                self.conn.rollback()
+            except duckdb.Error:
+                pass  # a failed commit has already ended the transaction; the first error is the one to report
+            raise
+        for table, n in written.items():
+            self.rows_written[table] = self.rows_written.get(table, 0) + n
+
+    def _insert(self, table: str, parts: list[pa.Table]) -> int:
+        """Append the batches to ``table``; return the rows appended."""
+        tbl = _concat(parts)
         cols = TABLE_BY_NAME[table].column_names
         self.conn.register("_batch", tbl)
         try:
             self.conn.execute(f"INSERT INTO {table} SELECT {', '.join(cols)} FROM _batch")
         finally:
             self.conn.unregister("_batch")
-        self.rows_written[table] = self.rows_written.get(table, 0) + tbl.num_rows
+        return tbl.num_rows
 
     @property
     def error(self) -> BaseException | None:
