@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 import pytest
 from conftest import (
     BUILD,
@@ -151,6 +152,26 @@ def test_counts_by_command_equal_the_workloads_own(name: str, request: pytest.Fi
     assert want, "the workload counted no probed call"
     assert got == want
     assert set(got) <= set(OP_NAMES)
+
+
+@pytest.mark.parametrize("name", ["train", "alloc", "sync"])
+def test_every_row_the_recorder_stored_is_in_the_db(name: str, request: pytest.FixtureRequest) -> None:
+    # GIVEN a finished recording
+    r: Recording = request.getfixturevalue(name)
+    con = duckdb.connect(str(r.db), read_only=True)
+    try:
+        (stored, status, live_s), *_ = con.execute(
+            "SELECT events_stored, status, duration_s - startup_s FROM session"
+        ).fetchall()
+        rows = con.execute("SELECT count(*) FROM cuda_calls").fetchone()[0]
+        seconds = con.execute("SELECT count(*) FROM host_samples").fetchone()[0]
+    finally:
+        con.close()
+    # THEN the calls it says it stored are all there, and the host was sampled every second the probes were live
+    # (a writer that stopped midway once dropped every later row while the summary still counted them)
+    assert status == "target_exited"
+    assert rows == stored > 0
+    assert seconds >= int(live_s) - 1
 
 
 def test_train_workers_are_traced_and_named(train: Recording) -> None:
