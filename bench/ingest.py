@@ -1,11 +1,11 @@
 """How fast the user-space path turns call events into DB rows, and what an end-to-end run stores and loses.
 
 Part 1 (no BPF, one core): synthetic ``call_event`` records (tracer/events.py CALL_DTYPE, the launch-heavy
-reference mix) are pushed through the real path in poll-sized batches: ``RawBuffer.callback`` (the per-event
-copy the ring-buffer callback does), ``RawBuffer.drain``, the recorder's call path (``StackResolver.kernels`` and
-``stack_ids``, ``rows.call_columns``) and ``tracer.store.Store`` (the writer thread's Arrow appends), ending with
-``Store.sync``. Reports events/s and
-the recorder's CPU seconds per 100 K events (process CPU, writer thread included), with a per-stage split.
+reference mix), laid out as the kernel's ring buffer lays them out (8-byte headers, 8-byte aligned), are pushed
+through the real path in drain-sized batches: ``ringbuf.read_records`` (what ``DirectRing.drain`` does with the
+mapped ring), the recorder's call path (``StackResolver.kernels`` and ``stack_ids``, ``rows.call_columns``) and
+``tracer.store.Store`` (the writer thread's Arrow appends), ending with ``Store.sync``. Reports events/s and the
+recorder's CPU seconds per 100 K events (process CPU, writer thread included), with a per-stage split.
 
 Part 2 (root): a C program calls the stand-in ``cudaFree(NULL)`` in a tight loop from 2 threads under
 ``tracer record``; op_stats.calls (exact, counted in BPF) is compared with the stored cuda_calls rows and
@@ -18,7 +18,6 @@ drops something silently) and once with the default budget (the rest is sampled 
 
 from __future__ import annotations
 
-import ctypes as ct
 import os
 import re
 import subprocess
@@ -33,15 +32,16 @@ import numpy as np
 
 from bench.common import FIXTURE_LIBS, TRACER, base_parser, build_fixtures, print_table, write_result
 from probes.catalog import OP_NAMES
-from tracer.events import CALL_DTYPE, RawBuffer
+from tracer.events import CALL_DTYPE
 from tracer.procmaps import MapCache
+from tracer.ringbuf import read_records, stride_of
 from tracer.rows import call_columns
 from tracer.stack_resolver import StackResolver
 from tracer.store import Store
 
 # The reference mix per second: 5000 launches, 200 syncs, 200 async copies, 50 allocations (+ 50 frees).
 MIX = {"cudaLaunchKernel": 5000, "cudaStreamSynchronize": 200, "cudaMemcpyAsync": 200, "cudaMalloc": 50, "cudaFree": 50}
-# Events per batch: one 100 ms poll (tracer.record.POLL_MS) at 50 K events/s.
+# Events per batch: one 200 ms drain (tracer.record.DRAIN_S) at 25 K events/s.
 BATCH = 5_000
 N_EVENTS, QUICK_EVENTS = 1_000_000, 200_000
 E2E_PER_THREAD, QUICK_E2E_PER_THREAD = 200_000, 50_000
@@ -90,7 +90,7 @@ def synth_events(n: int, seed: int = 1) -> np.ndarray:
 
 
 def ingest(events: np.ndarray, db: Path, batch: int = BATCH) -> dict[str, Any]:
-    """Push ``events`` through callback -> drain -> the recorder's call path -> Store; return timings and rows."""
+    """Push ``events`` through ring read -> the recorder's call path -> Store; return timings and rows."""
     resolver = StackResolver(
         MapCache(), None, native_walk=lambda _i: [], put_stack=lambda _s, _f: None, parent_of=lambda _p: None
     )
@@ -101,22 +101,21 @@ def ingest(events: np.ndarray, db: Path, batch: int = BATCH) -> dict[str, Any]:
         ids = resolver.stack_ids(ev["stack_ref"], ev["op"])
         store.put("cuda_calls", call_columns(ev, 0, kernels, notes, ids))
 
-    rb = RawBuffer(CALL_DTYPE)
-    raw = events.tobytes()
-    buf = ct.create_string_buffer(raw, len(raw))
-    base, size = ct.addressof(buf), CALL_DTYPE.itemsize
-    t_cb = t_drain = t_handle = 0.0
+    # the ring's bytes: each record an 8-byte header (its length) and the event, padded to the stride
+    stride = stride_of(CALL_DTYPE)
+    ring = np.zeros(len(events) * stride, dtype=np.uint8)
+    recs = ring.reshape(len(events), stride)
+    recs[:, :4] = np.frombuffer(np.uint32(CALL_DTYPE.itemsize).tobytes(), dtype=np.uint8)
+    recs[:, 8 : 8 + CALL_DTYPE.itemsize] = events.view(np.uint8).reshape(len(events), CALL_DTYPE.itemsize)
+    t_drain = t_handle = 0.0
     c0, w0 = time.process_time(), time.perf_counter()
     for lo in range(0, len(events), batch):
-        t = time.perf_counter()
-        for i in range(lo, min(lo + batch, len(events))):
-            rb.callback(0, base + i * size, size)
         t1 = time.perf_counter()
-        ev = rb.drain()
+        ev, _ = read_records(ring, lo * stride, min(batch, len(events) - lo), CALL_DTYPE)
         t2 = time.perf_counter()
         handle_calls(ev)
         t3 = time.perf_counter()
-        t_cb, t_drain, t_handle = t_cb + t1 - t, t_drain + t2 - t1, t_handle + t3 - t2
+        t_drain, t_handle = t_drain + t2 - t1, t_handle + t3 - t2
     t = time.perf_counter()
     store.sync()
     t_sync = time.perf_counter() - t
@@ -131,12 +130,11 @@ def ingest(events: np.ndarray, db: Path, batch: int = BATCH) -> dict[str, Any]:
         "cpu_s": cpu,
         "events_per_s": n / wall if wall else None,
         "cpu_s_per_100k_events": cpu / n * 100_000 if n else None,
-        "stage_s": {"callback": t_cb, "drain": t_drain, "handle_calls": t_handle, "store_sync": t_sync},
+        "stage_s": {"ring_read": t_drain, "handle_calls": t_handle, "store_sync": t_sync},
         "stage_us_per_event": {
             k: v / n * 1e6
             for k, v in {
-                "callback": t_cb,
-                "drain": t_drain,
+                "ring_read": t_drain,
                 "handle_calls": t_handle,
                 "store_sync_tail": t_sync,
             }.items()

@@ -30,6 +30,33 @@ DISCARD = 1 << 30
 HEADER = 8
 
 
+def stride_of(dtype: np.dtype) -> int:
+    """Bytes one record of ``dtype`` takes in a ring: its header and data, rounded up to 8."""
+    return (HEADER + dtype.itemsize + 7) & ~7
+
+
+def read_records(buf: Any, offset: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
+    """Decode up to ``count`` ring records of ``dtype`` starting at ``offset`` of ``buf``; return the submitted
+    ones (a copy; discarded ones left out) and how many records were consumed (those before the first still BUSY).
+
+    Raises:
+        DecodeError: a record of another length (the BPF program and the dtype disagree).
+    """
+    stride = stride_of(dtype)
+    rec = np.dtype({"names": ["hdr", "ev"], "formats": ["<u4", dtype], "offsets": [0, HEADER], "itemsize": stride})
+    recs = np.frombuffer(buf, dtype=rec, count=count, offset=offset)
+    hdr = recs["hdr"]
+    busy = np.nonzero(hdr & BUSY)[0]
+    if len(busy):
+        count = int(busy[0])
+        recs, hdr = recs[:count], hdr[:count]
+    lengths = hdr & ~np.uint32(BUSY | DISCARD)
+    if np.any(lengths != dtype.itemsize):
+        bad = int(lengths[lengths != dtype.itemsize][0])
+        raise DecodeError(f"ring-buffer record of {bad} bytes, expected {dtype.itemsize}")
+    return recs["ev"][(hdr & DISCARD) == 0].copy(), count
+
+
 class DirectRing:
     """One ring buffer map of records of ``dtype`` (a bcc BPF_RINGBUF_OUTPUT table), drained without callbacks."""
 
@@ -40,11 +67,7 @@ class DirectRing:
             raise ValueError(f"ring buffer size {self.size} is not a power of two")
         page = mmap.PAGESIZE
         self._data_off = page
-        self._stride = (HEADER + dtype.itemsize + 7) & ~7
-        self._payload = dtype.itemsize
-        self._rec = np.dtype(
-            {"names": ["hdr", "ev"], "formats": ["<u4", dtype], "offsets": [0, HEADER], "itemsize": self._stride}
-        )
+        self._stride = stride_of(dtype)
         self._cons = mmap.mmap(self.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         self._prod = mmap.mmap(self.fd, page + 2 * self.size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
         self.dtype = dtype
@@ -63,18 +86,8 @@ class DirectRing:
         n = (prod - cons) // self._stride
         if n <= 0:
             return np.empty(0, dtype=self.dtype)
-        recs = np.frombuffer(self._prod, dtype=self._rec, count=n, offset=self._data_off + (cons & (self.size - 1)))
-        hdr = recs["hdr"]
-        busy = np.nonzero(hdr & BUSY)[0]
-        if len(busy):
-            n = int(busy[0])
-            recs, hdr = recs[:n], hdr[:n]
-        lengths = hdr & ~np.uint32(BUSY | DISCARD)
-        if np.any(lengths != self._payload):
-            bad = int(lengths[lengths != self._payload][0])
-            raise DecodeError(f"ring-buffer record of {bad} bytes, expected {self._payload}")
-        out = recs["ev"][(hdr & DISCARD) == 0].copy()
-        struct.pack_into("<Q", self._cons, 0, cons + n * self._stride)  # x86-64 TSO: ordered after the reads
+        out, used = read_records(self._prod, self._data_off + (cons & (self.size - 1)), n, self.dtype)
+        struct.pack_into("<Q", self._cons, 0, cons + used * self._stride)  # x86-64 TSO: ordered after the reads
         return out
 
     def close(self) -> None:
