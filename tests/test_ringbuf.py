@@ -114,3 +114,22 @@ def test_edge_triggered_poll_wakes_only_on_a_forced_wakeup(ring) -> None:  # noq
         assert r.drain()["arg"].tolist() == list(range(6))
     finally:
         ep.close()
+
+
+def test_discarded_records_are_skipped_and_a_busy_one_ends_the_batch() -> None:
+    from tracer.ringbuf import BUSY, DISCARD, read_records, stride_of
+
+    # GIVEN five records laid out as the kernel does: #1 discarded, #3 still being written (BUSY)
+    stride = stride_of(REC)
+    buf = bytearray(5 * stride)
+    for i in range(5):
+        hdr = REC.itemsize | (DISCARD if i == 1 else 0) | (BUSY if i == 3 else 0)
+        buf[i * stride : i * stride + 4] = hdr.to_bytes(4, "little")
+        rec = np.zeros(1, dtype=REC)
+        rec["arg"], rec["tail"] = 100 + i, 0xABCD
+        buf[i * stride + 8 : i * stride + 8 + REC.itemsize] = rec.tobytes()
+    # WHEN they are read
+    ev, used = read_records(bytes(buf), 0, 5, REC)
+    # THEN the ones before the busy record are consumed, the discarded one left out; the rest wait
+    assert used == 3
+    assert ev["arg"].tolist() == [100, 102] and (ev["tail"] == 0xABCD).all()
