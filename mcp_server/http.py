@@ -67,7 +67,7 @@ def read_token(token_file: Path | None, env_value: str | None) -> str | None:
 
 
 def security_for(host: str, port: int, extra_hosts: list[str]) -> TransportSecuritySettings:
-    """Return the Host/Origin allow-list: loopback names, plus (non-loopback) this host's names and ``extra_hosts``."""  # noqa: E501
+    """Return the Host/Origin allow-list: loopback names, plus (non-loopback) this host's names and ``extra_hosts``."""
     hosts = list(LOOPBACK_HOSTS)
     if not is_loopback(host):
         names = {host, socket.gethostname(), socket.getfqdn()} - {"0.0.0.0", "::", ""}

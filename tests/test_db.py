@@ -102,7 +102,7 @@ def test_refusals(tmp_path, setup, needle):
 def _refusal(p) -> BaseException | None:
     try:
         open_trace(p).close()
-    except BaseException as e:  # noqa: BLE001 - returned to the test thread
+    except BaseException as e:  # returned to the test thread
         return e
     return None
 

@@ -44,11 +44,11 @@ def _libc() -> tuple[str, dict[str, int]]:
     return m.host_path, exported_offsets(m.host_path)
 
 
-def _hits(b) -> list[int]:  # noqa: ANN001
+def _hits(b) -> list[int]:
     return [b["hits"][ct.c_int(i)].value for i in range(3)]
 
 
-def test_cookies_tell_the_functions_apart_and_close_detaches(prog) -> None:  # noqa: ANN001
+def test_cookies_tell_the_functions_apart_and_close_detaches(prog) -> None:
     b, fd = prog
     path, offs = _libc()
     libc = ct.CDLL(None)
@@ -68,7 +68,7 @@ def test_cookies_tell_the_functions_apart_and_close_detaches(prog) -> None:  # n
     assert _hits(b)[1:] == [5, 7] and link.closed
 
 
-def test_a_bad_offset_is_a_clear_error(prog) -> None:  # noqa: ANN001
+def test_a_bad_offset_is_a_clear_error(prog) -> None:
     _, fd = prog
     path, _ = _libc()
     with pytest.raises(LinkError, match="uprobe_multi link on"):

@@ -1,4 +1,4 @@
-"""tracer.render on hand-built records: the tables carry the numbers; traced strings are printed, not applied."""  # noqa: E501
+"""tracer.render on hand-built records: the tables carry the numbers; traced strings are printed, not applied."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tracer.render import (
 
 
 def text_of(record) -> str:
-    c = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    c = Console(width=200, record=True, file=open("/dev/null", "w"))
     print_record(record, c, as_json=False)
     return c.export_text()
 
@@ -147,7 +147,7 @@ def proc(pid, comm, role, calls=0, off=0.1, worst=1.0, exit_s=None, code=None):
 
 
 def table_text(renderable, width=120) -> str:
-    c = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    c = Console(width=width, record=True, file=open("/dev/null", "w"))
     c.print(renderable)
     return c.export_text()
 

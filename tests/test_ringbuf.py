@@ -57,7 +57,7 @@ def _call(first: int, n: int) -> None:
         labs(i)
 
 
-def test_records_arrive_in_order_with_their_content_across_many_wraps(ring) -> None:  # noqa: ANN001
+def test_records_arrive_in_order_with_their_content_across_many_wraps(ring) -> None:
     _, r = ring
     # GIVEN 25 batches of 50 calls (1250 records through a 128-slot ring), each drained before the next
     got: list[np.ndarray] = []
@@ -74,7 +74,7 @@ def test_records_arrive_in_order_with_their_content_across_many_wraps(ring) -> N
     assert len(empty) == 0 and empty.dtype == REC
 
 
-def test_a_full_ring_keeps_the_first_records_and_the_next_drain_starts_clean(ring) -> None:  # noqa: ANN001
+def test_a_full_ring_keeps_the_first_records_and_the_next_drain_starts_clean(ring) -> None:
     _, r = ring
     # GIVEN 300 calls with no drain: the ring fills and the kernel drops the rest
     _call(0, 300)
@@ -86,7 +86,7 @@ def test_a_full_ring_keeps_the_first_records_and_the_next_drain_starts_clean(rin
     assert r.drain()["arg"].tolist() == list(range(1000, 1010))
 
 
-def test_a_record_of_another_size_is_an_error_not_garbage(ring) -> None:  # noqa: ANN001
+def test_a_record_of_another_size_is_an_error_not_garbage(ring) -> None:
     b, _ = ring
     # GIVEN a reader whose dtype is 4 bytes longer than what the program writes
     wrong = DirectRing(b["rb"], np.dtype({"names": ["arg"], "formats": ["<u8"], "itemsize": 24}))
@@ -98,7 +98,7 @@ def test_a_record_of_another_size_is_an_error_not_garbage(ring) -> None:  # noqa
         wrong.close()
 
 
-def test_edge_triggered_poll_wakes_only_on_a_forced_wakeup(ring) -> None:  # noqa: ANN001
+def test_edge_triggered_poll_wakes_only_on_a_forced_wakeup(ring) -> None:
     b, r = ring
     ep = select.epoll()
     ep.register(r.fileno(), select.EPOLLIN | select.EPOLLET)

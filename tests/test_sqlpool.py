@@ -93,7 +93,7 @@ def test_worker_killed_mid_query(pool, db):
     def slow() -> None:
         try:
             pool.run(db, LEVENSHTEIN, timeout_s=30)
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+        except BaseException as e:  # handed to the test thread
             result.append(e)
 
     pool.run(db, "SELECT 1")  # started and idle

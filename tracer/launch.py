@@ -35,7 +35,7 @@ def main() -> int:
 
             args = argv[: argv.index("--")] if "--" in argv else argv
             prewarm(ProgramOptions(with_pyframes="--no-python-stacks" not in args))
-        except Exception:  # noqa: BLE001 - the recorder compiles (and reports) on its own
+        except Exception:  # the recorder compiles (and reports) on its own
             pass
     from tracer.cli import main as cli_main
 

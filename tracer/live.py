@@ -68,7 +68,7 @@ class LiveServer:
         ]
         if self.token_file is not None:
             cmd += ["--token-file", str(self.token_file)]
-        logf = open(self.dir / "server.log", "wb")  # noqa: SIM115 - the child keeps it; closed in stop()
+        logf = open(self.dir / "server.log", "wb")  # the child keeps it; closed in stop()
         self._log = logf
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
 

@@ -539,7 +539,7 @@ def analyze_binary(path: str, *, use_cache: bool = True) -> BinaryInfo | None:
                     if version <= _V310:
                         offsets["co_adaptive"] = 0
                     source = "dwarf"
-            except Exception as e:  # noqa: BLE001 - malformed DWARF is not fatal, the table still works
+            except Exception as e:  # malformed DWARF is not fatal, the table still works
                 log.debug("%s: DWARF offsets failed: %s", path, e)
         if offsets is None and version >= (3, 13):
             raw = read_vaddr(syms["_PyRuntime"], 71 * 8)
@@ -673,7 +673,7 @@ class PyRuntimeManager:
         if key not in self._binaries:
             try:
                 self._binaries[key] = analyze_binary(real)
-            except Exception as e:  # noqa: BLE001 - a bad ELF means "not Python", never a crash
+            except Exception as e:  # a bad ELF means "not Python", never a crash
                 log.debug("%s: not analysable: %s", real, e)
                 self._binaries[key] = None
         return self._binaries[key]

@@ -288,7 +288,7 @@ class Recorder:
         target = None
         try:
             target = self.pyrt.configure(pid)
-        except Exception as e:  # noqa: BLE001 - a process we cannot walk still gets its calls traced
+        except Exception as e:  # a process we cannot walk still gets its calls traced
             log.debug("python frames unavailable for %d: %s", pid, e)
         # Right after exec a shared libpython is not mapped yet: try again when it is (its map event) or every
         # second, a few times at most.
@@ -810,7 +810,7 @@ class Recorder:
         another) happens at its exit, after this process has returned the terminal (guardian.py)."""
         try:
             self.bpf["targets"].clear()
-        except Exception as e:  # noqa: BLE001 - the detach below matters more
+        except Exception as e:  # the detach below matters more
             log.debug("emptying the target list failed: %s", e)
         for fd in tracepoint_fds(self.bpf):
             os.close(fd)
@@ -1049,7 +1049,7 @@ class Recorder:
         try:
             found = chains.compute_chains(self.store.conn, limit=100)
             chains.write_chains(self.store.conn, found.chains)
-        except Exception as e:  # noqa: BLE001 - the recording stays valid without its diagnosis
+        except Exception as e:  # the recording stays valid without its diagnosis
             log.warning("causal chain analysis failed: %s", e)
             self.notes.append(f"causal chain analysis failed: {e}")
 

@@ -104,7 +104,7 @@ class StackResolver:
             if rec.frames and self.pyrt is not None:
                 try:
                     infos = self.pyrt.resolve(rec.pid, list(rec.frames))
-                except Exception as e:  # noqa: BLE001 - a stack that cannot be named is still a stack
+                except Exception as e:  # a stack that cannot be named is still a stack
                     log.debug("python frames of %d unresolved: %s", rec.pid, e)
                     infos = []
                 py = [("python", fi.filename, fi.qualname, fi.filename, fi.line, fi.approx) for fi in reversed(infos)]
@@ -122,12 +122,12 @@ class StackResolver:
         if copy is not None:
             try:
                 addrs = unwind_record(copy, _PidMap(self.maps, rec.pid), tables=self.unwind_tables)  # type: ignore[arg-type]
-            except Exception as e:  # noqa: BLE001 - a corrupt copy only loses the native part
+            except Exception as e:  # a corrupt copy only loses the native part
                 log.debug("unwind for %d failed: %s", rec.pid, e)
         if not addrs and rec.native_id >= 0:
             try:
                 addrs = self.native_walk(rec.native_id)
-            except Exception:  # noqa: BLE001 - the id was recycled
+            except Exception:  # the id was recycled
                 addrs = []
         out: list[Frame] = []
         for f in self.symbolizer.symbolize(rec.pid, addrs):

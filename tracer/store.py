@@ -158,7 +158,7 @@ class Store:
     def _run(self) -> None:
         try:
             self._write_loop()
-        except Exception as e:  # noqa: BLE001 - a dead writer would drop every later row silently: fail instead
+        except Exception as e:  # a dead writer would drop every later row silently: fail instead
             log.error("the writer of %s stopped: %s", self.path, e)
             self._fail(e)
 
@@ -233,11 +233,11 @@ class Store:
         try:
             self.conn.execute("UPDATE session SET status = ? WHERE status = 'recording'", [status])
             self.status_marked = status
-        except Exception as e2:  # noqa: BLE001 - best effort, the disk may be full
+        except Exception as e2:  # best effort, the disk may be full
             log.warning("could not mark %s as %s: %s", self.path, status, e2)
         try:
             self.conn.close()
-        except Exception as e2:  # noqa: BLE001 - an invalidated instance may refuse even this
+        except Exception as e2:  # an invalidated instance may refuse even this
             log.warning("closing %s after the failure: %s", self.path, e2)
 
     @property

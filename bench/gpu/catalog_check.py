@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import re  # noqa: E402
+import re
 
-import torch  # noqa: E402
+import torch
 
-from probes.catalog import CATALOG, LIBRARY_PATTERNS  # noqa: E402
+from probes.catalog import CATALOG, LIBRARY_PATTERNS
 
 x = torch.randn(256, 256, device="cuda")
 y = (x @ x).sum().item()  # cuBLAS GEMM + reduction + DtoH sync

@@ -16,7 +16,7 @@ import anyio
 from conftest import PY, ROOT, TRACER, workload
 
 sys.path.insert(0, str(ROOT / "tests"))
-from hostile_corpus import call  # noqa: E402
+from hostile_corpus import call
 
 
 def _free_port() -> int:
@@ -77,7 +77,7 @@ def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> N
         ((status, flushed_ns),) = sql.structured_content["rows"]
         assert status == "snapshot" and flushed_ns > 0
 
-        def calls(r) -> int:  # noqa: ANN001
+        def calls(r) -> int:
             return sum(o["calls"] for o in r.structured_content["ops"])
 
         assert calls(second) > calls(first) > 0

@@ -226,14 +226,14 @@ def _python_values(conn: duckdb.DuckDBPyConnection, col: pa.Array) -> list[Any]:
         return _duckdb_text(conn, col)  # DuckDB's opaque types (BIGNUM) arrive as raw bytes
     try:
         return col.to_pylist()
-    except Exception:  # noqa: BLE001 - OverflowError, ValueError: a value datetime cannot represent
+    except Exception:  # OverflowError, ValueError: a value datetime cannot represent
         pass
     text: list[str | None] | None = None
     out: list[Any] = []
     for i in range(len(col)):
         try:
             out.append(col[i].as_py())
-        except Exception:  # noqa: BLE001 - as above, one value at a time
+        except Exception:  # as above, one value at a time
             if text is None:
                 text = _duckdb_text(conn, col)
             out.append(text[i])
@@ -344,7 +344,7 @@ def execute(
         failure = _sql_error(e, fired.is_set(), timeout_s)
     except MemoryError as e:  # Python's, or pyarrow's ArrowMemoryError
         failure = _oom(e)
-    except Exception as e:  # noqa: BLE001 - a value that would not convert must not break the reply
+    except Exception as e:  # a value that would not convert must not break the reply
         if "out of memory" in str(e).lower():  # DuckDB's Arrow export reports it as an OSError
             failure = _oom(e)
         else:

@@ -466,7 +466,7 @@ class _Connections:
         if self.conn is not None:
             try:
                 self.conn.close()
-            except Exception:  # noqa: BLE001 - an invalidated instance may refuse even this
+            except Exception:  # an invalidated instance may refuse even this
                 pass
         self.conn, self.key = None, None
 
@@ -534,7 +534,7 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
             reply = {"error": {"kind": "StoreError", "message": str(e).splitlines()[0][:300], "hint": ""}}
             retire = not is_damaged(e)
             conns.close()
-        except Exception as e:  # noqa: BLE001 - a bug here must come back as an answer, not a dead worker
+        except Exception as e:  # a bug here must come back as an answer, not a dead worker
             reply = {"error": {"kind": "SqlError", "message": f"query worker error: {type(e).__name__}: {e}"[:500]}}
             retire = True
         if conns.idle_rss is not None and _statm()[1] - conns.idle_rss > int(cfg.get("retire_growth", 0) or 0):

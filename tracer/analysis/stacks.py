@@ -107,7 +107,7 @@ def top_stacks(conn: duckdb.DuckDBPyConnection, op: str, pid: int | None = None,
     frames: dict[int, list[Frame]] = {i: [] for i in ids}
     if ids:
         for sid, kind, module, function, file, line in conn.execute(
-            "SELECT stack_id, kind, module, function, file, line FROM stacks WHERE list_contains(?, stack_id) "  # noqa: E501
+            "SELECT stack_id, kind, module, function, file, line FROM stacks WHERE list_contains(?, stack_id) "
             "ORDER BY stack_id, depth",
             [ids],
         ).fetchall():

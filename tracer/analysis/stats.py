@@ -146,7 +146,7 @@ def _merge(hists: Iterable[list[dict[str, int]] | None]) -> list[tuple[int, int,
 
 
 def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list[OpStat]:
-    """Return per-(op, layer) latency over every call, summed over pids unless ``pid`` is given; worst tail first."""  # noqa: E501
+    """Return per-(op, layer) latency over every call, summed over pids unless ``pid`` is given; worst tail first."""
     rows = conn.execute(
         "SELECT op, layer, calls, total_ns, min_ns, max_ns, bytes, sampled_fraction, hist FROM op_stats "
         "WHERE ($pid IS NULL OR pid = $pid)",
@@ -186,8 +186,8 @@ def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list
 
 def environment(conn: duckdb.DuckDBPyConnection) -> Environment:
     r = conn.execute(
-        "SELECT strftime(started_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%SZ'), duration_s, status, host, kernel, "  # noqa: E501
-        "cpu_model, cpu_cores, mem_bytes, gpus, driver, python_version, tracer_version, target, overhead_pct, notes "  # noqa: E501
+        "SELECT strftime(started_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%SZ'), duration_s, status, host, kernel, "
+        "cpu_model, cpu_cores, mem_bytes, gpus, driver, python_version, tracer_version, target, overhead_pct, notes "
         "FROM session ORDER BY session_id DESC LIMIT 1"
     ).fetchone()
     if r is None:
@@ -212,7 +212,7 @@ def environment(conn: duckdb.DuckDBPyConnection) -> Environment:
 
 
 def process_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list[ProcessStat]:
-    """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit."""  # noqa: E501
+    """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit."""
     info = load_recording(conn)
     main = info.main_pid
     rows = conn.execute(

@@ -88,14 +88,14 @@ def export_trace(
     )
 
 
-def _write_file(path: Path, body) -> dict[str, int]:  # noqa: ANN001 (a callable taking the text stream)
+def _write_file(path: Path, body) -> dict[str, int]:  # body: a callable taking the text stream
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fh: TextIO
         if path.suffix == ".gz":
             fh = gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6)
         else:
-            fh = open(tmp, "w", encoding="utf-8", buffering=1 << 20)  # noqa: SIM115 (closed below)
+            fh = open(tmp, "w", encoding="utf-8", buffering=1 << 20)  # closed below
         with fh:
             counts = body(fh)
         os.replace(tmp, path)
