@@ -65,9 +65,14 @@ def measure(db: Path, runs: int = RUNS) -> dict[str, Any]:
                 fn()
                 ms.append((time.perf_counter() - t) * 1e3)
             target = TARGETS_MS[name]
-            out[name] = {"median_ms": median(ms), "first_ms": first, "runs_ms": ms, "spread": spread(ms),
-                         "target_ms": target,
-                         "within_target": None if target is None else statistics.median(ms) <= target}
+            out[name] = {
+                "median_ms": median(ms),
+                "first_ms": first,
+                "runs_ms": ms,
+                "spread": spread(ms),
+                "target_ms": target,
+                "within_target": None if target is None else statistics.median(ms) <= target,
+            }
         return {"cuda_calls_rows": int(rows), "tools": out}
     finally:
         conn.close()
@@ -91,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     res["generate_s"] = gen_s
     res["runs"] = RUNS
     print(f"{res['cuda_calls_rows']:,} cuda_calls rows")
-    print_table([[k, v["median_ms"], v["first_ms"], v["target_ms"], v["within_target"]]
-                 for k, v in res["tools"].items()], ["tool", "median ms", "first ms", "target ms", "within"])
+    print_table(
+        [[k, v["median_ms"], v["first_ms"], v["target_ms"], v["within_target"]] for k, v in res["tools"].items()],
+        ["tool", "median ms", "first ms", "target ms", "within"],
+    )
     print(f"wrote {write_result('queries', res, args.out)}")
     return 0
 

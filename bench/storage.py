@@ -36,8 +36,12 @@ def table_bytes(db: Path, work: Path) -> dict[str, dict[str, int]]:
     base = empty.stat().st_size
     src = duckdb.connect(str(db), read_only=True)
     try:
-        tables = [r[0] for r in src.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' ORDER BY 1").fetchall()]
+        tables = [
+            r[0]
+            for r in src.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' ORDER BY 1"
+            ).fetchall()
+        ]
     finally:
         src.close()
     out: dict[str, dict[str, int]] = {}
@@ -97,13 +101,21 @@ def main(argv: list[str] | None = None) -> int:
         # the workload's own wall time is the span calls were made in; the session adds start-up and flush
         res = summarize(db.stat().st_size, table_bytes(db, Path(tmp)), train["wall_s"])
         res.update(session_duration_s=duration, record_wall_s=time.monotonic() - t0, workload=train)
-    print(f"{res['cuda_calls_rows']:,} calls in {res['duration_s']:.1f} s ({res['calls_per_s']:,.0f}/s); "
-          f"DB {res['db_bytes']:,} bytes")
-    print_table([[t, v["rows"], v["bytes"], v["bytes"] / v["rows"] if v["rows"] else None]
-                 for t, v in sorted(res["tables"].items(), key=lambda kv: -kv[1]["bytes"])],
-                ["table", "rows", "bytes", "bytes/row"])
-    print(f"bytes per call (cuda_calls only): {res['bytes_per_call']:.1f}; whole DB per call: "
-          f"{res['db_bytes_per_call']:.1f}; DB per minute at this rate: {res['db_bytes_per_min'] / 2**20:.1f} MiB")
+    print(
+        f"{res['cuda_calls_rows']:,} calls in {res['duration_s']:.1f} s ({res['calls_per_s']:,.0f}/s); "
+        f"DB {res['db_bytes']:,} bytes"
+    )
+    print_table(
+        [
+            [t, v["rows"], v["bytes"], v["bytes"] / v["rows"] if v["rows"] else None]
+            for t, v in sorted(res["tables"].items(), key=lambda kv: -kv[1]["bytes"])
+        ],
+        ["table", "rows", "bytes", "bytes/row"],
+    )
+    print(
+        f"bytes per call (cuda_calls only): {res['bytes_per_call']:.1f}; whole DB per call: "
+        f"{res['db_bytes_per_call']:.1f}; DB per minute at this rate: {res['db_bytes_per_min'] / 2**20:.1f} MiB"
+    )
     print(f"wrote {write_result('storage', res, args.out)}")
     return 0
 

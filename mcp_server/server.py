@@ -1,5 +1,5 @@
-"""The MCP surface: five read-only tools over one trace DB, its schema as a resource, and an investigation
-prompt.
+"""The MCP surface: six read-only tools over one trace DB (compare_traces also reads a second one, named by file
+from the served DB's directory), its schema as a resource, and an investigation prompt.
 
 Every tool calls one ``tracer.analysis`` function and returns its pydantic record, so the output schema and
 ``structuredContent`` are the record's. Tools are sync: the SDK runs them in worker threads, so each call
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -32,6 +32,7 @@ from pydantic import Field
 from tracer.analysis.arguments import check_args
 from tracer.analysis.breakdown import Breakdown, time_breakdown
 from tracer.analysis.chains import ChainsResult, compute_chains
+from tracer.analysis.compare import Comparison, compare_traces
 from tracer.analysis.sql import LIMITS, SqlResult, execute
 from tracer.analysis.sqlpool import SqlPool, default_pool
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
@@ -47,11 +48,12 @@ SQL_TIMEOUT_S = LIMITS.timeout_s
 SQL_REPLY_BYTES = (1 << 20) - (16 << 10)
 SQL_ROWS_BYTES = SQL_REPLY_BYTES // 2 - (8 << 10)
 ECHO_CHARS = 80  # an argument quoted back in an error is cut to this (a 1 MB op name is not sent back)
+RECORDING_SUFFIX = ".duckdb"  # compare_traces reads only files so named, in the served DB's directory
+LIST_RECORDINGS = 20  # recordings named in compare_traces' error for a name it cannot find
 
 INSTRUCTIONS = """\
 You are investigating one recording of a GPU training job: every CUDA API call with its latency, what the
-calling
-thread did during it (off CPU, waiting for a CPU, who preempted it), the process tree, and host samples.
+calling thread did during it (off CPU, waiting for a CPU, who preempted it), the process tree, and host samples.
 Investigation order:
 1. get_trace_stats: environment, per-op p50/p99 and tail ratio, per-process off-CPU, host peaks, chain counts.
 2. get_causal_chains: diagnoses worst first, ranked by the share of the training thread's time each cost, with
@@ -59,10 +61,12 @@ Investigation order:
 3. get_time_breakdown: where the training thread's time went (on CPU, in CUDA calls by class, waiting for a CPU
    and who held it, blocked and who woke it, page faults), per time bucket; the tracer's own cost.
 4. get_stacks(op): for the op a chain names, the code paths from the Python file:line to the CUDA call.
-5. run_sql: anything else (time buckets, the microsecond timeline around a stall, per-PID scheduling). Read
-   the
-   trace://schema resource first. Timestamps are ns since session start; ts_ns // 10000000000 buckets by 10 s.
-Quote the numbers the tools return; op_stats counts are exact, cuda_calls rows are a sample that keeps the tail."""  # noqa: E501
+5. compare_traces(before=FILE): did a change work? This recording against another of the same workload
+   (a .duckdb file next to it): steps/s, the training thread's parts, per-op deltas, chains gained or lost,
+   each judged against the recordings' own noise.
+6. run_sql: anything else (time buckets, the microsecond timeline around a stall, per-PID scheduling).
+   Read the trace://schema resource first. Timestamps are ns since session start; ts_ns // 10000000000 buckets by 10 s.
+Quote the numbers the tools return; op_stats counts are exact, cuda_calls rows are a sample that keeps the tail."""
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False, idempotent_hint=True, destructive_hint=False)
 
@@ -75,6 +79,7 @@ def build_server(
     connect: Connect | None = None,
     sql_pool: SqlPool | None = None,
     freshen: Callable[[], None] | None = None,
+    recordings_dir: str | Path | None = None,
 ) -> MCPServer:
     """Return the MCP server for the trace DB at ``db_path``.
 
@@ -85,9 +90,13 @@ def build_server(
         sql_pool: the query workers for run_sql. Default: this process's pool
             (:func:`tracer.analysis.sqlpool.default_pool`); ``tracer mcp serve`` starts it before serving.
         freshen: run before each tool call: a live recording's server asks for a new snapshot (tracer/live.py).
+        recordings_dir: where compare_traces finds the other recording, by file name. Default: the served DB's
+            directory, the one the user pointed the server at. Only ``*.duckdb`` files directly in it that open
+            as trace DBs are read (:func:`tracer.db.open_trace`); a name with a path in it is refused.
     """
     path = Path(db_path)
     opener: Connect = connect or (lambda: open_trace(path))
+    siblings = Path(recordings_dir) if recordings_dir is not None else path.resolve().parent
 
     @contextmanager
     def conn() -> Iterator[duckdb.DuckDBPyConnection]:
@@ -174,6 +183,66 @@ def build_server(
             _check(c, pid=pid, tid=tid, bucket_s=bucket_s)
             return time_breakdown(c, pid=pid, tid=tid, bucket_s=bucket_s)
 
+    @mcp.tool(name="compare_traces", title="Compare two recordings", annotations=READ_ONLY)
+    def compare_recordings(
+        before: Annotated[
+            str | None,
+            Field(
+                description="File name of the recording before the change, e.g. baseline.duckdb: a .duckdb file in "
+                "the served recording's directory. Omit for the served recording."
+            ),
+        ] = None,
+        after: Annotated[
+            str | None,
+            Field(description="File name of the recording after the change, likewise. Omit for the served recording."),
+        ] = None,
+    ) -> Comparison:
+        """Did a change work? Compare two recordings of the same workload, before and after it. Name the other
+        recording by file name (a .duckdb next to the served one; a wrong name lists them); the served recording
+        is the side you omit.
+
+        Returns a headline of the differences beyond noise; steps/s and how a step was detected (the training
+        thread's waits for the GPU, or launches per step when one side waits less often); the training thread's
+        parts (cpu, launch, sync, ..., runq_*, blocked) as ms, shares and ms per step before and after; per op
+        calls/s, ms per second, p50/p99 µs (exact histograms); chains that appeared, went away or changed
+        severity; and warnings (different programs, workloads, machines, options, too short). Each difference
+        has a verdict (beyond_noise | within_noise | too_short | not_tested) and an interval from the
+        recordings' own second-to-second variance; noise_test names the tests. Next: get_causal_chains and
+        get_stacks(op) on the served recording for a chain that remains or appeared.
+        """
+        if before is None and after is None:
+            raise ToolError(
+                "name the other recording: before='baseline.duckdb' compares it with the served recording as "
+                f"after (or pass after=...); recordings here: {_recordings(siblings)}"
+            )
+        named = {k: _sibling(siblings, v) for k, v in (("before", before), ("after", after)) if v is not None}
+        failed: TracerError | None = None
+        with ExitStack() as stack:
+            conns: dict[str, duckdb.DuckDBPyConnection] = {}
+            for k, p in named.items():
+                try:
+                    conns[k] = stack.enter_context(open_trace(p))
+                except TracerError as e:
+                    raise ToolError(_tool_message(e)) from None
+            if len(conns) < 2:  # the side left out is the served recording (live: its latest snapshot)
+                served = stack.enter_context(conn())
+                conns.setdefault("before", served)
+                conns.setdefault("after", served)
+            names = {k: named[k].name if k in named else path.name for k in ("before", "after")}
+            where = {k: named[k].resolve() if k in named else (None if connect else path.resolve()) for k in names}
+            try:
+                return compare_traces(
+                    conns["before"],
+                    conns["after"],
+                    before_name=names["before"],
+                    after_name=names["after"],
+                    same_file=where["before"] is not None and where["before"] == where["after"],
+                )
+            except duckdb.Error as e:  # a file damaged or changed while read: one clear answer, no traceback
+                failed = read_error(" or ".join(dict.fromkeys(names.values())), e)
+        assert failed is not None
+        raise ToolError(_tool_message(failed))
+
     @mcp.tool(title="Call stacks of an op", annotations=READ_ONLY)
     def get_stacks(
         op: Annotated[str, Field(description="CUDA op name exactly as in get_trace_stats, e.g. cudaMalloc.")],
@@ -234,8 +303,9 @@ def build_server(
     def investigate(question: str = "How did my last training go, and how do I make it faster?") -> str:
         """Walk through the trace in the recommended order and answer the engineer's question."""
         return (
-            f"{question}\n\nUse the cuda-host-tracer tools in this order: get_trace_stats, get_causal_chains, "  # noqa: E501
-            "get_stacks for the op each chain names, then run_sql for timelines (read trace://schema first). "
+            f"{question}\n\nUse the cuda-host-tracer tools in this order: get_trace_stats, get_causal_chains, "
+            "get_time_breakdown, get_stacks for the op each chain names, then run_sql for timelines (read "
+            "trace://schema first); compare_traces when there is a recording from before a change. "
             "Answer with the measured numbers (p50/p99, off-CPU ms, who preempted, Python file:line) and the "
             "recommended fixes, most effective first."
         )
@@ -292,6 +362,39 @@ def _echo(value: str) -> str:
     if len(value) <= ECHO_CHARS:
         return repr(value)
     return f"{value[:ECHO_CHARS]!r}… ({len(value):,} characters)"
+
+
+def _recordings(directory: Path) -> str:
+    """Return the recordings compare_traces can read in ``directory``, comma-separated (at most LIST_RECORDINGS)."""
+    try:
+        names = sorted(
+            p.name for p in directory.iterdir() if p.name.endswith(RECORDING_SUFFIX) and not p.name.startswith(".")
+        )
+    except OSError:
+        names = []
+    shown = ", ".join(names[:LIST_RECORDINGS])
+    return (shown + (f" … ({len(names)} in all)" if len(names) > LIST_RECORDINGS else "")) or "(none)"
+
+
+def _sibling(directory: Path, name: str) -> Path:
+    """Return the recording ``name`` in ``directory``: a bare ``*.duckdb`` file name, nothing else (a model must
+    not reach other files through this server); raise ToolError saying what it can name."""
+    bad = (
+        not name
+        or len(name) > 255
+        or any(ch in name for ch in ("/", "\\", "\0"))
+        or name.startswith(".")
+        or not name.endswith(RECORDING_SUFFIX)
+    )
+    if bad:
+        raise ToolError(
+            f"{_echo(name)} is not a recording's file name: pass the bare name of a {RECORDING_SUFFIX} file in the "
+            f"served recording's directory, without a path; recordings here: {_recordings(directory)}"
+        )
+    p = directory / name
+    if not p.exists():
+        raise ToolError(f"no recording {_echo(name)} here; recordings here: {_recordings(directory)}")
+    return p
 
 
 def _check(c: duckdb.DuckDBPyConnection, **args: object) -> None:

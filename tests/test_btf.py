@@ -33,9 +33,7 @@ class _Builder:
         self.strs += name.encode() + b"\0"
         return off
 
-    def add(
-        self, name: str, kind: int, vlen: int, size_or_type: int, extra: bytes = b"", kflag: int = 0
-    ) -> int:
+    def add(self, name: str, kind: int, vlen: int, size_or_type: int, extra: bytes = b"", kflag: int = 0) -> int:
         info = (kflag << 31) | (kind << 24) | vlen
         self.types += struct.pack("<III", self.s(name), info, size_or_type) + extra
         self.n += 1
@@ -51,9 +49,7 @@ class _Builder:
         return self.add(name, btf.KIND_UNION if union else btf.KIND_STRUCT, len(members), size, extra, kflag)
 
     def blob(self) -> bytes:
-        hdr = struct.pack(
-            "<HBBIIIII", btf.BTF_MAGIC, 1, 0, 24, 0, len(self.types), len(self.types), len(self.strs)
-        )
+        hdr = struct.pack("<HBBIIIII", btf.BTF_MAGIC, 1, 0, 24, 0, len(self.types), len(self.types), len(self.strs))
         return hdr + self.types + self.strs
 
 
@@ -67,9 +63,7 @@ def _sample() -> btf.Btf:
     anon_s = b.struct_("", 16, [("p", i64, 0), ("q", i64, 64)])  # 6
     anon_u = b.struct_("", 16, [("u1", i32, 0), ("", anon_s, 0)], union=True)  # 7
     b.add("proto", btf.KIND_FUNC_PROTO, 2, i32, struct.pack("<IIII", 0, i32, 0, i64))  # 8 (skipped over)
-    bits = b.struct_(
-        "bits", 8, [("lo", i32, (3 << 24) | 0), ("hi", i32, (5 << 24) | 3), ("w", i32, 32)], kflag=1
-    )
+    bits = b.struct_("bits", 8, [("lo", i32, (3 << 24) | 0), ("hi", i32, (5 << 24) | 3), ("w", i32, 32)], kflag=1)
     b.struct_(
         "outer",
         72,

@@ -44,3 +44,31 @@ def test_one_wave_of_persistent_workers_is_healthy(tmp_path):
     b.write(tmp_path / "h.duckdb")
     with open_trace(tmp_path / "h.duckdb") as c:
         assert "process_churn" not in {x.category for x in compute_chains(c, limit=100).chains}
+
+
+def _subject(rows: dict[int, tuple[int, int]], start_ns: int, end_ns: int):
+    """A training Subject whose second ``sec`` has (wall, cpu) ns: cpu is outside CUDA calls, the rest in sync."""
+    from tracer.analysis.breakdown import FIELDS, ThreadTime
+    from tracer.analysis.chains.context import Subject
+
+    t = ThreadTime(MAIN_PID, MAIN_PID, "python3", start_ns, end_ns, False, 1, dict.fromkeys(FIELDS, 0))
+    for sec, (wall, cpu) in rows.items():
+        t.by_sec[sec] = {**dict.fromkeys(FIELDS, 0), "wall": wall, "cpu": cpu, "sync": wall - cpu}
+    return Subject(t, True, True, start_ns, end_ns)
+
+
+def test_the_baseline_leaves_out_edge_seconds_and_the_first_start():
+    from tracer.analysis.chains.process_churn import _baseline
+
+    # steps from 1.9 s to 6 s; the first wave at 1.85 s, one respawn at 4.2 s (window to 6.2 s)
+    waves = [[(1_850 * MS, MAIN_PID, 1, "w")], [(4_200 * MS, MAIN_PID, 2, "w")]]
+    windows = [(4_200 * MS, 6_200 * MS, 1)]
+    # second 1 is an edge (pro-rated: its share is the whole second's, imports and all); seconds 2-3 hold the
+    # first workers' start; nothing is steady, so no usual rate is subtracted
+    rows = {1: (100 * MS, 90 * MS), 2: (S, 600 * MS), 3: (S, 200 * MS), 4: (S, 500 * MS), 5: (S, 500 * MS)}
+    assert _baseline(_subject(rows, 1_900 * MS, 6 * S), waves, windows) == 0.0
+    # with a longer loop the steady seconds 4-6 (wall-weighted) are the usual rate
+    waves[1] = [(7_200 * MS, MAIN_PID, 2, "w")]
+    rows |= {6: (S, 200 * MS), 7: (S, 900 * MS)}
+    got = _baseline(_subject(rows, 1_900 * MS, 9 * S), waves, [(7_200 * MS, 9_200 * MS, 1)])
+    assert got == pytest.approx((500 + 500 + 200) / 3000)

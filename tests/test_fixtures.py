@@ -77,9 +77,7 @@ def fakecuda(built):
 
 
 def _dynsyms(path: Path) -> set[str]:
-    out = subprocess.run(
-        ["nm", "-D", "--defined-only", str(path)], check=True, capture_output=True, text=True
-    )
+    out = subprocess.run(["nm", "-D", "--defined-only", str(path)], check=True, capture_output=True, text=True)
     return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
 
 
@@ -304,9 +302,7 @@ def test_healthy_counts(built, tmp_path, graph):
     docs = run_workload("healthy", "--steps", "25", "--sync-every", "10", *flags, counts_dir=tmp_path)
     main, workers = _main_and_children(docs)
     launches = (
-        {"cudaGraphCreate": 1, "cudaGraphInstantiate": 1, "cudaGraphLaunch": 25}
-        if graph
-        else {"cudaLaunchKernel": 250}
+        {"cudaGraphCreate": 1, "cudaGraphInstantiate": 1, "cudaGraphLaunch": 25} if graph else {"cudaLaunchKernel": 250}
     )
     assert main["counts"] == {
         "cudaSetDevice": 1,

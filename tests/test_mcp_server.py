@@ -31,7 +31,7 @@ from tracer.analysis.stats import trace_stats
 from tracer.db import open_trace
 from tracer.errors import UsageError
 
-TOOLS = {"get_trace_stats", "get_causal_chains", "get_time_breakdown", "get_stacks", "run_sql"}
+TOOLS = {"get_trace_stats", "get_causal_chains", "get_time_breakdown", "get_stacks", "run_sql", "compare_traces"}
 
 
 @pytest.fixture(scope="module")

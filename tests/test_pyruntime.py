@@ -183,14 +183,8 @@ def test_offsets_agree(name: str, tmp_path, monkeypatch) -> None:
 
     with open(path, "rb") as f:
         elf = ELFFile(f)
-        segs = [
-            (s["p_offset"], s["p_vaddr"], s["p_filesz"])
-            for s in elf.iter_segments()
-            if s["p_type"] == "PT_LOAD"
-        ]
-        fn = elf.get_section_by_name(".dynsym").get_symbol_by_name("PyGILState_GetThisThreadState")[0][
-            "st_value"
-        ]
+        segs = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        fn = elf.get_section_by_name(".dynsym").get_symbol_by_name("PyGILState_GetThisThreadState")[0]["st_value"]
         f.seek(pyruntime._vaddr_to_offset(segs, fn))
         assert pyruntime._disasm_tss(f.read(64), fn, info.runtime_vaddr) == TABLE[info.version]["tss"]
         if info.version == (3, 13):

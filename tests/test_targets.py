@@ -35,9 +35,14 @@ def test_library_kind_on_real_world_names(path: str, kind: str | None) -> None:
 def test_descendants_lists_a_child_after_its_parent() -> None:
     # GIVEN a process that has started a child
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time\n"
-         "c = subprocess.Popen(['sleep', '30']); print(c.pid, flush=True); time.sleep(30)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "c = subprocess.Popen(['sleep', '30']); print(c.pid, flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     child = 0
     try:

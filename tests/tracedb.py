@@ -600,7 +600,7 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str,
     if not rows:
         return
     cols = TABLE_BY_NAME[table].column_names
-    batch = pa.Table.from_pylist([{c: r.get(c) for c in cols} for r in rows])  # noqa: F841 (scanned by name)
+    batch = pa.Table.from_pylist([{c: r.get(c) for c in cols} for r in rows])
     con.register("_batch", batch)
     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _batch")
     con.unregister("_batch")
@@ -1104,9 +1104,16 @@ def step_loop(
         i += 1
         if op is not None and i % sync_every == 0:
             wait = max(gpu_free - t, 0) + 30 * US
-            b.call(t, wait, op, bytes=4 if sync == "memcpy" else None, kind="DtoH" if sync == "memcpy" else None,
-                   stream=None if sync == "memcpy" else 7, stack_id=wait_stack,
-                   off_cpu_ns=wait - 25 * US if wait > 100 * US else 0)
+            b.call(
+                t,
+                wait,
+                op,
+                bytes=4 if sync == "memcpy" else None,
+                kind="DtoH" if sync == "memcpy" else None,
+                stream=None if sync == "memcpy" else 7,
+                stack_id=wait_stack,
+                off_cpu_ns=wait - 25 * US if wait > 100 * US else 0,
+            )
             if sync == "memcpy":
                 b.call(t + 2 * US, wait - 4 * US, "cuMemcpyDtoH", bytes=4, kind="DtoH")
             if wait > 100 * US:  # the thread sleeps inside the copy until the GPU is done

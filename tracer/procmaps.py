@@ -47,8 +47,14 @@ def parse_maps_line(line: str) -> tuple[int, int, str, int, int, int, str] | Non
     major, _, minor = parts[3].partition(":")
     try:
         dev = os.makedev(int(major, 16), int(minor, 16))
-        return int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), dev, int(parts[4]), (
-            parts[5].rstrip("\n") if len(parts) == 6 else ""
+        return (
+            int(lo, 16),
+            int(hi, 16),
+            parts[1],
+            int(parts[2], 16),
+            dev,
+            int(parts[4]),
+            (parts[5].rstrip("\n") if len(parts) == 6 else ""),
         )
     except ValueError:
         return None

@@ -870,5 +870,3 @@ class PyRuntimeManager:
             self._codes[(pid, code)] = _CodeInfo(
                 file, name or f"<unreadable {code:#x}>", int(e["firstlineno"]), e["linetable"][:n].tobytes(), truncated
             )
-
-

@@ -56,8 +56,9 @@ def built_fixtures() -> Path:
 
 def record(args: list[str], timeout: float = 90, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run ``tracer record ARGS`` to completion; return the finished process (text stdout/stderr)."""
-    return subprocess.run([str(TRACER), "record", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, **kw)
+    return subprocess.run(
+        [str(TRACER), "record", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw
+    )
 
 
 def start_record(args: list[str], verbose: bool = False) -> subprocess.Popen[str]:

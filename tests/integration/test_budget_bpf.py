@@ -25,8 +25,17 @@ LOADS = {
     "fault_thread": ["--threads", "1", "--fault-thread", "--fault-mb", "32"],
     "train_loop": None,  # train.py: a DataLoader worker feeding a launch-heavy loop
 }
-TRAIN = ["--workers", "1", "--persistent-workers", "--duration", "6", "--launches-per-step", "200",
-         "--worker-cpu-ms", "0.2"]
+TRAIN = [
+    "--workers",
+    "1",
+    "--persistent-workers",
+    "--duration",
+    "6",
+    "--launches-per-step",
+    "200",
+    "--worker-cpu-ms",
+    "0.2",
+]
 
 
 @pytest.fixture(scope="module", params=list(LOADS))
@@ -52,8 +61,10 @@ def test_launches_are_scaled_within_5_percent(budget_run: tuple[Path, Path, str]
         json.loads(p.read_text())["pid"]: json.loads(p.read_text())["counts"].get("cudaLaunchKernel", 0)
         for p in counts.glob("*.json")
     }
-    rows = query(db, f"SELECT pid, sum(calls), min(sampled_fraction), max(error_pct) FROM op_stats WHERE {IN_CYCLED} "
-                 "GROUP BY pid")
+    rows = query(
+        db,
+        f"SELECT pid, sum(calls), min(sampled_fraction), max(error_pct) FROM op_stats WHERE {IN_CYCLED} GROUP BY pid",
+    )
     # THEN the launches were duty-cycled (marked as sampled), and every launching process is within 5%, and
     # within the error bound it reports
     assert rows, "no launches recorded"

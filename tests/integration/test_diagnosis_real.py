@@ -93,7 +93,9 @@ SCENARIOS: dict[str, Scenario] = {
         run("alloc_stress.py", "--iterations 1000 --size-mb 4 --allocs-per-step 8"), "allocation_churn"
     ),
     "respawn": Scenario(
-        run("train.py", "--workers 2 --epochs 10 --steps 5 --kernel-us 500 --respawn-workers"),
+        # each respawn costs the fork and a first 15 ms batch: ~30% of the loop's wall untraced (0.82 s against
+        # 0.58 s with --persistent-workers); with 2 workers and 2 ms batches it was ~12%, MEDIUM, not HIGH
+        run("train.py", "--workers 3 --epochs 10 --steps 5 --kernel-us 500 --worker-cpu-ms 15 --respawn-workers"),
         "process_churn",
     ),
     "starved": Scenario(
@@ -257,7 +259,7 @@ def test_allocation_churn_names_the_line(named, name):
 def test_respawn(named):
     r = named("respawn")
     ch = next(c for c in chains_of(r) if c.category == "process_churn")
-    assert (ch.evidence.fork_waves, ch.evidence.respawn_waves, ch.evidence.workers_per_wave) == (10, 9, 2)
+    assert (ch.evidence.fork_waves, ch.evidence.respawn_waves, ch.evidence.workers_per_wave) == (10, 9, 3)
     assert "persistent_workers=True" in ch.recommendations[0] and ch.culprit.pid == r.pid
 
 

@@ -39,8 +39,7 @@ def test_sigkill_of_the_recorder_releases_a_held_target(tmp_path: Path) -> None:
     # GIVEN a recording of late_load.py whose library-load hold the recorder will not release for 60 s
     db = tmp_path / "killed.duckdb"
     rec = subprocess.Popen(
-        [str(TRACER), "record", "--db", str(db), "--", PY, workload("late_load.py"), "--delay", "0.5",
-         "--calls", "20"],
+        [str(TRACER), "record", "--db", str(db), "--", PY, workload("late_load.py"), "--delay", "0.5", "--calls", "20"],
         cwd=ROOT,
         env={**os.environ, HOLD_DELAY_ENV: "60"},
         stdout=subprocess.PIPE,

@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tracer import pyruntime  # noqa: E402
+from tracer import pyruntime  # noqa: E402 (after the sys.path insert above)
 
 FIXTURE = Path(__file__).with_name("pyfix_nested.py")
 PYENV = Path("/root/.pyenv/versions")
@@ -347,9 +347,7 @@ def bench(calls: int = 20000) -> None:
                 t1, c1 = _prog_stats(b, "on_labs")
                 frames = b["bench_frames"][ct.c_int(0)].value / max(c1 - c0, 1)
                 # frames on the stack: `depth` deep() frames + main + <module>
-                row.append(
-                    f"{frames:4.1f} frames: {(t1 - t0) / max(c1 - c0, 1):6.0f} ns/hit ({c1 - c0} hits)"
-                )
+                row.append(f"{frames:4.1f} frames: {(t1 - t0) / max(c1 - c0, 1):6.0f} ns/hit ({c1 - c0} hits)")
                 b.cleanup()
             print(f"{name:12s} " + "  ".join(row) + f"  configure {s.configure_s * 1000:.1f} ms")
         empty = BPF(text="int f(struct pt_regs *ctx) { return 0; }")

@@ -78,8 +78,12 @@ def _record_pid(tmp: Path, name: str, script: str, *args: str) -> Recording:
     set; only then does the workload continue, so every CUDA call it makes comes after attach.
     """
     db, counts = tmp / f"{name}.duckdb", tmp / f"{name}-counts"
-    target = subprocess.Popen([PY, workload(script), "--counts-dir", str(counts), "--start-delay", "1", *args],
-                              cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = subprocess.Popen(
+        [PY, workload(script), "--counts-dir", str(counts), "--start-delay", "1", *args],
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_sleeping(target.pid)
         os.kill(target.pid, signal.SIGSTOP)
@@ -108,8 +112,9 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def train(tmp: Path) -> Recording:
-    return _record_cmd(tmp, "train", "train.py", "--workers", "2", "--respawn-workers", "--worker-cuda",
-                       "--driver-launches", "2")
+    return _record_cmd(
+        tmp, "train", "train.py", "--workers", "2", "--respawn-workers", "--worker-cuda", "--driver-launches", "2"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +129,9 @@ def sync(tmp: Path) -> Recording:
 
 @pytest.fixture(scope="module")
 def train_by_pid(tmp: Path) -> Recording:
-    return _record_pid(tmp, "train-pid", "train.py", "--workers", "2", "--respawn-workers", "--worker-cuda",
-                       "--driver-launches", "2")
+    return _record_pid(
+        tmp, "train-pid", "train.py", "--workers", "2", "--respawn-workers", "--worker-cuda", "--driver-launches", "2"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -230,8 +236,11 @@ def test_library_loaded_after_attach_is_traced(name: str, request: pytest.Fixtur
     # GIVEN late_load.py, which maps libcudart only after --delay, traced by pid and by command
     r: Recording = request.getfixturevalue(name)
     # WHEN op_stats is read; THEN every call made through the late library was counted
-    assert recorded_ops(r.db) == expected_ops(r.counts) == {
-        "cudaMalloc": 1, "cudaLaunchKernel": 7, "cudaStreamSynchronize": 1, "cudaFree": 1}
+    assert (
+        recorded_ops(r.db)
+        == expected_ops(r.counts)
+        == {"cudaMalloc": 1, "cudaLaunchKernel": 7, "cudaStreamSynchronize": 1, "cudaFree": 1}
+    )
     (libs,) = query(r.db, "SELECT libraries FROM session")[0]
     assert str(BUILD / "libcudart.so.12") in libs
 
@@ -298,8 +307,13 @@ def test_neither_pid_nor_command_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def _as_nobody(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(TRACER), "record",
-                           *args], capture_output=True, text=True, timeout=60, cwd="/")
+    return subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(TRACER), "record", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
 
 
 @pytest.fixture
@@ -354,8 +368,10 @@ def test_no_cuda_library_waits_then_force_overwrites(tmp_path: Path) -> None:
 def test_sigint_stops_and_leaves_a_readable_db(tmp_path: Path) -> None:
     # GIVEN a 30 s training run being recorded, with the probes in place
     db = tmp_path / "int.duckdb"
-    rec = start_record(["--db", str(db), "--lib", str(_decoy(tmp_path)), "--", PY, workload("train.py"),
-                        "--duration", "30"], verbose=True)
+    rec = start_record(
+        ["--db", str(db), "--lib", str(_decoy(tmp_path)), "--", PY, workload("train.py"), "--duration", "30"],
+        verbose=True,
+    )
     try:
         wait_for_line(rec, f"to {_decoy(tmp_path)}")
         time.sleep(3)
@@ -390,7 +406,8 @@ def nested(tmp: Path) -> Recording:
     """One recording of nested.py in both modes under every interpreter (a shell runs them in turn)."""
     script = "; ".join(
         f"{shlex.quote(py)} {shlex.quote(workload('nested.py'))} --mode {m} --expect {tmp}/nested-{k}-{m}.json"
-        for k, py in INTERPRETERS.items() for m in MODES
+        for k, py in INTERPRETERS.items()
+        for m in MODES
     )
     db = tmp / "nested.duckdb"
     proc = record(["--db", str(db), "--", "/bin/sh", "-c", script], timeout=180)
@@ -408,11 +425,13 @@ def test_python_stack_of_cudamalloc(interp: str, mode: str, nested: Recording) -
     call = next(c for c in expect["calls"] if c["op"] == "cudaMalloc")
     want = [(q, line) for q, line, _file in call["frames"]]
     # WHEN the stored stack of that process's cudaMalloc is read
-    row = query(nested.db, "SELECT stack_id FROM cuda_calls WHERE pid = ? AND op = 'cudaMalloc' ORDER BY ts_ns "
-                "LIMIT 1", [call["pid"]])
+    row = query(
+        nested.db,
+        "SELECT stack_id FROM cuda_calls WHERE pid = ? AND op = 'cudaMalloc' ORDER BY ts_ns LIMIT 1",
+        [call["pid"]],
+    )
     assert row and row[0][0] is not None, "no stack for the cudaMalloc"
-    frames = query(nested.db, "SELECT kind, function, line FROM stacks WHERE stack_id = ? ORDER BY depth",
-                   [row[0][0]])
+    frames = query(nested.db, "SELECT kind, function, line FROM stacks WHERE stack_id = ? ORDER BY depth", [row[0][0]])
     # THEN its Python frames are exactly the expected ones in order, and it ends in the CUDA entry point
     got = [(f, line) for kind, f, line in frames if kind == "python"]
     assert got == want

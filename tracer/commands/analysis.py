@@ -1,5 +1,5 @@
-"""`tracer stats|chains|stacks|sql|timeline|breakdown|export` and `tracer mcp serve` (registered on the app by
-tracer.cli).
+"""`tracer stats|chains|stacks|sql|timeline|breakdown|compare|export` and `tracer mcp serve` (registered on the
+app by tracer.cli).
 
 Each command opens the DB read-only (:func:`tracer.db.open_trace`), calls one analysis function and renders
 the
@@ -55,7 +55,7 @@ def _open(db: Path) -> Iterator[Any]:
         raise failed
 
 
-def _print(record, as_json: bool) -> None:  # noqa: ANN001
+def _print(record, as_json: bool) -> None:
     from tracer.render import print_record
 
     print_record(record, out, as_json=as_json)
@@ -271,6 +271,29 @@ def breakdown(
         _print(time_breakdown(conn, pid=pid, tid=tid, bucket_s=bucket), json)
 
 
+def compare(
+    before: Annotated[Path, typer.Argument(help="The recording before the change (a trace DB).")],
+    after: Annotated[Path, typer.Argument(help="The recording after it, of the same workload.")],
+    json: JsonOption = False,
+) -> None:
+    """Compare two recordings of the same workload, before and after a change: steps/s, where the training
+    thread's time went, per-op calls/s, time and p50/p99, and the causal chains that appeared, went away or
+    changed. Each difference is judged against the recordings' own second-to-second variance (the test is named
+    in the output); record 10 s or more of the loop on each side.
+
+    Each recording's training thread is found on its own (their pids differ), so there is no --pid.
+
+    Example: tracer compare before.duckdb after.duckdb   ·   tracer compare before.duckdb after.duckdb --json
+    """
+    from tracer.analysis.compare import compare_traces, names_of
+
+    name_b, name_a = names_of([str(before), str(after)])
+    with _open(before) as conn_b, _open(after) as conn_a:
+        same = before.resolve() == after.resolve()
+        res = compare_traces(conn_b, conn_a, before_name=name_b, after_name=name_a, same_file=same)
+    _print(res, json)
+
+
 mcp_app = typer.Typer(
     help="Serve the trace to an AI assistant over MCP.\n\nExample: tracer mcp serve --db trace.duckdb --http :8090",
     no_args_is_help=True,
@@ -335,6 +358,6 @@ def mcp_serve(
 
 def register(app: typer.Typer) -> None:
     """Add the analysis commands and the `mcp` group to ``app``."""
-    for f in (stats, chains, stacks, sql, timeline, breakdown, export):
+    for f in (stats, chains, stacks, sql, timeline, breakdown, compare, export):
         app.command()(f)
     app.add_typer(mcp_app, name="mcp")

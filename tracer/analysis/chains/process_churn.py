@@ -10,8 +10,6 @@ calls (forking, waiting for batches) above its usual per-second rate elsewhere i
 
 from __future__ import annotations
 
-import statistics
-
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, ProcessChurnEvidence, WaveLoss
 from tracer.analysis.recording import DATALOADER_COMM
@@ -105,14 +103,27 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     return [_chain(ctx, subject, parent, waves, forks, n_exits)] if subject else []
 
 
+def _baseline(s: Subject, waves: list[list[tuple]], windows: list[tuple[int, int, int]]) -> float:
+    """Return the thread's usual share of time outside CUDA calls in its steady seconds, 0 when it has none.
+
+    Steady: whole seconds of its steps outside every wave's window, the first wave's included (workers starting
+    for the first time are not the loop's steady state). Edge seconds are left out because the subject's time
+    is pro-rated there, so their share is that of the whole second (imports, the first fork) and would hide
+    every respawn of a loop that lasts only a few seconds."""
+    first = (waves[0][0][0], waves[0][0][0] + WAVE_WINDOW_NS)
+    busy = {sec for a, b, *_ in [first, *windows] for sec in range(a // S, (b - 1) // S + 1)}
+    whole = range(-(-s.start_ns // S), s.end_ns // S)
+    rest = [r for sec, r in s.time.by_sec.items() if sec in whole and sec not in busy and r["wall"]]
+    wall = sum(r["wall"] for r in rest)
+    return sum(_non_cuda(r) for r in rest) / wall if wall else 0.0
+
+
 def _chain(
     ctx: ChainContext, s: Subject, parent: int, waves: list[list[tuple]], forks: list[tuple], n_exits: int
 ) -> CausalChain:
     t = s.time
     windows = [(a, b, len(pids)) for a, b, pids in wave_windows(ctx, s.tid, waves)]
-    in_wave = {sec for a, b, _ in windows for sec in range(a // S, (b - 1) // S + 1)}
-    rest = [_non_cuda(r) / r["wall"] for sec, r in t.by_sec.items() if sec not in in_wave and r["wall"]]
-    base = statistics.median(rest) if rest else 0.0
+    base = _baseline(s, waves, windows)
     losses = []
     seen: set[int] = set()
     for a, b, n in windows:
