@@ -1,7 +1,6 @@
 """Bearer-token check for the HTTP transport: a static token from a file or TRACER_MCP_TOKEN.
 
-A small ASGI middleware rather than the SDK's OAuth resource-server machinery: one host, one secret, no
-issuer.
+A small ASGI middleware rather than the SDK's OAuth resource-server machinery: one host, one secret, no issuer.
 Compared in constant time; the token never appears on the command line (it would show in ps) or in logs.
 """
 

@@ -1,13 +1,11 @@
 """Transports: stdio, and streamable HTTP at ``/mcp`` in a FastAPI app (with ``/healthz``) served by uvicorn.
 
-Loopback by default (``:8090`` = 127.0.0.1:8090) with the SDK's DNS-rebinding protection: only loopback Host
-and
-Origin headers are accepted (a bad Host gets 421, a bad Origin 403). A non-loopback address needs a bearer
-token
-(refused to start without one) and keeps Host/Origin validation on with an explicit allow-list: the SDK would
-switch the protection off for a non-local host. The MCP app is mounted at ``/`` with its own path ``/mcp`` (a
-mount at ``/mcp`` would serve ``/mcp/mcp``), and its session manager runs in the host app's lifespan, since a
-mounted sub-app's lifespan never runs.
+Loopback by default (``:8090`` = 127.0.0.1:8090) with the SDK's DNS-rebinding protection: only loopback Host and
+Origin headers are accepted (a bad Host gets 421, a bad Origin 403). A non-loopback address needs a bearer token
+(refused to start without one) and keeps Host/Origin validation on with an explicit allow-list: the SDK would switch
+the protection off for a non-local host. The MCP app is mounted at ``/`` with its own path ``/mcp`` (a mount at
+``/mcp`` would serve ``/mcp/mcp``), and its session manager runs in the host app's lifespan, since a mounted
+sub-app's lifespan never runs.
 """
 
 from __future__ import annotations

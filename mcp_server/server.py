@@ -2,12 +2,10 @@
 from the served DB's directory), its schema as a resource, and an investigation prompt.
 
 Every tool calls one ``tracer.analysis`` function and returns its pydantic record, so the output schema and
-``structuredContent`` are the record's. Tools are sync: the SDK runs them in worker threads, so each call
-opens
-its own read-only connection (DuckDB connections must not be shared across threads). Two error channels:
-``ToolError`` (bad argument, unreadable DB, refused SQL) becomes an ``is_error`` result the model reads and
-can
-correct from; anything else is a server bug.
+``structuredContent`` are the record's. Tools are sync: the SDK runs them in worker threads, so each call opens its
+own read-only connection (DuckDB connections must not be shared across threads). Two error channels: ``ToolError``
+(bad argument, unreadable DB, refused SQL) becomes an ``is_error`` result the model reads and can correct from;
+anything else is a server bug.
 
 run_sql is the exception to "one connection per call": its statement runs in a query worker process
 (:mod:`tracer.analysis.sqlpool`) that can be killed, under the limits its description states, so no query can
@@ -124,16 +122,11 @@ def build_server(
     ) -> TraceStats:
         """Overview of the recording. Call this first.
 
-        Returns the environment (GPU, driver, CPU, RAM, kernel, Python), events traced/stored/lost, per CUDA
-        op
-        (runtime and driver layers kept apart) calls, p50/p95/p99/max in µs from the exact in-kernel histogram
-        and
-        the tail ratio p99/p50, per process (main, dataloader_worker, child) CUDA calls, context switches,
-        off-CPU
-        seconds and worst stall, host peaks (load, CPU busy, MemAvailable, page allocation, swap) and the
-        number of
-        causal chains by severity. Next: get_causal_chains for the why, get_stacks(op) for an op with a large
-        tail.
+        Returns the environment (GPU, driver, CPU, RAM, kernel, Python), events traced/stored/lost, per CUDA op
+        (runtime and driver layers kept apart) calls, p50/p95/p99/max in µs from the exact in-kernel histogram and
+        the tail ratio p99/p50, per process (main, dataloader_worker, child) CUDA calls, context switches, off-CPU
+        seconds and worst stall, host peaks (load, CPU busy, MemAvailable, page allocation, swap) and the number of
+        causal chains by severity. Next: get_causal_chains for the why, get_stacks(op) for an op with a large tail.
         """
         with conn() as c:
             _check(c, pid=pid)

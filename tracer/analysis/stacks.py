@@ -1,9 +1,7 @@
 """Call stacks of one CUDA op, ranked by calls: from the Python line through native code to the CUDA API.
 
-Stacks come from the stored ``cuda_calls`` rows (a budgeted sample that always keeps the slow tail), so
-``calls``
-counts stored rows; ``op_calls_total`` gives the exact count from ``op_stats``. Rows without a captured stack
-are
+Stacks come from the stored ``cuda_calls`` rows (a budgeted sample that always keeps the slow tail), so ``calls``
+counts stored rows; ``op_calls_total`` gives the exact count from ``op_stats``. Rows without a captured stack are
 grouped as ``(no stack captured)`` with an empty frame list.
 """
 

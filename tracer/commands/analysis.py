@@ -1,8 +1,7 @@
 """`tracer stats|chains|stacks|sql|timeline|breakdown|compare|export` and `tracer mcp serve` (registered on the
 app by tracer.cli).
 
-Each command opens the DB read-only (:func:`tracer.db.open_trace`), calls one analysis function and renders
-the
+Each command opens the DB read-only (:func:`tracer.db.open_trace`), calls one analysis function and renders the
 record: rich on stdout, or ``--json``. Errors are :class:`tracer.errors.TracerError`s, printed by
 ``tracer.cli.main``.
 """
