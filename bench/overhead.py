@@ -43,7 +43,7 @@ from bench.common import (
     write_result,
 )
 
-TRAIN_ARGS = ["--workers", "2", "--persistent-workers", "--steps", "50"]
+TRAIN_ARGS = ["--workers", "2", "--persistent-workers"]
 # The issue's workload ran 1000 steps, 1.4 s untraced: too short for a steady state (the budget acts on 1 s
 # ticks, and the recorder's CPU is sampled each second). 100 epochs = 5000 steps, ~7 s untraced; --quick keeps 1000.
 EPOCHS, QUICK_EPOCHS = 100, 20
@@ -68,8 +68,17 @@ def parse_train_summary(stderr: str) -> dict[str, float]:
     return {"steps": steps, "launches": launches, "wall_s": wall, "steps_per_s": steps / wall if wall else 0.0}
 
 
-def train_cmd(epochs: int) -> list[str]:
-    return ["/usr/bin/python3", str(WORKLOADS / "train.py"), *TRAIN_ARGS, "--epochs", str(epochs)]
+def train_cmd(epochs: int, steps: int = 50) -> list[str]:
+    """Return the command line of the train.py mix for ``epochs`` x ``steps`` steps."""
+    return [
+        "/usr/bin/python3",
+        str(WORKLOADS / "train.py"),
+        *TRAIN_ARGS,
+        "--steps",
+        str(steps),
+        "--epochs",
+        str(epochs),
+    ]
 
 
 def run_once(cmd: list[str], variant: str | None, db: Path) -> dict[str, Any]:
@@ -160,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         ],
         ["run", "steps/s (median)", "rel. spread", "ratio"],
     )
-    print(f"recorder CPU in steady state: {res['recorder_cpu_pct']}% of one core")
+    cpu = res["recorder_cpu_pct"]
+    print(f"recorder CPU in steady state: {'-' if cpu is None else f'{cpu:.1f}%'} of one core")
     print(f"wrote {write_result('overhead', res, args.out)}")
     return 0
 

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     steps, epochs = (QUICK_STEPS, QUICK_EPOCHS) if args.quick else (STEPS, EPOCHS)
     with tempfile.TemporaryDirectory(prefix="bench-storage-") as tmp:
         db = Path(tmp) / "trace.duckdb"
-        cmd = [str(TRACER), "record", "--db", str(db), "--force", "--", *train_cmd(steps, epochs)]
+        cmd = [str(TRACER), "record", "--db", str(db), "--force", "--", *train_cmd(epochs, steps)]
         t0 = time.monotonic()
         pr = subprocess.run(cmd, capture_output=True, text=True)
         if pr.returncode:

@@ -177,3 +177,28 @@ def test_a_batch_that_cannot_be_written_fails_the_store_instead_of_killing_its_w
     with pytest.raises(StoreError):
         s.put("cuda_calls", _calls(1))
     s.close()
+
+
+def test_row_batches_do_not_wake_the_writer_until_a_table_fills_or_a_statement_comes():
+    from tracer.store import _Inbox
+
+    box = _Inbox()
+    small = pa.table({"x": list(range(10))})
+    box.put_rows("cuda_calls", small)
+    box.put_rows("sched", small)
+    # GIVEN small row batches THEN the writer sleeps on (it wakes every FLUSH_S on its own)
+    assert not box._wake.is_set()
+    # WHEN one table reaches FLUSH_ROWS THEN it is woken; everything queued comes out in order
+    box.put_rows("cuda_calls", pa.table({"x": list(range(FLUSH_ROWS))}))
+    assert box._wake.is_set()
+    got = box.take(0)
+    assert [(i[0], i[1], i[2].num_rows) for i in got] == [
+        ("rows", "cuda_calls", 10),
+        ("rows", "sched", 10),
+        ("rows", "cuda_calls", FLUSH_ROWS),
+    ]
+    assert not box._wake.is_set() and box.take(0) == []
+    # a statement (and the end marker) wakes it at once
+    box.put_rows("cuda_calls", small)
+    box.put(("sql", "SELECT 1", [], 0.0))
+    assert box._wake.is_set() and [i[0] for i in box.take(0)] == ["rows", "sql"]

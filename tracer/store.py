@@ -11,10 +11,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import queue
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,41 @@ FLUSH_ROWS = 10_000
 # 7 tables every second, so inserts every 2 s (all in one transaction), not every drain (0.2 s), cut the
 # recorder's steady-state CPU several times over. A SIGKILL loses at most this much; a live MCP query flushes.
 FLUSH_S = 2.0
+
+
+class _Inbox:
+    """The writer thread's queue. Row batches are queued without waking the writer, which wakes at least every
+    FLUSH_S anyway: waking a thread per batch (several tables per drain, 5 drains a second) was the recorder's
+    largest single cost in py-spy (queue.Queue's Condition.notify, 18% of its samples, mostly GIL hand-offs).
+    Statements, markers, the end, and a table reaching FLUSH_ROWS do wake it."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[str, Any, Any, float] | None] = deque()
+        self._rows: dict[str, int] = {}  # rows queued per table since the writer last took them
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+
+    def put_rows(self, table: str, tbl: pa.Table) -> None:
+        with self._lock:
+            self._items.append(("rows", table, tbl, time.monotonic()))
+            n = self._rows[table] = self._rows.get(table, 0) + tbl.num_rows
+        if n >= FLUSH_ROWS:
+            self._wake.set()
+
+    def put(self, item: tuple[str, Any, Any, float] | None) -> None:
+        with self._lock:
+            self._items.append(item)
+        self._wake.set()
+
+    def take(self, timeout: float) -> list[tuple[str, Any, Any, float] | None]:
+        """Return everything queued, waiting up to ``timeout`` s for a wake-up first."""
+        self._wake.wait(timeout)
+        self._wake.clear()  # before taking: a wake-up for an item put after this is not lost
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            self._rows.clear()
+        return items
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:
@@ -98,7 +133,7 @@ class Store:
             self.conn.execute(t.ddl())
         self.conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)])
         self.rows_written: dict[str, int] = {}
-        self._q: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
+        self._q = _Inbox()
         self._closed = False
         self._error: BaseException | None = None
         self.status_marked: str | None = None  # the status _fail() managed to write after a failed write
@@ -122,18 +157,18 @@ class Store:
         for name in t.column_names:
             v = columns.get(name)
             arrays.append(pa.nulls(n) if v is None else v if isinstance(v, pa.Array) else pa.array(v))
-        self._q.put(("rows", table, pa.Table.from_arrays(arrays, names=t.column_names)))
+        self._q.put_rows(table, pa.Table.from_arrays(arrays, names=t.column_names))
 
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> None:
         """Queue one statement; it runs on the writer thread after every batch queued before it."""
         if self._error:
             raise self._failure()
-        self._q.put(("sql", sql, list(params or [])))
+        self._q.put(("sql", sql, list(params or []), 0.0))
 
     def sync(self) -> None:
         """Block until everything queued so far is written."""
         done = threading.Event()
-        self._q.put(("call", done.set, None))
+        self._q.put(("call", done.set, None, 0.0))
         while self._writer.is_alive() and not done.wait(0.05):
             pass
 
@@ -153,7 +188,7 @@ class Store:
             if on_done is not None:
                 on_done()
 
-        self._q.put(("call", take, None))
+        self._q.put(("call", take, None, 0.0))
 
     def _run(self) -> None:
         try:
@@ -169,26 +204,16 @@ class Store:
         while not stop:
             # Rows wait up to FLUSH_S (or FLUSH_ROWS per table): each insert costs 1-6 ms of CPU whatever its size,
             # and the recorder queues a few tables every drain (5 a second).
-            try:
-                wait = None if not pending else max(0.0, since + FLUSH_S - time.monotonic())
-                items = [self._q.get(timeout=wait)]
-            except queue.Empty:
-                items = []
-            while True:  # take whatever else is queued, so one insert covers many batches
-                try:
-                    items.append(self._q.get_nowait())
-                except queue.Empty:
-                    break
+            items = self._q.take(FLUSH_S if not pending else max(0.0, since + FLUSH_S - time.monotonic()))
             for item in items:
                 if item is None:
                     stop = True
                 elif item[0] == "rows":
-                    if not pending:
-                        since = time.monotonic()
+                    since = item[3] if not pending else min(since, item[3])
                     pending.setdefault(item[1], []).append(item[2])
                 else:
                     self._flush(pending)  # statements and markers keep their place in the order
-                    self._guard(item)
+                    self._guard(item[:3])
                 if self._error:
                     return  # _fail closed the connection: nothing more is written, sync() no longer waits
             if (

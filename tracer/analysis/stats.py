@@ -17,9 +17,9 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
-from tracer.analysis.breakdown import PartTime, TracerCost, load_thread_times, parts_of, tracer_cost
-from tracer.analysis.chains import compute_chains
-from tracer.analysis.recording import DATALOADER_COMM, load_recording, main_pid
+from tracer.analysis.breakdown import PartTime, ThreadTimes, TracerCost, load_thread_times, parts_of, tracer_cost
+from tracer.analysis.chains import ChainContext, compute_chains
+from tracer.analysis.recording import DATALOADER_COMM, RecordingInfo, load_recording, main_pid
 from tracer.analysis.taxonomy import part_name
 from tracer.db import RecordingState, recording_state
 from tracer.hist import quantile
@@ -269,10 +269,16 @@ def host_peaks(conn: duckdb.DuckDBPyConnection) -> HostPeaks:
     )
 
 
-def training_time(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> tuple[TrainingTime | None, TracerCost]:
-    """Return the training thread's breakdown in brief (of ``pid`` when given) and the tracer's own cost."""
-    info = load_recording(conn)
-    times = load_thread_times(conn, info, pid)
+def training_time(
+    conn: duckdb.DuckDBPyConnection,
+    pid: int | None = None,
+    info: RecordingInfo | None = None,
+    times: ThreadTimes | None = None,
+) -> tuple[TrainingTime | None, TracerCost]:
+    """Return the training thread's breakdown in brief (of ``pid`` when given) and the tracer's own cost
+    (``info``/``times``: the recording and its thread times when the caller has loaded them)."""
+    info = info or load_recording(conn)
+    times = times or load_thread_times(conn, info, pid)
     t = times.training
     cost = tracer_cost(conn, info, times.threads)
     if t is None:
@@ -287,8 +293,9 @@ def training_time(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> tu
 def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> TraceStats:
     """Return the overview of the trace (or of one process with ``pid``), including chain counts by severity."""
     ev = conn.execute("SELECT events_traced, events_stored, events_lost FROM session LIMIT 1").fetchone() or (0, 0, 0)
-    chains = compute_chains(conn, pid=pid, limit=1)
-    training, cost = training_time(conn, pid)
+    ctx = ChainContext.load(conn, pid)  # one load of every thread's time, for the chains and the breakdown
+    chains = compute_chains(conn, pid=pid, limit=1, ctx=ctx)
+    training, cost = training_time(conn, pid, ctx.info, ctx.times)
     return TraceStats(
         environment=environment(conn),
         pid=pid,

@@ -89,13 +89,20 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
 
 
 def compute_chains(
-    conn: duckdb.DuckDBPyConnection, pid: int | None = None, severity: str | None = None, limit: int = 10
+    conn: duckdb.DuckDBPyConnection,
+    pid: int | None = None,
+    severity: str | None = None,
+    limit: int = 10,
+    ctx: ChainContext | None = None,
 ) -> ChainsResult:
-    """Return causal chains worst first, optionally only for ``pid`` and at one ``severity`` (high|medium|low)."""
+    """Return causal chains worst first, optionally only for ``pid`` and at one ``severity`` (high|medium|low).
+
+    ``ctx``: the detectors' inputs when the caller has loaded them already (``ChainContext.load(conn, pid)``):
+    trace_stats shares them with its own breakdown, which would otherwise load every thread's time twice."""
     sev = severity.upper() if severity else None
     if sev is not None and sev not in SEVERITIES:
         raise ValueError(f"unknown severity {severity!r}; use one of high, medium, low")
-    ctx = ChainContext.load(conn, pid)
+    ctx = ctx or ChainContext.load(conn, pid)
     chains = detect_all(ctx)
     counts = {s: sum(1 for c in chains if c.severity == s) for s in SEVERITIES}
     if sev:
