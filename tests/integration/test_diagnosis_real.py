@@ -89,8 +89,10 @@ SCENARIOS: dict[str, Scenario] = {
         "memory_pressure",
     ),
     "alloc": Scenario(run("alloc_stress.py", "--iterations 1000"), "allocation_churn"),
+    # 4000 steps: ~2 s of steps, about half of it in cudaMalloc/cudaFree; with 1000 the steps lasted ~0.4 s, and a
+    # share is taken of at least 1 s of steps (context.MIN_STEPS_NS), so it read 20% (MEDIUM under load)
     "alloc_small": Scenario(
-        run("alloc_stress.py", "--iterations 1000 --size-mb 4 --allocs-per-step 8"), "allocation_churn"
+        run("alloc_stress.py", "--iterations 4000 --size-mb 4 --allocs-per-step 8"), "allocation_churn"
     ),
     "respawn": Scenario(
         # each respawn costs the fork and a first 15 ms batch: ~30% of the loop's wall untraced (0.82 s against
