@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from tracer.hist import SUB, bucket_of, percentile, quantile, slot_bounds, slot_of
+from tracer.hist import SUB, bucket_of, merge, percentile, quantile, slot_bounds, slot_of
 
 
 def _values() -> list[int]:
@@ -74,3 +74,10 @@ def test_quantile_interpolates_and_clamps() -> None:
     assert quantile([(10, 20, 10), (5, 6, 0), (0, 10, 10)], 0.25) == 5.0
     # the whole-ns view the recorder stores is the same number, truncated
     assert percentile(buckets, 0.75) == 15 and percentile([(100, 116, 3)], 0.5) == int(quantile([(100, 116, 3)], 0.5))
+
+
+def test_merge_adds_equal_buckets_and_skips_missing_histograms():
+    a = [{"lo_ns": 16, "hi_ns": 17, "count": 2}, {"lo_ns": 64, "hi_ns": 68, "count": 1}]
+    b = [{"lo_ns": 64, "hi_ns": 68, "count": 5}, {"lo_ns": 32, "hi_ns": 34, "count": 3}]
+    assert merge([a, None, b, []]) == [(16, 17, 2), (32, 34, 3), (64, 68, 6)]
+    assert merge([]) == []

@@ -9,6 +9,7 @@ This is the only histogram implementation: the recorder (``op_stats`` percentile
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 
 SUB = 16
@@ -65,3 +66,13 @@ def quantile(
 def percentile(buckets: Iterable[tuple[int, int, int]], q: float) -> int:
     """Return the q-quantile (0..1) in whole ns from (lo_ns, hi_ns, count) buckets (see :func:`quantile`)."""
     return int(quantile(buckets, q))
+
+
+def merge(hists: Iterable[list[dict[str, int]] | None]) -> list[tuple[int, int, int]]:
+    """Return one histogram of several stored ones (``op_stats.hist`` lists of {lo_ns, hi_ns, count}, None for
+    none), as sorted (lo_ns, hi_ns, count) buckets with the counts of equal buckets added."""
+    acc: dict[tuple[int, int], int] = defaultdict(int)
+    for h in hists:
+        for b in h or []:
+            acc[(b["lo_ns"], b["hi_ns"])] += b["count"]
+    return sorted((lo, hi, n) for (lo, hi), n in acc.items())

@@ -54,6 +54,7 @@ from tracer.analysis.chains.sync_stall import sync_ops
 from tracer.analysis.stats import OpStat, environment, op_stats
 from tracer.analysis.taxonomy import PART_NAMES
 from tracer.db import recording_state
+from tracer.hist import merge
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -300,11 +301,7 @@ def _load(conn: duckdb.DuckDBPyConnection, name: str) -> _Side:
     for op, layer, e, hs, mn, mx in conn.execute(
         f"SELECT op, coalesce(layer, ''), {err}, list(hist), min(min_ns), max(max_ns) FROM op_stats GROUP BY ALL"
     ).fetchall():
-        acc: dict[tuple[int, int], int] = defaultdict(int)
-        for h in hs or []:
-            for x in h or []:
-                acc[(x["lo_ns"], x["hi_ns"])] += x["count"]
-        hists[(op, layer)] = _OpHist(sorted((lo, hi, n) for (lo, hi), n in acc.items()), mn or 0, mx or 0, e / 100)
+        hists[(op, layer)] = _OpHist(merge(hs or []), mn or 0, mx or 0, e / 100)
     side = _Side(
         name=name,
         conn=conn,

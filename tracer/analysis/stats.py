@@ -10,7 +10,6 @@ width (<= 3.1 %).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Annotated
 
 import duckdb
@@ -22,7 +21,7 @@ from tracer.analysis.chains import ChainContext, compute_chains
 from tracer.analysis.recording import DATALOADER_COMM, RecordingInfo, load_recording, main_pid
 from tracer.analysis.taxonomy import part_name
 from tracer.db import RecordingState, recording_state
-from tracer.hist import quantile
+from tracer.hist import merge, quantile
 
 __all__ = ["DATALOADER_COMM", "main_pid", "op_stats", "process_stats", "trace_stats"]
 
@@ -137,14 +136,6 @@ class TraceStats(Record):
     ]
 
 
-def _merge(hists: Iterable[list[dict[str, int]] | None]) -> list[tuple[int, int, int]]:
-    acc: dict[tuple[int, int], int] = defaultdict(int)
-    for h in hists:
-        for b in h or []:
-            acc[(b["lo_ns"], b["hi_ns"])] += b["count"]
-    return sorted((lo, hi, n) for (lo, hi), n in acc.items())
-
-
 def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list[OpStat]:
     """Return per-(op, layer) latency over every call, summed over pids unless ``pid`` is given; worst tail first."""
     rows = conn.execute(
@@ -160,7 +151,7 @@ def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list
         calls = sum(r[2] or 0 for r in rs)
         mn = min(r[4] for r in rs if r[4] is not None) if any(r[4] is not None for r in rs) else 0
         mx = max(r[5] or 0 for r in rs)
-        buckets = _merge(r[8] for r in rs)
+        buckets = merge(r[8] for r in rs)
         p50, p95, p99 = (quantile(buckets, q, mn, mx) for q in (0.5, 0.95, 0.99))
         frac = min((r[7] if r[7] is not None else 1.0) for r in rs)
         out.append(
