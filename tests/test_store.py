@@ -200,5 +200,27 @@ def test_row_batches_do_not_wake_the_writer_until_a_table_fills_or_a_statement_c
     assert not box._wake.is_set() and box.take(0) == []
     # a statement (and the end marker) wakes it at once
     box.put_rows("cuda_calls", small)
-    box.put(("sql", "SELECT 1", [], 0.0))
+    box.put("sql", "SELECT 1", [])
     assert box._wake.is_set() and [i[0] for i in box.take(0)] == ["rows", "sql"]
+
+
+def test_each_periodic_write_moves_the_session_flushed_ns_to_its_newest_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    monkeypatch.setattr("tracer.store.FLUSH_S", 0.05)
+    start = time.monotonic_ns() - 5_000_000_000  # a session that started 5 s ago
+    s = Store(tmp_path / "t.duckdb", start_mono_ns=start)
+    s.execute("INSERT INTO session (session_id, status, flushed_ns) VALUES (1, 'recording', 1)")
+    # GIVEN a batch queued now, with no sync and no session write after it
+    queued = time.monotonic_ns() - start
+    s.put("cuda_calls", _calls(10))
+    deadline = time.monotonic() + 30
+    while s.rows_written.get("cuda_calls", 0) < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # THEN the write that took it also moved flushed_ns to when it was queued (a killed recorder's DB says so)
+    s.sync()  # the writer is idle from here (nothing pending: the sync itself writes nothing)
+    flushed = s.conn.execute("SELECT flushed_ns FROM session").fetchone()[0]
+    assert queued <= flushed < queued + 1_000_000_000
+    s.close()

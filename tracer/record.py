@@ -343,7 +343,7 @@ class Recorder:
         )
         self._open_rings()
         self.sampler = ProcSampler()
-        self.store = Store(self.opts.db, force=self.opts.force)
+        self.store = Store(self.opts.db, force=self.opts.force, start_mono_ns=self.start_mono)
         # From here on every way out (Ctrl-C, the target exiting, an error) goes through finish().
         old_int = signal.signal(signal.SIGINT, self._on_signal)
         old_term = signal.signal(signal.SIGTERM, self._on_signal)

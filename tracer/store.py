@@ -43,21 +43,23 @@ class _Inbox:
     Statements, markers, the end, and a table reaching FLUSH_ROWS do wake it."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[str, Any, Any, float] | None] = deque()
+        self._items: deque[tuple[str, Any, Any, float] | None] = deque()  # (kind, a, b, when queued); None: end
         self._rows: dict[str, int] = {}  # rows queued per table since the writer last took them
         self._lock = threading.Lock()
         self._wake = threading.Event()
 
     def put_rows(self, table: str, tbl: pa.Table) -> None:
+        """Queue a row batch; wake the writer only when its table has FLUSH_ROWS rows queued."""
         with self._lock:
             self._items.append(("rows", table, tbl, time.monotonic()))
             n = self._rows[table] = self._rows.get(table, 0) + tbl.num_rows
         if n >= FLUSH_ROWS:
             self._wake.set()
 
-    def put(self, item: tuple[str, Any, Any, float] | None) -> None:
+    def put(self, kind: str | None, a: Any = None, b: Any = None) -> None:
+        """Queue a statement (``sql``) or a marker (``call``), or the end (None), and wake the writer."""
         with self._lock:
-            self._items.append(item)
+            self._items.append(None if kind is None else (kind, a, b, time.monotonic()))
         self._wake.set()
 
     def take(self, timeout: float) -> list[tuple[str, Any, Any, float] | None]:
@@ -114,7 +116,10 @@ def check_db_path(path: Path, force: bool) -> None:
 class Store:
     """A trace DB open for writing."""
 
-    def __init__(self, path: Path, force: bool = False) -> None:
+    def __init__(self, path: Path, force: bool = False, start_mono_ns: int | None = None) -> None:
+        """``start_mono_ns``: the session's start (CLOCK_MONOTONIC). Given, each periodic write also advances
+        ``session.flushed_ns`` to when its newest rows were queued, in the same transaction, so a recording whose
+        recorder is killed says truly how far it goes."""
         check_db_path(path, force)
         if path.exists():
             path.unlink()
@@ -134,6 +139,7 @@ class Store:
         self.conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)])
         self.rows_written: dict[str, int] = {}
         self._q = _Inbox()
+        self._start_mono_ns = start_mono_ns
         self._closed = False
         self._error: BaseException | None = None
         self.status_marked: str | None = None  # the status _fail() managed to write after a failed write
@@ -163,12 +169,12 @@ class Store:
         """Queue one statement; it runs on the writer thread after every batch queued before it."""
         if self._error:
             raise self._failure()
-        self._q.put(("sql", sql, list(params or []), 0.0))
+        self._q.put("sql", sql, list(params or []))
 
     def sync(self) -> None:
         """Block until everything queued so far is written."""
         done = threading.Event()
-        self._q.put(("call", done.set, None, 0.0))
+        self._q.put("call", done.set)
         while self._writer.is_alive() and not done.wait(0.05):
             pass
 
@@ -188,7 +194,7 @@ class Store:
             if on_done is not None:
                 on_done()
 
-        self._q.put(("call", take, None, 0.0))
+        self._q.put("call", take)
 
     def _run(self) -> None:
         try:
@@ -200,6 +206,7 @@ class Store:
     def _write_loop(self) -> None:
         pending: dict[str, list[pa.Table]] = {}
         since = 0.0  # when the oldest pending batch was queued
+        newest = 0.0  # ...and the newest
         stop = False
         while not stop:
             # Rows wait up to FLUSH_S (or FLUSH_ROWS per table): each insert costs 1-6 ms of CPU whatever its size,
@@ -210,9 +217,10 @@ class Store:
                     stop = True
                 elif item[0] == "rows":
                     since = item[3] if not pending else min(since, item[3])
+                    newest = item[3] if not pending else max(newest, item[3])
                     pending.setdefault(item[1], []).append(item[2])
                 else:
-                    self._flush(pending)  # statements and markers keep their place in the order
+                    self._flush(pending, newest)  # statements and markers keep their place in the order
                     self._guard(item[:3])
                 if self._error:
                     return  # _fail closed the connection: nothing more is written, sync() no longer waits
@@ -221,20 +229,20 @@ class Store:
                 or time.monotonic() - since >= FLUSH_S
                 or any(sum(t.num_rows for t in parts) >= FLUSH_ROWS for parts in pending.values())
             ):
-                self._flush(pending)
+                self._flush(pending, newest)
             if self._error:
                 return
 
-    def _flush(self, pending: dict[str, list[pa.Table]]) -> None:
+    def _flush(self, pending: dict[str, list[pa.Table]], queued_until: float) -> None:
         if pending and not self._error:
-            self._guard(("insert", dict(pending), None))
+            self._guard(("insert", dict(pending), queued_until))
         pending.clear()
 
     def _guard(self, item: tuple[str, Any, Any]) -> None:
         kind, a, b = item
         try:
             if kind == "insert":
-                self._insert_all(a)
+                self._insert_all(a, b)
             elif kind == "sql":
                 self.conn.execute(a, b)
             elif kind == "call":
@@ -289,13 +297,20 @@ class Store:
             )
         return StoreError(f"writing {self.path} failed: {first}", keep)
 
-    def _insert_all(self, pending: dict[str, list[pa.Table]]) -> None:
-        """Append each table's batches, all in one transaction: a commit costs more CPU than a small insert."""
+    def _insert_all(self, pending: dict[str, list[pa.Table]], queued_until: float | None = None) -> None:
+        """Append each table's batches, all in one transaction: a commit costs more CPU than a small insert. With
+        ``queued_until`` (monotonic s, when the newest batch was queued) the session row's flushed_ns moves there
+        in the same transaction."""
         written = {}
         self.conn.begin()
         try:
             for table, parts in pending.items():
                 written[table] = self._insert(table, parts)
+            if queued_until is not None and self._start_mono_ns is not None:
+                self.conn.execute(
+                    "UPDATE session SET flushed_ns = greatest(coalesce(flushed_ns, 0), ?)",
+                    [int(queued_until * 1e9) - self._start_mono_ns],
+                )
             self.conn.commit()
         except BaseException:
             try:
