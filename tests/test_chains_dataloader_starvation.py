@@ -4,7 +4,7 @@ the fix."""
 from __future__ import annotations
 
 import pytest
-from tracedb import MAIN_PID, MS, S, builder
+from tracedb import HOG_PID, MAIN_PID, MS, S, builder
 
 from tracer.analysis.chains import compute_chains
 from tracer.db import open_trace
@@ -26,6 +26,23 @@ def in_steps(b, rows) -> float:
         sec = (r["ts_ns"] + r["dur_ns"]) // S
         total += (r["dur_ns"] - r["runq_ns"]) * max(min(z, (sec + 1) * S) - max(a, sec * S), 0) / S
     return total
+
+
+def queued_share(b, pids) -> float:
+    """The workers' run-queue time behind other processes over their time not blocked, within the main thread's
+    steps, each second of a worker pro-rated by the part of it (while the worker lived) inside the steps."""
+    calls = [r for r in b.cuda_calls + b.unstored if r["tid"] == MAIN_PID]
+    a, z = min(r["ts_ns"] for r in calls), max(r["ts_ns"] + r["dur_ns"] for r in calls)
+    spans = b.thread_spans()
+    queued = working = 0.0
+    for pid in pids:
+        for sec in range(a // S, (z - 1) // S + 1):
+            lo, hi = max(sec * S, spans[pid]["first_ns"]), min((sec + 1) * S, spans[pid]["end_ns"])
+            k = (min(z, hi) - max(a, lo)) / (hi - lo)  # the part of the worker's second inside the steps
+            rows = [r for r in b.sched if r["pid"] == pid and r["ts_ns"] // S == sec]
+            queued += k * sum(r["runq_ns"] for r in rows if r["preempted_by_pid"] not in pids + (MAIN_PID,))
+            working += k * (hi - lo - sum(r["dur_ns"] - r["runq_ns"] for r in rows))
+    return queued / working
 
 
 def test_busy_workers(tmp_path):
@@ -56,3 +73,43 @@ def test_idle_workers_point_at_the_hand_off(tmp_path):
 
 def test_a_short_wait_per_step_is_not_starvation(tmp_path):
     assert starvation(tmp_path, builder("healthy")) == []  # 0.5 ms a step
+
+
+def test_workers_queued_behind_another_process_move_the_wait_to_cpu_contention(tmp_path):
+    # GIVEN the busy workers, but each waiting 600 ms of every second for a CPU held by another tenant's process
+    b = builder("dataloader_starvation")
+    for w in (MAIN_PID + 1, MAIN_PID + 2):
+        for sec in range(1, int(b.duration_s)):
+            b.off_cpu(
+                sec * S + 350 * MS, 600 * MS, pid=w, comm="pt_data_worker", reason="preempted", runq_ns=600 * MS,
+                by_pid=HOG_PID, by_comm="stress-ng",
+            )  # fmt: skip
+    waits = [r for r in b.sched if r["pid"] == MAIN_PID and r["waker_pid"] in (MAIN_PID + 1, MAIN_PID + 2)]
+    b.write(tmp_path / "t.duckdb")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        chains = compute_chains(c, limit=100).chains
+    (st,) = [x for x in chains if x.category == "dataloader_starvation"]
+    (cc,) = [x for x in chains if x.category == "cpu_contention"]
+    # THEN the wait splits in the workers' proportion: about 600 ms queued of every 998 ms they were not blocked
+    behind = st.evidence.behind_other_processes_ms
+    assert behind + st.evidence.woken_by_workers_ms == pytest.approx(in_steps(b, waits) / MS, abs=0.2)
+    assert behind / (in_steps(b, waits) / MS) == pytest.approx(queued_share(b, (MAIN_PID + 1, MAIN_PID + 2)), rel=1e-3)
+    # the starvation keeps the rest; the foreign process is charged the part it caused, and ranks first
+    assert st.share == pytest.approx(0.4 * (1 - 600 / 998), abs=0.01) and st.severity == "MEDIUM"
+    assert cc.evidence.holder_class == "other" and cc.evidence.via_workers_ms == pytest.approx(behind, abs=0.1)
+    assert (cc.culprit.pid, cc.culprit.relation) == (HOG_PID, "other_process") and cc.evidence.holders[0].pid == HOG_PID
+    assert cc.share == pytest.approx(0.4 * 600 / 998, abs=0.01) and chains[0] is cc
+    assert "waited for a CPU" in st.recommendations[0] and "queued behind it" in cc.summary
+
+
+def test_workers_queued_behind_the_training_thread_stay_starvation(tmp_path):
+    # GIVEN the busy workers waiting for a CPU held by the training process itself (its own job, not a tenant)
+    b = builder("dataloader_starvation")
+    for w in (MAIN_PID + 1, MAIN_PID + 2):
+        for sec in range(1, int(b.duration_s)):
+            b.off_cpu(
+                sec * S + 350 * MS, 300 * MS, pid=w, comm="pt_data_worker", reason="preempted", runq_ns=300 * MS,
+                by_pid=MAIN_PID, by_comm="python3",
+            )  # fmt: skip
+    (ch,) = starvation(tmp_path, b)
+    assert ch.evidence.behind_other_processes_ms == 0.0 and ch.share == pytest.approx(0.4, abs=2e-3)

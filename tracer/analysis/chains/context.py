@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 
@@ -115,6 +116,8 @@ class ChainContext:
     subjects: list[Subject]
     ops: dict[tuple[int, str], OpLatency]
     _frames: dict[int, str] = field(default_factory=dict)
+    # results detectors share, computed once (e.g. dataloader_starvation.loader_wait, read by cpu_contention)
+    memo: dict[tuple, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> ChainContext:

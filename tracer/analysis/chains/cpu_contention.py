@@ -4,13 +4,16 @@ Cost: the thread's run-queue time, outside calls (``runq_self/tree/other``, exac
 (``call_runq_ns``, split between holder classes by ``preemptors``' shares), as a share of its steps' time. Two
 chains at most per thread: *other* (other tenants' processes: the fix is on the host) and *own* (its own threads
 and workers: the fix is in the job). The tracer's share is never counted: it is reported as the tracer's cost.
-Run-queue time behind a thread of the job that is faulting in memory is left to memory_pressure.
+Run-queue time behind a thread of the job that is faulting in memory is left to memory_pressure. The *other*
+chain also counts the thread's waits for batches that its data workers were late with because they queued
+behind other processes (``via_workers_ms``, from :func:`dataloader_starvation.loader_wait`).
 """
 
 from __future__ import annotations
 
 from tracer.analysis.breakdown import Holder
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
+from tracer.analysis.chains.dataloader_starvation import loader_wait
 from tracer.analysis.chains.memory_pressure import storm_threads
 from tracer.analysis.chains.model import CausalChain, CpuContentionEvidence, Culprit
 from tracer.analysis.recording import DATALOADER_COMM
@@ -43,17 +46,36 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
             "own": sum(h.runq_ms for h in holders if h.holder in ("self", "tree")),
         }
         total_w = sum(weights.values())
+        lw = loader_wait(ctx, s)
         for cls in ("other", "own"):
             inside = in_call * weights[cls] / total_w if total_w else 0.0
-            cost = outside[cls] + inside
+            via = lw.foreign_ns if cls == "other" else 0.0
+            cost = outside[cls] + inside + via
             sev = grade(s.share(cost), HIGH, MEDIUM, LOW)
             if sev is None:
                 continue
             mine = [h for h in holders if (h.holder == "other") == (cls == "other") and h.holder != "interrupt"]
+            if via:
+                mine = _merge(mine, lw.foreign_holders)
             parts = ("runq_other",) if cls == "other" else ("runq_self", "runq_tree")
             when = ctx.hot_range(s, lambda r, p=parts: sum(r[x] for x in p))
-            out.append(_chain(ctx, s, cls, sev, cost, outside[cls], inside, mine, cores, workers, host, when))
+            out.append(_chain(ctx, s, cls, sev, cost, outside[cls], inside, via, mine, cores, workers, host, when))
     return out
+
+
+def _merge(direct: list[Holder], via_workers: list[Holder]) -> list[Holder]:
+    """Return the holders of both lists, one per pid with their waits summed, most first."""
+    acc: dict[int, Holder] = {}
+    for h in [*direct, *via_workers]:
+        a = acc.get(h.pid)
+        acc[h.pid] = (
+            h
+            if a is None
+            else a.model_copy(
+                update={"runq_ms": round(a.runq_ms + h.runq_ms, 3), "preemptions": a.preemptions + h.preemptions}
+            )
+        )
+    return sorted(acc.values(), key=lambda h: (-h.runq_ms, h.pid))
 
 
 def _storm_cpu_share(ctx: ChainContext, s: Subject, storms: set[int]) -> float:
@@ -71,6 +93,7 @@ def _chain(
     cost: float,
     outside: float,
     inside: float,
+    via: float,
     holders: list[Holder],
     cores: int,
     workers: int,
@@ -140,14 +163,20 @@ def _chain(
         end_ns=when[1],
         pids=[top.pid] if top and ctx.info.in_tree(top.pid) else [],
         summary=(
-            f"Thread {s.tid} ({t.comm}, pid {s.pid}) waited {cost / MS:,.0f} ms for a CPU ({share:.0%} of its "
-            f"steps' time) held by {'another process' if cls == 'other' else 'its own job'}: mostly {who}."
+            f"Thread {s.tid} ({t.comm}, pid {s.pid}) lost {cost / MS:,.0f} ms ({share:.0%} of its steps' time) "
+            f"to CPUs held by another process, mostly {who}: {(cost - via) / MS:,.0f} ms waiting for a CPU "
+            f"itself, {via / MS:,.0f} ms waiting for batches its data workers were late with while they queued "
+            "behind it."
+            if via >= MS
+            else f"Thread {s.tid} ({t.comm}, pid {s.pid}) waited {cost / MS:,.0f} ms for a CPU ({share:.0%} of "
+            f"its steps' time) held by {'another process' if cls == 'other' else 'its own job'}: mostly {who}."
         ),
         evidence=CpuContentionEvidence(
             holder_class=cls,
             runq_ms=round(cost / MS, 1),
             runq_outside_calls_ms=round(outside / MS, 1),
             runq_inside_calls_ms=round(inside / MS, 1),
+            via_workers_ms=round(via / MS, 1),
             runq_by_holder_ms={k: round(t.ns(f"runq_{k}") / MS, 1) for k in ("self", "tree", "other", "tracer")},
             holders=holders[:5],
             cpu_cores=cores,

@@ -7,11 +7,27 @@ the workers were doing meanwhile (their own breakdown) decides the fix: busy on 
 too costly a ``__getitem__``; mostly blocked means a slow hand-off (IPC, prefetch too shallow) or slow storage.
 Waits for workers of a respawn wave in their first seconds are process_churn's. A recording without wakers
 cannot tell a batch from a sleep: no chain, and the chains' note says so.
+
+Workers that were slow because they queued for a CPU behind other tenants' processes do not starve the loader
+by themselves: that part of the wait (the workers' run-queue time behind other processes, as a share of their
+working time) is cpu_contention's, against the process that held the CPU (:func:`loader_wait`). Without it, a
+CPU hog on the training cores ranked as a starved loader with the hog second.
 """
 
 from __future__ import annotations
 
-from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
+from dataclasses import dataclass
+
+from tracer.analysis.breakdown import Holder, Waker, holders_of
+from tracer.analysis.chains.context import (
+    HIGH_SHARE,
+    LOW_SHARE,
+    MEDIUM_SHARE,
+    ChainContext,
+    Subject,
+    clip,
+    grade,
+)
 from tracer.analysis.chains.model import CausalChain, Culprit, DataloaderStarvationEvidence, WorkerLoad
 from tracer.analysis.chains.process_churn import respawn_windows
 
@@ -42,6 +58,63 @@ def _respawn_waits(ctx: ChainContext, s: Subject, respawned: dict[int, tuple[int
     return total
 
 
+@dataclass(frozen=True)
+class LoaderWait:
+    """A subject's waits for its data workers, and the part of them that other tenants' processes caused."""
+
+    wakers: list[Waker]  # the workers that ended its blocked intervals
+    woken_ns: float  # its blocked time outside calls that they ended (respawn waves' first seconds left out)
+    foreign_ns: float  # of woken_ns, the share the workers spent queued for a CPU held by other processes
+    foreign_holders: list[Holder]  # those processes; runq_ms: the subject's wait each caused through the workers
+
+
+def loader_wait(ctx: ChainContext, s: Subject) -> LoaderWait:
+    """Return how long subject ``s`` blocked until its data workers woke it, and how much of that wait the
+    workers' queueing behind other processes explains (their run-queue time behind other processes over their
+    working time, on CPU or runnable, within the subject's steps: removing the other process removes that share
+    of each batch's latency, to first order)."""
+    key = ("loader_wait", s.tid)
+    if key in ctx.memo:
+        return ctx.memo[key]
+    if not ctx.info.has_wakers:  # an older recording cannot tell a batch from a sleep
+        return LoaderWait([], 0.0, 0.0, [])
+    trainers = {x.pid for x in ctx.subjects if x.launches}
+    wakers = [
+        w
+        for w in ctx.wakers(s)
+        if w.holder == "tree" and w.pid not in trainers and ctx.info.process_role(w.pid) != "tracer"
+    ]
+    woken = sum((w.blocked_ms - w.in_call_ms) * MS for w in wakers)
+    woken -= _respawn_waits(ctx, s, respawn_windows(ctx, s.tid))
+    working = foreign = 0.0
+    held: dict[int, Holder] = {}
+    for pid in {w.pid for w in wakers}:
+        for t in ctx.threads_of(pid):
+            t = clip(t, s.start_ns, s.end_ns)
+            if t.wall <= 0:
+                continue
+            working += t.wall - t.ns("blocked")
+            foreign += t.ns("runq_other")
+            for h in holders_of(ctx.conn, ctx.info, t, limit=20)[0]:
+                if h.holder == "other":
+                    a = held.get(h.pid)
+                    held[h.pid] = h if a is None else a.model_copy(update={"runq_ms": a.runq_ms + h.runq_ms})
+    foreign_ns = woken * foreign / working if woken > 0 and working > 0 else 0.0
+    # each holder's part of the workers' queueing, as the subject's wait it caused through them
+    total = sum(h.runq_ms for h in held.values())
+    holders = sorted(
+        (
+            h.model_copy(update={"runq_ms": round(foreign_ns / MS * h.runq_ms / total, 3)})
+            for h in held.values()
+            if total
+        ),
+        key=lambda h: (-h.runq_ms, h.pid),
+    )
+    out = LoaderWait(wakers, max(woken, 0.0), foreign_ns, holders if foreign_ns > 0 else [])
+    ctx.memo[key] = out
+    return out
+
+
 def detect(ctx: ChainContext) -> list[CausalChain]:
     """Return a chain per subject that blocked waiting for its data workers >= LOW_SHARE of its steps."""
     if not ctx.info.has_wakers:
@@ -50,13 +123,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     trainers = {s.pid for s in ctx.subjects if s.launches}
     for s in ctx.subjects:
         t = s.time
-        wakers = [
-            w
-            for w in ctx.wakers(s)
-            if w.holder == "tree" and w.pid not in trainers and ctx.info.process_role(w.pid) != "tracer"
-        ]
-        woken = sum((w.blocked_ms - w.in_call_ms) * MS for w in wakers)
-        woken -= _respawn_waits(ctx, s, respawn_windows(ctx, s.tid))
+        lw = loader_wait(ctx, s)
+        wakers = lw.wakers
+        woken = lw.woken_ns - lw.foreign_ns  # what the loader itself cost; the rest is cpu_contention's
         sev = grade(s.share(woken), HIGH, MEDIUM, LOW)
         if sev is None:
             continue
@@ -83,11 +152,18 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         walls = [x for p in by_pid for x in ctx.threads_of(p)]
         wall = sum(x.wall for x in walls)
         busy = sum(x.ns("cpu") for x in walls) / wall if wall else 0.0
+        queued = sum(x.runq_ns for x in walls) / wall if wall else 0.0
         cores = ctx.info.cpu_cores
         top = loads[0]
         blocked = t.ns("blocked")
         recs = []
-        if busy >= BUSY_WORKERS:
+        if busy + queued >= BUSY_WORKERS and queued > busy:
+            recs.append(
+                f"The {n_workers} workers waited for a CPU {queued:.0%} of their time (on CPU {busy:.0%}): they "
+                "are short of cores, not slow. Give the job cores nothing else uses and keep num_workers below "
+                f"the cores left for them{f' (this host has {cores} CPUs)' if cores else ''}."
+            )
+        elif busy >= BUSY_WORKERS:
             more = min(max(cores - 1, 1), n_workers * 2) if cores else n_workers * 2
             recs.append(
                 f"The {n_workers} workers were on CPU {busy:.0%} of their time and still too slow: "
@@ -118,11 +194,18 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                 summary=(
                     f"Thread {s.tid} (pid {s.pid}) blocked {woken / MS:,.0f} ms ({s.share(woken):.0%} of its steps' "
                     f"time) until a data worker woke it: it was waiting for batches from {len(loads)} worker "
-                    f"process{'es' if len(loads) != 1 else ''} ({busy:.0%} of their time on CPU)."
+                    f"process{'es' if len(loads) != 1 else ''} ({busy:.0%} of their time on CPU)"
+                    + (
+                        f"; {lw.foreign_ns / MS:,.0f} ms more, while the workers queued behind other processes, "
+                        "is counted under cpu_contention."
+                        if lw.foreign_ns >= MS
+                        else "."
+                    )
                 ),
                 evidence=DataloaderStarvationEvidence(
                     blocked_ms=round(blocked / MS, 1),
                     woken_by_workers_ms=round(woken / MS, 1),
+                    behind_other_processes_ms=round(lw.foreign_ns / MS, 1),
                     wakeups=sum(w.wakeups for w in wakers),
                     workers=loads[:8],
                     worker_count=n_workers,

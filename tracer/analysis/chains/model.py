@@ -108,6 +108,13 @@ class CpuContentionEvidence(Record):
     ]
     runq_outside_calls_ms: float
     runq_inside_calls_ms: Annotated[float, Field(description="in-call run-queue time, split by the holders' shares")]
+    via_workers_ms: Annotated[
+        float,
+        Field(
+            description="of runq_ms: time blocked for batches that the data workers were late with because they "
+            "queued behind these holders (other class only), ms"
+        ),
+    ] = 0.0
     runq_by_holder_ms: Annotated[dict[str, float], Field(description="outside calls: self | tree | other | tracer")]
     holders: Annotated[list[Holder], Field(description="the tasks that held the CPU, most first (tracer excluded)")]
     cpu_cores: int
@@ -204,7 +211,16 @@ class DataloaderStarvationEvidence(Record):
 
     kind: Literal["dataloader_starvation"] = "dataloader_starvation"
     blocked_ms: Annotated[float, Field(description="all its blocked time outside calls, ms")]
-    woken_by_workers_ms: Annotated[float, Field(description="of which ended by a data worker's wakeup, ms")]
+    woken_by_workers_ms: Annotated[
+        float, Field(description="of which ended by a data worker's wakeup, less behind_other_processes_ms, ms")
+    ]
+    behind_other_processes_ms: Annotated[
+        float,
+        Field(
+            description="left out of woken_by_workers_ms: the share of the wait the workers spent queued for a CPU "
+            "held by other processes (counted in cpu_contention), ms"
+        ),
+    ] = 0.0
     wakeups: int
     workers: list[WorkerLoad]
     worker_count: int
