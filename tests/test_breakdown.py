@@ -4,6 +4,7 @@ is its own line."""
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 from tracedb import (
     HOG_PID,
@@ -194,3 +195,25 @@ def test_empty_recording(tmp_path):
     res = breakdown_of(tmp_path / "e.duckdb")
     assert (res.basis, res.threads, res.training_tid) == ("none", [], None) and NO_BREAKDOWN in res.note
     assert res.tracer.summary == "the tracer used 250 ms of CPU on this host (0.0% of its 16 CPUs over the recording)"
+
+
+def test_a_second_split_over_two_rows_is_summed(tmp_path):
+    # GIVEN a recording whose every second of the training thread is stored as two rows (the recorder writes a
+    # second row for a (tid, sec) when a long interval that began in it is closed late)
+    path, b = tmp_path / "t.duckdb", builder("cpu_contention")
+    b.write(path)
+    whole = breakdown_of(path).threads[0]
+    with duckdb.connect(str(path)) as c:
+        cols = [r[0] for r in c.execute("DESCRIBE thread_breakdown").fetchall()]
+        parts = [x for x in cols if x not in ("sec", "pid", "tid")]
+        c.execute("CREATE TEMP TABLE t AS SELECT * FROM thread_breakdown")
+        c.execute("DELETE FROM thread_breakdown")
+        c.execute(f"INSERT INTO thread_breakdown SELECT sec, pid, tid, {', '.join(f'{x} // 2' for x in parts)} FROM t")
+        c.execute(
+            f"INSERT INTO thread_breakdown SELECT sec, pid, tid, {', '.join(f'{x} - {x} // 2' for x in parts)} FROM t"
+        )
+    # THEN the thread's parts and seconds are the same as from one row a second
+    split = breakdown_of(path).threads[0]
+    assert [(p.part, p.ms) for p in split.parts] == [(p.part, p.ms) for p in whole.parts]
+    assert split.wall_ms == whole.wall_ms and split.check == whole.check
+    assert [r.model_dump() for r in split.buckets] == [r.model_dump() for r in whole.buckets] and whole.buckets

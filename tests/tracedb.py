@@ -1124,11 +1124,14 @@ def step_loop(
         b.host(sec)
 
 
-def generate_large(path: str | Path, n_calls: int = 1_000_000, duration_s: int = 600) -> Path:
+def generate_large(path: str | Path, n_calls: int = 1_000_000, duration_s: int = 600, accounting: bool = True) -> Path:
     """Write a synthetic DB with ``n_calls`` cuda_calls rows (and matching op_stats) in pure SQL, for
-    benchmarks.
+    benchmarks; return its path.
 
-    Shape: one main process, four ops, a CPU hog preempting a slice of the syncs, a stack per op.
+    Shape: one main process, four ops, a CPU hog preempting a slice of the syncs, a stack per op. With
+    ``accounting`` (what today's recorder writes) ``threads`` and ``thread_breakdown`` hold the training thread's
+    time per second, taken from the breakdown's estimate of these calls; without, the DB is one from a recorder
+    that did no time accounting, and the analyses estimate it on every query.
     """
     path = Path(path)
     b = builder("cpu_contention")
@@ -1179,9 +1182,47 @@ def generate_large(path: str | Path, n_calls: int = 1_000_000, duration_s: int =
             "UPDATE session SET events_traced = ?, events_stored = ?, duration_s = ?",
             [n_calls, n_calls, float(duration_s)],
         )
+        if accounting:
+            _write_accounting(con)
     finally:
         con.close()
     return path
+
+
+def _write_accounting(con: duckdb.DuckDBPyConnection) -> None:
+    """Fill ``threads`` and ``thread_breakdown`` with the per-second time the analyses estimate from the calls,
+    as the recorder's exact accounting would have written it."""
+    from tracer.analysis.breakdown import COUNTS, FIELDS, load_thread_times
+
+    times = load_thread_times(con)
+    assert times.basis == "estimated", times.basis
+    calls = dict(con.execute("SELECT tid, count(*) FROM cuda_calls GROUP BY tid").fetchall())
+    insert_rows(
+        con,
+        "threads",
+        [
+            dict(
+                pid=t.pid,
+                tid=t.tid,
+                comm=t.comm,
+                first_ns=t.first_ns,
+                end_ns=t.end_ns,
+                exited=t.exited,
+                cuda_calls=calls.get(t.tid, 0),
+            )  # fmt: skip
+            for t in times.threads
+        ],
+    )
+    cols = {f: f if f in COUNTS else f"{f}_ns" for f in FIELDS}
+    insert_rows(
+        con,
+        "thread_breakdown",
+        [
+            {"sec": sec, "pid": t.pid, "tid": t.tid, **{cols[f]: v for f, v in row.items()}}
+            for t in times.threads
+            for sec, row in sorted(t.by_sec.items())
+        ],
+    )
 
 
 def parts_total(rows: list[dict[str, Any]], tid: int, *names: str) -> int:

@@ -202,9 +202,12 @@ def environment(conn: duckdb.DuckDBPyConnection) -> Environment:
     )
 
 
-def process_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list[ProcessStat]:
-    """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit."""
-    info = load_recording(conn)
+def process_stats(
+    conn: duckdb.DuckDBPyConnection, *, pid: int | None = None, info: RecordingInfo | None = None
+) -> list[ProcessStat]:
+    """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit
+    (``info``: the recording, when the caller has loaded it)."""
+    info = info or load_recording(conn)
     main = info.main_pid
     rows = conn.execute(
         """
@@ -294,7 +297,7 @@ def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> Trac
         events_stored=int(ev[1] or 0),
         events_lost=int(ev[2] or 0),
         ops=op_stats(conn, pid=pid),
-        processes=process_stats(conn, pid=pid),
+        processes=process_stats(conn, pid=pid, info=ctx.info),
         host=host_peaks(conn),
         chains_by_severity=chains.by_severity,
         top_chain=chains.chains[0].summary if chains.chains else None,

@@ -55,15 +55,17 @@ def idle_gap_after_sync(ctx: ChainContext, tid: int, syncs: list[str]) -> float 
     enqueue = [op for op in {o for (_, o) in ctx.ops} if part_name(op) in ENQUEUE_PARTS]
     if not syncs or not enqueue:
         return None
-    # A thread's off-CPU intervals do not overlap, so the off-CPU time inside a gap [a, b) is F(b) - F(a), with
-    # F(t) the off-CPU time before t, read with an ASOF join on the intervals' running total (a range join of
-    # every gap with every interval is quadratic on long recordings).
+    # One sort of the calls, by start only (a tie-break on the end costs a fifth more on 1 M calls): two calls of
+    # one thread never enter in the same ns, a nested call enters after its caller. A thread's off-CPU intervals
+    # do not overlap, so the off-CPU time inside a gap [a, b) is F(b) - F(a), with F(t) the off-CPU time before
+    # t, read with an ASOF join on the intervals' running total (a range join of every gap with every interval is
+    # quadratic on long recordings).
     r = ctx.conn.execute(
         """
         WITH c AS (SELECT ts_ns, ts_ns + dur_ns AS end_ns, list_contains($syncs, op) AS is_sync FROM cuda_calls
                    WHERE tid = $tid AND (list_contains($syncs, op) OR list_contains($enq, op))),
-        n AS (SELECT end_ns AS a, lead(ts_ns) OVER (ORDER BY ts_ns, end_ns) AS b,
-                     lead(is_sync) OVER (ORDER BY ts_ns, end_ns) AS next_sync, is_sync FROM c),
+        n AS (SELECT end_ns AS a, lead(ts_ns) OVER w AS b, lead(is_sync) OVER w AS next_sync, is_sync FROM c
+              WINDOW w AS (ORDER BY ts_ns)),
         g AS (SELECT a, b FROM n WHERE is_sync AND NOT next_sync AND b > a),
         s AS (SELECT ts_ns, dur_ns, coalesce(sum(dur_ns) OVER (ORDER BY ts_ns ROWS BETWEEN UNBOUNDED PRECEDING
                      AND 1 PRECEDING), 0) AS before FROM sched WHERE tid = $tid),
