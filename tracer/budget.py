@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from probes.catalog import OP_NAMES
+from probes.catalog import CATALOG, OP_NAMES
 from tracer.program import ProbeSet
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ CALIB_CALLS = 4000
 # gives the estimate many windows to average over.
 PERIOD_S = 1.0
 MIN_FRACTION = 0.05
+# by op id: the ops whose probes the duty cycler turns off and on (launches); their counts are scaled, the rest exact
+DUTY_CYCLED = np.array([s.duty_cycled for s in CATALOG])
+DUTY_CYCLED_IDS = frozenset(int(i) for i in np.nonzero(DUTY_CYCLED)[0])
 
 
 @dataclass(frozen=True)

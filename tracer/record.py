@@ -2,8 +2,9 @@
 
 The pieces (one module each): the BPF program and its links (program.py, links.py), the attached libraries and
 holds (attach.py), the process tree (proctree.py), the event-fed process maps (procmaps.py), stack and kernel-name
-resolution (stack_resolver.py), the overhead budget (budget.py), the guardian (guardian.py), the column builders
-(rows.py) and the store (store.py). This module only orders them in time.
+resolution (stack_resolver.py), the overhead budget (budget.py), the guardian (guardian.py), a launched command
+(command.py), the column builders (rows.py), the rows only the end writes (finalize.py) and the store (store.py).
+This module only orders them in time.
 
 The loop: every DRAIN_S the ring buffers are drained in dependency order (mappings, lifecycle, code objects,
 kernel names, stacks, calls, off-CPU intervals) and the batches go to the store's writer thread. Every second:
@@ -31,14 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from probes.catalog import CATALOG, OpClass
-from tracer import __version__, bpfmaps, events, guardian, rows, targets
+from probes.catalog import CATALOG
+from tracer import __version__, bpfmaps, events, finalize, guardian, rows, targets
 from tracer.attach import Attacher, runtime_launch_op_ids
-from tracer.budget import Activity, DutyCycler, OverheadEstimator, launch_scales, trap_cost
+from tracer.budget import DUTY_CYCLED, DutyCycler, OverheadEstimator, trap_cost
+from tracer.command import LaunchedCommand
 from tracer.db import boot_id, process_start_ticks
 from tracer.errors import EnvironmentProblem, TargetError, UsageError
 from tracer.procmaps import MapCache, Mapping, kernel_dev
-from tracer.proctree import ProcessTree, ThreadInfo
+from tracer.proctree import ProcessTree
 from tracer.program import (
     ProgramOptions,
     compile_program,
@@ -59,9 +61,6 @@ DRAIN_S = 0.2  # ring buffers are drained on this timer (bulk events do not wake
 # Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
 SCHED_KEEP_NS = 1_000_000
 SCHED_SAMPLE_EVERY = 16
-COMMAND_GRACE_S = 5.0  # --duration ends a launched command with SIGTERM, then SIGKILL after this long
-_HOT_OPS = np.array([s.duty_cycled for s in CATALOG])
-_HOT_OP_IDS = frozenset(int(i) for i in np.nonzero(_HOT_OPS)[0])
 _RUNTIME_LAUNCH_OPS = np.array(sorted(runtime_launch_op_ids()))
 _CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cuda-host-tracer"
@@ -172,10 +171,8 @@ class Recorder:
         self.on_status = on_status
         self.notes: list[str] = []
         self.stop_reason: str | None = None
-        self.child: int | None = None
-        self.command_fate: str | None = None
+        self.command: LaunchedCommand | None = None
         self._interrupted = False
-        self._go_fd: int | None = None
         self._since_start0 = _since_process_start_s()  # process start -> now, at construction
         self._mono0 = time.monotonic()
         self.phases: dict[str, float] = {}
@@ -228,30 +225,6 @@ class Recorder:
             if shutil.which(o.command[0]) is None:
                 raise TargetError(f"command not found: {o.command[0]}")
         self.lib_args = [targets.check_library_arg(p) for p in o.libs]
-
-    def _start_command(self) -> int:
-        """Fork the command, held before exec until the probes are attached; return its pid."""
-        assert self.opts.command
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child: wait for the go, then exec
-            try:
-                os.close(w)
-                os.read(r, 1)
-                os.close(r)
-                os.execvp(self.opts.command[0], self.opts.command)
-            except BaseException as e:
-                os.write(2, f"error: cannot run {self.opts.command[0]}: {e}\n".encode())
-            os._exit(127)
-        os.close(r)
-        self._go_fd = w
-        return pid
-
-    def _release_command(self) -> None:
-        if self._go_fd is not None:
-            os.write(self._go_fd, b"g")
-            os.close(self._go_fd)
-            self._go_fd = None
 
     def _configure_bpf(self) -> None:
         b = self.bpf
@@ -356,7 +329,8 @@ class Recorder:
             self.phases["attach_s"] = time.monotonic() - t
             self._read_host_counters()
             self.phases["startup_s"] = self._elapsed()
-            self._release_command()
+            if self.command is not None:
+                self.command.release()
             self.trap, measured = trap_cost(_load_uprobe(self.bpf, "calib_probe"), _CACHE_DIR)
             if measured:
                 log.info("trap cost %.1f us (+%.1f us return)", self.trap.entry_ns / 1e3, self.trap.return_ns / 1e3)
@@ -420,9 +394,9 @@ class Recorder:
             exe = shutil.which(self.opts.command[0]) if self.opts.command else None
             if self.pyrt is not None and exe:
                 self.pyrt.register(os.path.realpath(exe))  # a python command then needs no hold at its exec
-            self.child = self._start_command()
-            self.root = self.child
-            self._add_target(self.child, ppid=os.getpid(), python=False)
+            self.command = LaunchedCommand(self.opts.command or [])
+            self.root = self.command.start()
+            self._add_target(self.root, ppid=os.getpid(), python=False)
         found = list(self.lib_args)
         for pid in self.tree.alive():
             libs, span = targets.mapped_cuda(pid)
@@ -472,17 +446,11 @@ class Recorder:
             self.on_status(msg)
 
     def _tree_exited(self) -> bool:
-        if self.child is not None:
-            try:
-                pid, status = os.waitpid(self.child, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = self.child, 0
-            if pid == self.child:
-                p = self.tree.procs.get(self.child)
-                if p and p.exit_code is None:
-                    p.exit_code = status
-                self.child = None
-                self.command_fate = "exited"
+        """Return True once every process of the traced tree has exited (a launched command is reaped here)."""
+        if self.command is not None and (status := self.command.reap()) is not None:
+            p = self.tree.procs.get(self.root)
+            if p and p.exit_code is None:
+                p.exit_code = status
         return not any(targets.is_alive(pid) for pid in self.tree.alive())
 
     # --- draining ------------------------------------------------------------------------------------------
@@ -711,7 +679,7 @@ class Recorder:
         now = time.monotonic_ns()
         share = self.cycler.live_share(now - int(seconds * 1e9), now)
         self.cycler.fraction = self.estimator.update(
-            int(delta[_HOT_OPS].sum()), int(delta[~_HOT_OPS].sum()), share, seconds
+            int(delta[DUTY_CYCLED].sum()), int(delta[~DUTY_CYCLED].sum()), share, seconds
         )
 
     def _clear_stale_launches(self, closed_at: int) -> None:
@@ -721,7 +689,7 @@ class Recorder:
         inflight, tstate = self.bpf["inflight"], self.bpf["tstate"]
         for k, f in list(inflight.items()):
             op = int(f.op)
-            if op < len(CATALOG) and _HOT_OPS[op] and int(f.ts_ns) < closed_at:
+            if op < len(CATALOG) and DUTY_CYCLED[op] and int(f.ts_ns) < closed_at:
                 try:
                     del inflight[k]
                     st = tstate[k]
@@ -746,35 +714,10 @@ class Recorder:
 
     # --- the end -------------------------------------------------------------------------------------------
 
-    def _end_command(self, status: str) -> None:
-        """What happens to a launched command that still runs when the recording ends: at --duration, stopped
-        (SIGTERM, then SIGKILL after COMMAND_GRACE_S) unless --keep-running; with Ctrl-C, interrupted like the
-        terminal; when the recorder itself failed (a full disk), left running: the job is not the one at fault."""
-        if self.child is None:
-            return
-        if status == "interrupted":
-            self._signal_child(signal.SIGINT)  # the terminal's Ctrl-C reached it too; a kill/TERM did not
-            self.command_fate = "interrupted"
-        elif self.opts.keep_command or status != "complete":
-            self.command_fate = "left running"
-        else:
-            self._signal_child(signal.SIGTERM)
-            deadline = time.monotonic() + COMMAND_GRACE_S
-            while time.monotonic() < deadline and self.child is not None:
-                if os.waitpid(self.child, os.WNOHANG)[0] == self.child:
-                    self.child = None
-                    break
-                time.sleep(0.05)
-            if self.child is not None:
-                self._signal_child(signal.SIGKILL)
-            self.command_fate = "stopped"
-
-    def _signal_child(self, sig: int) -> None:
-        try:
-            if self.child is not None:
-                os.kill(self.child, sig)
-        except ProcessLookupError:
-            pass
+    @property
+    def command_fate(self) -> str | None:
+        """What became of a launched command (tracer/command.py), None for --pid."""
+        return self.command.fate if self.command is not None else None
 
     def finish(self, status: str) -> RecordSummary:
         """Stop holds and duty cycling, end a launched command, drain, write the exact aggregates, processes and
@@ -787,11 +730,13 @@ class Recorder:
             StoreError: a write failed; what was written before it stays readable.
         """
         t_flush = time.monotonic()
-        self._release_command()
+        if self.command is not None:
+            self.command.release()
         self._set_gate(False)  # from now on nobody is stopped
         self.attacher.release_all()
         self.cycler.stop()
-        self._end_command(status)
+        if self.command is not None:
+            self.command.end(status, keep_running=self.opts.keep_command)
         if self.live is not None:
             self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
         try:
@@ -820,7 +765,7 @@ class Recorder:
         self._status("finishing: draining the last events and writing the exact aggregates…")
         self._drain()
         end_ns = time.monotonic_ns()
-        self._close_open_segments(end_ns)
+        finalize.close_open_segments(self.bpf, self.tree, self.start_mono, end_ns)
         self._drain_aggregates(before_sec=None)
         for p in self.tree.targets():
             if p.exit_ns is None and not targets.is_alive(p.pid) and status != "interrupted":
@@ -854,7 +799,7 @@ class Recorder:
         self.flush_s = time.monotonic() - t_flush
         self._write_session_row(status, traced, stored, lost)
         self._status("finishing: computing the causal chains…")
-        self._write_chains()
+        finalize.write_chains(self.store, self.notes)
         self.store.sync()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return RecordSummary(
@@ -878,106 +823,17 @@ class Recorder:
             command_fate=self.command_fate,
         )
 
+    def _write_totals(self, end_ns: int, live: bool) -> list[rows.OpSummary]:
+        """op_stats, processes and threads as of ``end_ns`` (finalize.write_totals); return the per-op summary."""
+        return finalize.write_totals(
+            self.store, self.bpf, self.tree, self.cycler, self._calls_by_tid, self.start_mono, end_ns, live
+        )
+
     def _first_event_s(self) -> float | None:
         """Seconds from the start of `tracer record` to the first recorded CUDA call."""
         if self.first_event_ns is None:
             return None
         return self._since_start0 + (self.first_event_ns / 1e9 - self._mono0)
-
-    def _write_totals(self, end_ns: int, live: bool) -> list[rows.OpSummary]:
-        """(Re)write the tables that hold totals rather than a stream: op_stats (from the in-kernel counts),
-        processes and threads. At the end, once; while recording (``live``), for each MCP snapshot, replacing the
-        last ones, with the threads still running ending now."""
-        for table in ("op_stats", "processes", "threads"):
-            self.store.execute(f"DELETE FROM {table}")
-        summary = self._write_op_stats()
-        self.store.put("processes", rows.process_columns(self.tree.procs.values()))
-        threads = list(self.tree.threads.values())
-        if live:
-            threads += self._running_threads(end_ns)
-        self.store.put("threads", rows.thread_columns(threads, self._calls_by_tid))
-        return summary
-
-    def _running_threads(self, end_ns: int) -> list[ThreadInfo]:
-        """Threads still running, their span ending at ``end_ns`` (a live snapshot's view; nothing is changed)."""
-        out = []
-        for k, st in self.bpf["tstate"].items():
-            tid = int(k.value)
-            if tid not in self.tree.threads:
-                first = max(0, int(st.first) - self.start_mono)
-                out.append(ThreadInfo(int(st.tgid), tid, "", first, end_ns - self.start_mono))
-        return out
-
-    def _close_open_segments(self, end_ns: int) -> None:
-        """Account each live thread's segment still open at the end (accounting.h closes them only at the next
-        event), so its parts add up to its span; and note its span."""
-        tstate, inflight = self.bpf["tstate"], self.bpf["inflight"]
-        calls = {int(k.value): v for k, v in inflight.items()}
-        spans: list[tuple[int, int, int, int, int]] = []  # tid, pid, field, start, end
-        for k, st in tstate.items():
-            tid, pid = int(k.value), int(st.tgid)
-            if st.in_call and tid in calls:
-                f = calls[tid]
-                op = int(f.op)
-                part = int(CATALOG[op].part) if op < len(CATALOG) else int(OpClass.OTHER)
-                spans.append((tid, pid, events.C.TB_CALL + part, int(f.ts_ns), end_ns))
-            elif st.off_cpu:
-                runnable = int(st.ts_runnable) or end_ns
-                spans.append((tid, pid, events.C.TB_BLOCKED, int(st.mark), runnable))
-                spans.append((tid, pid, events.C.TB_RUNQ_OTHER, runnable, end_ns))
-            else:
-                spans.append((tid, pid, events.C.TB_CPU, int(st.mark), end_ns))
-            self.tree.note_live_thread(pid, tid, max(0, int(st.first) - self.start_mono), end_ns - self.start_mono)
-        table = self.bpf["tbreak"]
-        for tid, pid, field_idx, a, b in spans:
-            a = max(a, self.start_mono)
-            while a < b:  # split at second boundaries, as the kernel does
-                sec = (a - self.start_mono) // 1_000_000_000
-                piece_end = min(b, self.start_mono + (sec + 1) * 1_000_000_000)
-                k = table.Key(tid, int(sec))
-                try:
-                    v = table[k]
-                except KeyError:
-                    v = table.Leaf()
-                    v.pid = pid
-                v.v[field_idx] += piece_end - a
-                table[k] = v
-                a = piece_end
-
-    def _write_op_stats(self) -> list[rows.OpSummary]:
-        tk, tv = bpfmaps.dump(self.bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
-        hk, hv = bpfmaps.dump(self.bpf["op_hist"], events.HIST_KEY_DTYPE, events.COUNT_DTYPE)
-        activity: dict[int, Activity] = {}
-        totals: dict[tuple[int, int], int] = {}
-        for pid, op, first, last, calls in zip(
-            tk["pid"].tolist(),
-            tk["op"].tolist(),
-            tv["first_ns"].tolist(),
-            tv["last_ns"].tolist(),
-            tv["calls"].tolist(),
-            strict=True,
-        ):
-            hot = op < len(CATALOG) and bool(_HOT_OPS[op])
-            totals[(pid, op)] = int(calls)
-            a = activity.get(pid)
-            if a is None:
-                activity[pid] = Activity(first, last, not hot, not hot)
-            else:
-                activity[pid] = Activity(
-                    min(a.first, first),
-                    max(a.last, last),
-                    a.first_exact if a.first <= first else not hot,
-                    a.last_exact if a.last >= last else not hot,
-                )
-        scales = {
-            pid: rows.LaunchScale(frac, err)
-            for pid, (frac, err) in launch_scales(
-                self.cycler.windows, activity, totals, _HOT_OP_IDS, self.cycler.cycled
-            ).items()
-        }
-        cols, summary = rows.op_stats_columns(rows.Aggregates(tk, tv), rows.Aggregates(hk, hv), scales)
-        self.store.put("op_stats", cols)
-        return summary
 
     def _write_session_row(self, status: str, traced: int = 0, stored: int = 0, lost: int = 0) -> None:
         env = environment() if not hasattr(self, "_env") else self._env
@@ -1039,19 +895,6 @@ class Recorder:
                 f"UPDATE session SET {', '.join(f'{n} = ?' for n in names)} WHERE session_id = 1",
                 [values[n] for n in names],
             )
-
-    def _write_chains(self) -> None:
-        try:
-            from tracer.analysis import chains
-        except ImportError:
-            return
-        self.store.sync()
-        try:
-            found = chains.compute_chains(self.store.conn, limit=100)
-            chains.write_chains(self.store.conn, found.chains)
-        except Exception as e:  # the recording stays valid without its diagnosis
-            log.warning("causal chain analysis failed: %s", e)
-            self.notes.append(f"causal chain analysis failed: {e}")
 
 
 def _load_uprobe(bpf: Any, name: str) -> int:
