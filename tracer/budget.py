@@ -32,10 +32,12 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from probes.catalog import CATALOG, OP_NAMES
+from tracer import bpfmaps, events
 from tracer.program import ProbeSet
 
 log = logging.getLogger(__name__)
@@ -391,3 +393,29 @@ def _by_time(windows: Sequence[Window], act: Activity, pid: int, hot_ops: frozen
         if not exact:
             err += 100.0 * off_edge / (b - a)
     return fraction, err
+
+
+def calls_by_pid_op(bpf: Any) -> dict[tuple[int, int], int]:
+    """Return the cumulative calls per (pid, op) from the in-kernel totals (the duty cycler's window counts)."""
+    keys, vals = bpfmaps.dump(bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
+    return {
+        (pid, op): int(n)
+        for pid, op, n in zip(keys["pid"].tolist(), keys["op"].tolist(), vals["calls"].tolist(), strict=True)
+    }
+
+
+def clear_stale_launches(bpf: Any, closed_at: int) -> None:
+    """Launches that entered before their links were closed and have not returned never will through a probe:
+    clear their in-flight entries (or the thread's next launch would look nested in them) and end their call
+    segment in the thread's accounting (its time since counts as CPU, the best we know)."""
+    inflight, tstate = bpf["inflight"], bpf["tstate"]
+    for k, f in list(inflight.items()):
+        op = int(f.op)
+        if op < len(CATALOG) and DUTY_CYCLED[op] and int(f.ts_ns) < closed_at:
+            try:
+                del inflight[k]
+                st = tstate[k]
+                st.in_call = 0
+                tstate[k] = st
+            except KeyError:
+                pass

@@ -35,7 +35,14 @@ import numpy as np
 from probes.catalog import CATALOG
 from tracer import __version__, bpfmaps, events, finalize, guardian, rows, targets
 from tracer.attach import Attacher, runtime_launch_op_ids
-from tracer.budget import DUTY_CYCLED, DutyCycler, OverheadEstimator, trap_cost
+from tracer.budget import (
+    DUTY_CYCLED,
+    DutyCycler,
+    OverheadEstimator,
+    calls_by_pid_op,
+    clear_stale_launches,
+    trap_cost,
+)
 from tracer.command import LaunchedCommand
 from tracer.db import boot_id, process_start_ticks
 from tracer.errors import EnvironmentProblem, TargetError, UsageError
@@ -310,7 +317,9 @@ class Recorder:
             put_stack=lambda sid, frames: self.store.put("stacks", rows.stack_columns(sid, frames)),
             parent_of=lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
         )
-        self.cycler = DutyCycler(count_calls=self._calls_by_pid_op, on_closed=self._clear_stale_launches)
+        self.cycler = DutyCycler(
+            count_calls=lambda: calls_by_pid_op(self.bpf), on_closed=lambda t: clear_stale_launches(self.bpf, t)
+        )
         self.attacher = Attacher(
             self.bpf, self.progs, self.maps.resolver, self.cycler, self.opts.launch_probes, self.notes
         )
@@ -605,7 +614,7 @@ class Recorder:
                 self._live_failed = True
                 self.notes.append(f"the live MCP server stopped: {why}")
                 self._status(f"the live MCP server stopped: {why}")
-        self.attacher.note_runtime_launches(*self._launch_tally, on_closed=self._clear_stale_launches)
+        self.attacher.note_runtime_launches(*self._launch_tally, on_closed=lambda t: clear_stale_launches(self.bpf, t))
         self._launch_tally = [0, 0]
         for pid in list(self._py_pending):
             self._pyrt_configure(pid)
@@ -681,30 +690,6 @@ class Recorder:
         self.cycler.fraction = self.estimator.update(
             int(delta[DUTY_CYCLED].sum()), int(delta[~DUTY_CYCLED].sum()), share, seconds
         )
-
-    def _clear_stale_launches(self, closed_at: int) -> None:
-        """Launches that entered before their links were closed and have not returned never will through a probe:
-        clear their in-flight entries (or the thread's next launch would look nested in them) and end their call
-        segment in the thread's accounting (its time since counts as CPU, the best we know)."""
-        inflight, tstate = self.bpf["inflight"], self.bpf["tstate"]
-        for k, f in list(inflight.items()):
-            op = int(f.op)
-            if op < len(CATALOG) and DUTY_CYCLED[op] and int(f.ts_ns) < closed_at:
-                try:
-                    del inflight[k]
-                    st = tstate[k]
-                    st.in_call = 0
-                    tstate[k] = st
-                except KeyError:
-                    pass
-
-    def _calls_by_pid_op(self) -> dict[tuple[int, int], int]:
-        """Cumulative calls per (pid, op), from the in-kernel totals (the duty cycler's window counts)."""
-        keys, vals = bpfmaps.dump(self.bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
-        return {
-            (pid, op): int(n)
-            for pid, op, n in zip(keys["pid"].tolist(), keys["op"].tolist(), vals["calls"].tolist(), strict=True)
-        }
 
     def _lost(self, kind: int | None = None) -> int:
         """Ring-buffer drops: of one kind (events.C.LOST_*) or all."""
