@@ -217,3 +217,15 @@ def test_a_second_split_over_two_rows_is_summed(tmp_path):
     assert [(p.part, p.ms) for p in split.parts] == [(p.part, p.ms) for p in whole.parts]
     assert split.wall_ms == whole.wall_ms and split.check == whole.check
     assert [r.model_dump() for r in split.buckets] == [r.model_dump() for r in whole.buckets] and whole.buckets
+
+
+@pytest.mark.parametrize("order", [("swapper/1", "swapper/0"), ("swapper/0", "swapper/1")])
+def test_a_holder_seen_under_several_names_gets_one(tmp_path, order):
+    # GIVEN the idle task (pid 0, named per CPU) taking the CPU from the thread on two CPUs, in either order
+    b = builder("healthy")
+    for i, comm in enumerate(order):
+        b.off_cpu((2 + i) * S + 3 * MS, 2 * MS, reason="preempted", runq_ns=2 * MS, by_pid=0, by_comm=comm, cpu=i)
+    b.write(tmp_path / "t.duckdb")
+    (h,) = [h for h in breakdown_of(tmp_path / "t.duckdb").threads[0].holders if h.pid == 0]
+    # THEN it has one name, the same whatever order the rows come in (an MCP answer must equal the CLI's)
+    assert h.comm == "swapper/0" and h.runq_ms == pytest.approx(4.0)

@@ -69,3 +69,16 @@ def test_the_tracer_holding_the_cpu_is_not_contention(tmp_path):
             i * 100 * MS + 3 * MS, 17 * MS, reason="preempted", runq_ns=17 * MS, by_pid=TRACER_PID, by_comm="tracer"
         )
     assert contention(tmp_path, b) == []
+
+
+def test_workers_are_counted_as_alive_at_once(tmp_path):
+    # GIVEN a loader that forks 4 new workers every epoch, 24 over the recording
+    from tracer.analysis.chains.context import ChainContext
+    from tracer.analysis.chains.cpu_contention import _most_workers_at_once
+
+    builder("process_churn").write(tmp_path / "t.duckdb")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        ctx = ChainContext.load(c)
+        assert sum(1 for p in ctx.info.procs.values() if p.comm == "pt_data_worker") == 24
+        # THEN num_workers is 4: the fix names the loader's setting, not the processes it went through
+        assert _most_workers_at_once(ctx) == 4

@@ -532,7 +532,7 @@ def holders_of(
     has_tid = info.has("preemptors", "tid")
     flag = "bool_or(is_tracer)" if info.has("preemptors", "is_tracer") else "NULL"
     rows = conn.execute(
-        f"SELECT pid, sec, any_value(comm), bool_or(is_target), {flag}, sum(preemptions), sum(runq_ns) "
+        f"SELECT pid, sec, min(comm), bool_or(is_target), {flag}, sum(preemptions), sum(runq_ns) "
         f"FROM preemptors WHERE sec BETWEEN $a AND $b {'AND tid = $tid' if has_tid else ''} GROUP BY pid, sec",
         {"a": t.first_ns // S, "b": max(t.end_ns - 1, t.first_ns) // S, **({"tid": t.tid} if has_tid else {})},
     ).fetchall()
@@ -540,6 +540,8 @@ def holders_of(
     for hp, sec, comm, is_target, is_tracer, n, runq in rows:
         k = scale(int(sec)) if scale else 1.0
         a = acc.setdefault(hp, [comm, is_target, is_tracer, 0.0, 0.0])
+        # one name per pid whatever the rows' order: pid 0 is swapper/0, swapper/1, ... by CPU
+        a[0] = min(a[0] or "", comm or "") or None
         a[3] += (n or 0) * k
         a[4] += (runq or 0) * k
     out = [
@@ -562,7 +564,7 @@ def wakers_of(
     conn: duckdb.DuckDBPyConnection,
     info: RecordingInfo,
     t: ThreadTime,
-    limit: int = TOP_N,
+    limit: int | None = TOP_N,
     scale: Scale | None = None,
 ) -> list[Waker]:
     """Return who woke thread ``t`` from blocked intervals in its span, most blocked time first (``scale``: as
@@ -570,7 +572,7 @@ def wakers_of(
     if not info.has_wakers:
         return []
     rows = conn.execute(
-        "SELECT waker_pid, waker_tid, sec, any_value(waker_comm), sum(wakeups), sum(blocked_ns), "
+        "SELECT waker_pid, waker_tid, sec, min(waker_comm), sum(wakeups), sum(blocked_ns), "
         "sum(blocked_ns) FILTER (WHERE in_call) FROM thread_wakers WHERE tid = $tid AND sec BETWEEN $a AND $b "
         "GROUP BY waker_pid, waker_tid, sec",
         {"tid": t.tid, "a": t.first_ns // S, "b": max(t.end_ns - 1, t.first_ns) // S},
@@ -579,6 +581,7 @@ def wakers_of(
     for wp, wt, sec, comm, n, b, ic in rows:
         k = scale(int(sec)) if scale else 1.0
         a = acc.setdefault((int(wp or 0), int(wt or 0)), [comm, 0.0, 0.0, 0.0])
+        a[0] = min(a[0] or "", comm or "") or None  # one name whatever the rows' order (as holders_of)
         a[1] += (n or 0) * k
         a[2] += (b or 0) * k
         a[3] += (ic or 0) * k

@@ -200,8 +200,9 @@ class ChainContext:
         """Return who held the CPU while the subject waited, within its steps."""
         return holders_of(self.conn, self.info, s.time, limit=20, scale=self._in_steps(s))
 
-    def wakers(self, s: Subject, limit: int = 50) -> list[Waker]:
-        """Return who woke the subject, within its steps."""
+    def wakers(self, s: Subject, limit: int | None = None) -> list[Waker]:
+        """Return who woke the subject, within its steps: every waker unless ``limit`` (detectors sum them; a
+        loader that respawns its workers each epoch has hundreds, and a top 50 lost most of its waits)."""
         return wakers_of(self.conn, self.info, s.time, limit=limit, scale=self._in_steps(s))
 
     def _in_steps(self, s: Subject) -> Callable[[int], float]:

@@ -30,7 +30,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     """Return up to two chains per subject: CPU held by other processes, CPU held by the job itself."""
     out = []
     cores = ctx.info.cpu_cores
-    workers = sum(1 for p in ctx.info.procs.values() if p.comm == DATALOADER_COMM and p.role != "tracer")
+    workers = _most_workers_at_once(ctx)
     host = ctx.conn.execute("SELECT max(load1), max(cpu_busy_pct) FROM host_samples").fetchone() or (None, None)
     for s in ctx.subjects:
         t = s.time
@@ -76,6 +76,20 @@ def _merge(direct: list[Holder], via_workers: list[Holder]) -> list[Holder]:
             )
         )
     return sorted(acc.values(), key=lambda h: (-h.runq_ms, h.pid))
+
+
+def _most_workers_at_once(ctx: ChainContext) -> int:
+    """Return the most DataLoader worker processes alive at one time: num_workers, also for a loader that forks
+    new ones every epoch (hundreds over a recording)."""
+    edges = []
+    for p in ctx.info.procs.values():
+        if p.comm == DATALOADER_COMM and p.role != "tracer":
+            edges += [(p.first_ns, 1), (p.exit_ns if p.exit_ns is not None else ctx.info.duration_ns + 1, -1)]
+    alive = most = 0
+    for _, d in sorted(edges):  # at a tie, an exit (-1) sorts before a start: workers replaced, not added
+        alive += d
+        most = max(most, alive)
+    return most
 
 
 def _storm_cpu_share(ctx: ChainContext, s: Subject, storms: set[int]) -> float:

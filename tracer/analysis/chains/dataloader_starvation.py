@@ -5,7 +5,7 @@ Source: ``thread_wakers``, exact per waker. Cost: the thread's blocked time outs
 process of the traced tree ended (a process that launches kernels itself is another rank, not a worker). What
 the workers were doing meanwhile (their own breakdown) decides the fix: busy on CPU means too few workers or
 too costly a ``__getitem__``; mostly blocked means a slow hand-off (IPC, prefetch too shallow) or slow storage.
-Waits for workers of a respawn wave in their first seconds are process_churn's. A recording without wakers
+The extra wait for a respawn wave's first batch is process_churn's. A recording without wakers
 cannot tell a batch from a sleep: no chain, and the chains' note says so.
 
 Workers that were slow because they queued for a CPU behind other tenants' processes do not starve the loader
@@ -29,7 +29,7 @@ from tracer.analysis.chains.context import (
     grade,
 )
 from tracer.analysis.chains.model import CausalChain, Culprit, DataloaderStarvationEvidence, WorkerLoad
-from tracer.analysis.chains.process_churn import respawn_windows
+from tracer.analysis.chains.process_churn import respawn_stalls, respawn_windows
 
 CATEGORY = "dataloader_starvation"
 HIGH = HIGH_SHARE
@@ -85,7 +85,11 @@ def loader_wait(ctx: ChainContext, s: Subject) -> LoaderWait:
         if w.holder == "tree" and w.pid not in trainers and ctx.info.process_role(w.pid) != "tracer"
     ]
     woken = sum((w.blocked_ms - w.in_call_ms) * MS for w in wakers)
-    woken -= _respawn_waits(ctx, s, respawn_windows(ctx, s.tid))
+    stalls = respawn_stalls(ctx, s)
+    if stalls is None:  # no wakers in sched: the respawns' windows, whole seconds
+        woken -= _respawn_waits(ctx, s, respawn_windows(ctx, s.tid))
+    else:  # each respawn's first batch, beyond a usual batch's wait, is process_churn's cost
+        woken -= sum(min(st.batch_wait_ns, st.cost_ns) for st in stalls)
     working = foreign = 0.0
     held: dict[int, Holder] = {}
     for pid in {w.pid for w in wakers}:
@@ -176,9 +180,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
             )
         else:
             recs.append(
-                f"The workers were mostly idle ({busy:.0%} on CPU) while the training thread waited: the hand-off "
-                "is slow. Raise prefetch_factor, use pin_memory=True and persistent_workers=True, and check the "
-                "storage the dataset reads from."
+                f"The workers were on CPU only {busy:.0%} of their time while the training thread waited: the "
+                "hand-off is slow. Raise prefetch_factor, use pin_memory=True and persistent_workers=True, and check "
+                "the storage the dataset reads from."
             )
         recs.append("Check the fix with tracer breakdown: the training thread's blocked share should fall.")
         out.append(

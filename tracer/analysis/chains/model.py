@@ -118,7 +118,9 @@ class CpuContentionEvidence(Record):
     runq_by_holder_ms: Annotated[dict[str, float], Field(description="outside calls: self | tree | other | tracer")]
     holders: Annotated[list[Holder], Field(description="the tasks that held the CPU, most first (tracer excluded)")]
     cpu_cores: int
-    dataloader_workers: Annotated[int, Field(description="pt_data_worker processes in the traced tree")]
+    dataloader_workers: Annotated[
+        int, Field(description="the most pt_data_worker processes of the traced tree alive at one time")
+    ]
     max_load1: float | None
     max_cpu_busy_pct: float | None
 
@@ -171,7 +173,13 @@ class ProcessChurnEvidence(Record):
     forks: int
     exits: int
     wave_times_s: list[float]
-    lost_ms: Annotated[float, Field(description="the thread's non-CUDA time after respawns above its usual rate, ms")]
+    lost_ms: Annotated[
+        float,
+        Field(
+            description="the thread's stalls from each respawn's fork to its first batch, less CUDA time and its "
+            "usual wait for a batch, ms"
+        ),
+    ]
     avg_lost_ms_per_respawn: float
     waves: list[WaveLoss]
 
