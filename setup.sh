@@ -104,6 +104,13 @@ exec "$ROOT/.venv/bin/tracer" "\$@"
 LAUNCHER
 chmod 755 /usr/local/bin/tracer
 
+# bcc removes a perf-event uprobe through tracefs (uprobe_events): without tracefs mounted, every detach fails
+# ("Failed to detach BPF from uprobe"). Some VM images boot without it.
+if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ ! -e /sys/kernel/debug/tracing/uprobe_events ]; then
+    say "mounting tracefs at /sys/kernel/tracing"
+    mount -t tracefs nodev /sys/kernel/tracing || warn "could not mount tracefs: bcc cannot detach uprobes"
+fi
+
 say "building the stand-in CUDA libraries and fixtures"
 make -s -C fixtures
 

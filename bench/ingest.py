@@ -1,10 +1,11 @@
 """How fast the user-space path turns call events into DB rows, and what an end-to-end run stores and loses.
 
-Part 1 (no BPF, one core): synthetic ``call_event`` records (tracer/events.py CALL_DTYPE, the launch-heavy
+Part 1 (no BPF, one core): synthetic ``call_event`` records (tracer/recorder/events.py CALL_DTYPE, the launch-heavy
 reference mix), laid out as the kernel's ring buffer lays them out (8-byte headers, 8-byte aligned), are pushed
 through the real path in drain-sized batches: ``ringbuf.read_records`` (what ``DirectRing.drain`` does with the
 mapped ring), the recorder's call path (``StackResolver.kernels`` and ``stack_ids``, ``rows.call_columns``) and
-``tracer.store.Store`` (the writer thread's Arrow appends), ending with ``Store.sync``. Reports events/s and the
+``tracer.recorder.store.Store`` (the writer thread's Arrow appends), ending with ``Store.sync``. Reports events/s and
+the
 recorder's CPU seconds per 100 K events (process CPU, writer thread included), with a per-stage split.
 
 Part 2 (root): a C program calls the stand-in ``cudaFree(NULL)`` in a tight loop from 2 threads under
@@ -32,16 +33,16 @@ import numpy as np
 
 from bench.common import FIXTURE_LIBS, TRACER, base_parser, build_fixtures, print_table, write_result
 from probes.catalog import OP_NAMES
-from tracer.events import CALL_DTYPE
-from tracer.procmaps import MapCache
-from tracer.ringbuf import read_records, stride_of
-from tracer.rows import call_columns
-from tracer.stack_resolver import StackResolver
-from tracer.store import Store
+from tracer.recorder.columns import call_columns
+from tracer.recorder.events import CALL_DTYPE
+from tracer.recorder.procmaps import MapCache
+from tracer.recorder.ringbuf import read_records, stride_of
+from tracer.recorder.stack_resolver import StackResolver
+from tracer.recorder.store import Store
 
 # The reference mix per second: 5000 launches, 200 syncs, 200 async copies, 50 allocations (+ 50 frees).
 MIX = {"cudaLaunchKernel": 5000, "cudaStreamSynchronize": 200, "cudaMemcpyAsync": 200, "cudaMalloc": 50, "cudaFree": 50}
-# Events per batch: one 200 ms drain (tracer.record.DRAIN_S) at 25 K events/s.
+# Events per batch: one 200 ms drain (tracer.recorder.session.DRAIN_S) at 25 K events/s.
 BATCH = 5_000
 N_EVENTS, QUICK_EVENTS = 1_000_000, 200_000
 E2E_PER_THREAD, QUICK_E2E_PER_THREAD = 200_000, 50_000

@@ -104,9 +104,9 @@ def setup_variant(name: str, so: Path) -> tuple[Any, list[str], Callable[[], Non
         return b, ["empty_entry", "empty_return"], None
 
     from probes.catalog import OP_NAMES
-    from tracer.links import attach_multi
-    from tracer.program import ProgramOptions, compile_program, configure_ops, load_programs
-    from tracer.targets import exported_offsets
+    from tracer.recorder.links import attach_multi
+    from tracer.recorder.program import ProgramOptions, compile_program, configure_ops, load_programs
+    from tracer.recorder.targets import exported_offsets
 
     py = name == "recorder_py"
     b = compile_program(ProgramOptions(with_pyframes=py))
@@ -118,10 +118,10 @@ def setup_variant(name: str, so: Path) -> tuple[Any, list[str], Callable[[], Non
     cfg.stack_every = 1 if name in ("recorder_fp", "recorder_py") else 0
     b["op_cfg"][ct.c_int(op)] = cfg
     if py:
-        from tracer.pyruntime import PyRuntimeManager
+        from tracer.recorder.pyruntime import PyRuntimeManager
 
         if PyRuntimeManager(b).configure(os.getpid()) is None:
-            raise RuntimeError("this Python is not walkable by tracer.pyruntime")
+            raise RuntimeError("this Python is not walkable by tracer.recorder.pyruntime")
     b["cfg"][ct.c_int(0)] = ct.c_uint64(time.monotonic_ns())  # CFG_START_NS
     b["targets"][ct.c_uint32(os.getpid())] = ct.c_uint8(1)
     counts = {"calls": 0}

@@ -1,6 +1,6 @@
 """Latency of each MCP tool's analysis function on a trace DB of >= 1 M cuda_calls rows (median of 5 runs).
 
-The DB comes from tests/tracedb.py ``generate_large`` (one process, four ops, a CPU hog, a stack per op, and the
+The DB comes from bench/synthetic.py ``generate_large`` (one process, four ops, a CPU hog, a stack per op, and the
 per-second time accounting today's recorder writes) and is opened read-only as the MCP server opens it. Timed:
 ``trace_stats`` (get_trace_stats; target <= 100 ms), ``top_stacks`` (get_stacks; <= 300 ms), ``compute_chains``
 (get_causal_chains; <= 1 s) and ``run_sql`` (run_sql, a GROUP BY over cuda_calls). ``trace_stats_estimated`` times
@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, base_parser, median, print_table, spread, write_result
+from bench.common import base_parser, median, print_table, spread, write_result
+from bench.synthetic import generate_large
 
 ROWS, QUICK_ROWS = 1_000_000, 1_000_000
 RUNS = 5
@@ -36,9 +37,6 @@ SQL = "SELECT op, count(*) AS calls, avg(dur_ns) AS mean_ns, max(dur_ns) AS max_
 
 def generate(path: Path, rows: int, accounting: bool = True) -> Path:
     """Write the synthetic DB of ``rows`` calls (``accounting``: with per-thread time accounting); return it."""
-    sys.path.insert(0, str(REPO))  # tests/ is not a package on the default path
-    from tests.tracedb import generate_large
-
     return generate_large(path, rows, accounting=accounting)
 
 
@@ -59,7 +57,7 @@ def tools(conn: Any) -> dict[str, Callable[[], Any]]:
 def measure(db: Path, runs: int = RUNS, only: set[str] | None = None) -> dict[str, Any]:
     """Open ``db`` read-only and time each tool (those in ``only``) ``runs`` times after one warm-up; return ms
     figures."""
-    from tracer.db import open_trace
+    from tracer.analysis.db import open_trace
 
     conn = open_trace(db)
     try:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, base_parser, median, print_table, spread, write_result
+from bench.synthetic import generate_large
 
 ROWS, QUICK_ROWS = 1_000_000, 100_000
 CALLS, QUICK_CALLS = 40, 10
@@ -38,13 +39,6 @@ QUERIES = {
     "FROM cuda_calls GROUP BY op ORDER BY op",
     "rows_1000": "SELECT ts_ns, dur_ns, pid, tid, op, bytes FROM cuda_calls ORDER BY ts_ns LIMIT 1000",
 }
-
-
-def generate(path: Path, rows: int) -> Path:
-    sys.path.insert(0, str(REPO))  # tests/ is not a package on the default path
-    from tests.tracedb import generate_large
-
-    return generate_large(path, rows)
 
 
 def free_port() -> int:
@@ -61,7 +55,7 @@ def server(src: Path, db: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(src)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tracer.cli", "mcp", "serve", "--db", str(db), "--http", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "tracer.commands.cli", "mcp", "serve", "--db", str(db), "--http", f"127.0.0.1:{port}"],
         cwd=src,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -122,7 +116,7 @@ def cli_ms(src: Path, db: Path, runs: int) -> list[float]:
     for _ in range(runs):
         t = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "tracer.cli", "sql", "--db", str(db), "SELECT 1"],
+            [sys.executable, "-m", "tracer.commands.cli", "sql", "--db", str(db), "SELECT 1"],
             cwd=src,
             env=env,
             check=True,
@@ -154,7 +148,7 @@ def run_corpus(db: Path) -> dict[str, Any]:
         quiet_s = {k: median([q[k] for q in quiet]) for k in quiet[0]}
         for attack in hc.ATTACKS:
             with hc.RssSampler(proc.pid) as rss:
-                result, seconds = anyio.run(hc.call, url, attack.tool, attack.args)
+                result, seconds = anyio.run(hc.call, url, attack.tool, hc.arguments(attack, db))
             out = hc.evaluate(attack, result, seconds)
             row = {**out.__dict__, "peak_rss_above_idle_bytes": rss.peak - idle}
             try:
@@ -241,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.rows or (QUICK_ROWS if args.quick else ROWS)
     calls = args.calls or (QUICK_CALLS if args.quick else CALLS)
     with tempfile.TemporaryDirectory(prefix="bench-sql-limits-") as tmp:
-        db = generate(Path(tmp) / "large.duckdb", rows)
+        db = generate_large(Path(tmp) / "large.duckdb", rows)
         res: dict[str, Any] = {"cuda_calls_rows": rows, "calls_per_query": calls}
         res.update(latency(db, args.baseline_src, calls, QUICK_CLI_RUNS if args.quick else CLI_RUNS))
         if args.corpus:

@@ -6,27 +6,43 @@ Origin headers are accepted (a bad Host gets 421, a bad Origin 403). A non-loopb
 the protection off for a non-local host. The MCP app is mounted at ``/`` with its own path ``/mcp`` (a mount at
 ``/mcp`` would serve ``/mcp/mcp``), and its session manager runs in the host app's lifespan, since a mounted
 sub-app's lifespan never runs.
+
+Host/Origin are checked first, before any routing (:class:`HostCheck`): the SDK checks them only once a request
+reaches its endpoint, and Starlette's slash redirect (``/mcp/`` → ``/mcp``) answered a forged Host before that
+(issue 17). Sessions are capped per client and in all, end when idle for a few minutes, and hold a bounded number
+of requests (:mod:`mcp_server.sessions`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
+import os
 import socket
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.routing import Mount
 
+from mcp_server import sessions
 from mcp_server.auth import BearerTokenMiddleware, authorized
 from mcp_server.server import Connect, build_server
 from tracer.analysis.sqlpool import SqlPool
 from tracer.errors import UsageError
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+# The SDK's own session cap, a backstop behind mcp_server.sessions' (which ends sessions after they open, so the
+# SDK briefly holds the openings in flight on top of its TOTAL).
+SDK_MAX_SESSIONS = 4 * sessions.TOTAL
+STOP_GRACE_S = 0.5  # on SIGTERM/Ctrl-C, uvicorn waits this long for the requests in flight, then cancels them
+STOP_S = 0.8  # and this long after the signal the process is gone, whatever is still running (_DeadlineServer)
 
 
 def parse_listen(spec: str) -> tuple[str, int]:
@@ -106,7 +122,13 @@ def build_app(
     pool = sql_pool or SqlPool()
     mcp = build_server(db, connect=connect, sql_pool=pool, freshen=freshen)
     security = security_for(host, port, allowed_hosts or [])
-    mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", host=host, transport_security=security)
+    mcp_app = mcp.streamable_http_app(
+        streamable_http_path="/mcp",
+        host=host,
+        transport_security=security,
+        session_idle_timeout=sessions.IDLE_S,
+        max_sessions=SDK_MAX_SESSIONS,
+    )
     checks = TransportSecurityMiddleware(security)
 
     @contextlib.asynccontextmanager
@@ -115,7 +137,12 @@ def build_app(
             pool.start(db)
         try:
             async with mcp.session_manager.run():
-                yield
+                try:
+                    yield
+                finally:
+                    # before the sessions end: a tool call's thread waiting on a query worker returns at once,
+                    # where ending the sessions first would wait for it (a run_sql for up to its timeout)
+                    pool.close()
         finally:
             pool.close()
 
@@ -129,8 +156,27 @@ def build_app(
             body["db"] = Path(db).name
         return body
 
-    app.router.routes.append(Mount("/", app=mcp_app))
-    return BearerTokenMiddleware(app, token) if token else app
+    app.router.routes.append(Mount("/", app=sessions.SessionLimits(mcp_app, "/mcp")))
+    return HostCheck(BearerTokenMiddleware(app, token) if token else app, checks)
+
+
+class HostCheck:
+    """Refuse a request whose Host (421) or Origin (403) the MCP endpoint would refuse, before any routing or
+    redirect, so nothing this server sends is built from a forged Host. ``/healthz`` is exempt: it answers
+    everyone, and names the DB only to requests that pass these same checks."""
+
+    def __init__(self, app: Any, checks: TransportSecurityMiddleware, exempt: tuple[str, ...] = ("/healthz",)) -> None:
+        self.app = app
+        self.checks = checks
+        self.exempt = exempt
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") not in self.exempt:
+            refused = await self.checks.validate_request(Request(scope))  # Content-Type stays the SDK's check
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def serve_http(
@@ -143,10 +189,10 @@ def serve_http(
     log: Any = None,
     freshen: Callable[[], None] | None = None,
 ) -> None:
-    """Serve until Ctrl-C (uvicorn, one process). ``freshen``: see :func:`mcp_server.server.build_server`."""
-    import uvicorn
-
-    app = build_app(db, host, port, token=token, allowed_hosts=allowed_hosts, freshen=freshen)
+    """Serve until Ctrl-C or SIGTERM (uvicorn, one process), and be gone within STOP_S of either.
+    ``freshen``: see :func:`mcp_server.server.build_server`."""
+    pool = SqlPool()
+    app = build_app(db, host, port, token=token, allowed_hosts=allowed_hosts, freshen=freshen, sql_pool=pool)
     shown = f"[{host}]" if ":" in host else host
     if log is not None:
         log.print(
@@ -154,7 +200,37 @@ def serve_http(
             + ("  bearer token required" if token else ""),
             highlight=False,
         )
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=STOP_GRACE_S)
+    _DeadlineServer(config, pool).run()
+
+
+class _DeadlineServer(uvicorn.Server):
+    """uvicorn's server with a deadline on stopping. uvicorn waits for the requests in flight, and a tool call runs
+    in a thread that cancellation cannot stop (a live server's wait for a snapshot, a query's wait on its worker):
+    a live server took over 2 s to stop, one with a run_sql in flight 7 s (issue 17). STOP_S after the signal,
+    whatever is still running, the query workers are killed and the process ends by that signal, as uvicorn itself
+    ends after a graceful stop."""
+
+    def __init__(self, config: uvicorn.Config, pool: SqlPool) -> None:
+        super().__init__(config)
+        self._pool = pool
+        self._deadline: threading.Timer | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._deadline is None:
+            self._deadline = threading.Timer(STOP_S, self._stop_now, args=(sig,))
+            self._deadline.daemon = True
+            self._deadline.start()
+
+    def _stop_now(self, sig: int) -> None:
+        self._pool.close()
+        # Die by the signal, as uvicorn does: its handler is reset at the C level, as Python lets only the main
+        # thread call signal.signal (and the main thread may be the one stuck).
+        libc = ctypes.CDLL(None)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(sig, None)  # SIG_DFL
+        os.kill(os.getpid(), sig)
 
 
 def serve_stdio(db: str | Path) -> None:

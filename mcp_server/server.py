@@ -1,4 +1,4 @@
-"""The MCP surface: six read-only tools over one trace DB (compare_traces also reads a second one, named by file
+"""The MCP surface: read-only tools over one trace DB (compare_traces also reads a second one, named by file
 from the served DB's directory), its schema as a resource, and an investigation prompt.
 
 Every tool calls one ``tracer.analysis`` function and returns its pydantic record, so the output schema and
@@ -21,21 +21,28 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated
 
+import anyio
 import duckdb
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 
+from tracer.analysis import compare
 from tracer.analysis.arguments import check_args
 from tracer.analysis.breakdown import Breakdown, time_breakdown
 from tracer.analysis.chains import ChainsResult, compute_chains
-from tracer.analysis.compare import Comparison, compare_traces
+from tracer.analysis.compare import Comparison
+from tracer.analysis.db import open_trace, read_error
+from tracer.analysis.ranks.report import RanksResult, ranks_report
+from tracer.analysis.side_by_side import SideBySide
+from tracer.analysis.side_by_side import compare_processes as side_by_side
 from tracer.analysis.sql import LIMITS, SqlResult, execute
 from tracer.analysis.sqlpool import SqlPool, default_pool
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
 from tracer.analysis.stats import TraceStats, trace_stats
-from tracer.db import open_trace, read_error
+from tracer.analysis.steps import StepSeries, step_series
+from tracer.analysis.waits import Waits, waits
 from tracer.errors import TracerError
 from tracer.schema import schema_markdown
 
@@ -45,6 +52,7 @@ SQL_TIMEOUT_S = LIMITS.timeout_s
 # the rows get a little under half of it.
 SQL_REPLY_BYTES = (1 << 20) - (16 << 10)
 SQL_ROWS_BYTES = SQL_REPLY_BYTES // 2 - (8 << 10)
+SQL_THREADS = 32  # run_sql calls in progress at once (waiting for a query worker, or running)
 ECHO_CHARS = 80  # an argument quoted back in an error is cut to this (a 1 MB op name is not sent back)
 RECORDING_SUFFIX = ".duckdb"  # compare_traces reads only files so named, in the served DB's directory
 LIST_RECORDINGS = 20  # recordings named in compare_traces' error for a name it cannot find
@@ -52,17 +60,25 @@ LIST_RECORDINGS = 20  # recordings named in compare_traces' error for a name it 
 INSTRUCTIONS = """\
 You are investigating one recording of a GPU training job: every CUDA API call with its latency, what the
 calling thread did during it (off CPU, waiting for a CPU, who preempted it), the process tree, and host samples.
-Investigation order:
-1. get_trace_stats: environment, per-op p50/p99 and tail ratio, per-process off-CPU, host peaks, chain counts.
-2. get_causal_chains: diagnoses worst first, ranked by the share of the training thread's time each cost, with
+Investigation order (each step says what its tool cannot see):
+1. get_trace_stats: environment, per-op p50/p99 and tail ratio, processes, busy threads, host peaks, chain counts.
+2. get_time_breakdown: where the training thread's time went (on CPU, in CUDA calls by class, waiting for a CPU
+   and who held it, blocked and who woke it, page faults), per time bucket; the tracer's own cost. Cannot see
+   what the GPU did (kernel time on the device) nor which code ran while the thread was on CPU.
+3. get_causal_chains: diagnoses worst first, ranked by the share of the training thread's time each cost, with
    the culprit (process, thread, Python line), evidence and fixes for this trace. Filter with pid/severity.
-3. get_time_breakdown: where the training thread's time went (on CPU, in CUDA calls by class, waiting for a CPU
-   and who held it, blocked and who woke it, page faults), per time bucket; the tracer's own cost.
-4. get_stacks(op): for the op a chain names, the code paths from the Python file:line to the CUDA call.
-5. compare_traces(before=FILE): did a change work? This recording against another of the same workload
+   Cannot see a cause no detector knows: time the breakdown shows and no chain explains is yours to explain.
+   A distributed job (torchrun, MPI ranks): get_ranks gives each rank's time by phase and the straggler rank.
+4. get_step_series: the training thread's steps (ended by its waits for the GPU), the slow ones and their period
+   ("every 40th step: +54 ms") with what they spent the extra time on; get_waits: its waits by waker and length
+   ("[timer], 5.1 ms each"); compare_processes: processes or threads side by side. Cannot see steps of a loop
+   that never waits for the GPU (it gets a per-second series) nor which code ran in a slow step.
+5. get_stacks(op): for the op a chain names, the code paths from the Python file:line to the CUDA call; coverage
+   says why calls have no stack. Cannot see code outside CUDA calls (CPU work, waits).
+6. compare_traces(before=FILE): did a change work? This recording against another of the same workload
    (a .duckdb file next to it): steps/s, the training thread's parts, per-op deltas, chains gained or lost,
    each judged against the recordings' own noise.
-6. run_sql: anything else (time buckets, the microsecond timeline around a stall, per-PID scheduling).
+7. run_sql: anything else (time buckets, the microsecond timeline around a stall, per-PID scheduling).
    Read the trace://schema resource first. Timestamps are ns since session start; ts_ns // 10000000000 buckets by 10 s.
 Quote the numbers the tools return; op_stats counts are exact, cuda_calls rows are a sample that keeps the tail."""
 
@@ -82,7 +98,7 @@ def build_server(
     """Return the MCP server for the trace DB at ``db_path``.
 
     Args:
-        connect: open a read connection per tool call. Default: :func:`tracer.db.open_trace` on ``db_path``.
+        connect: open a read connection per tool call. Default: :func:`tracer.analysis.db.open_trace` on ``db_path``.
             The recorder passes a factory on its own DuckDB instance to serve a DB it is still writing; run_sql
             then runs in-process, with the timer, row and reply caps but without a worker to kill.
         sql_pool: the query workers for run_sql. Default: this process's pool
@@ -90,7 +106,7 @@ def build_server(
         freshen: run before each tool call: a live recording's server asks for a new snapshot (tracer/live.py).
         recordings_dir: where compare_traces finds the other recording, by file name. Default: the served DB's
             directory, the one the user pointed the server at. Only ``*.duckdb`` files directly in it that open
-            as trace DBs are read (:func:`tracer.db.open_trace`); a name with a path in it is refused.
+            as trace DBs are read (:func:`tracer.analysis.db.open_trace`); a name with a path in it is refused.
     """
     path = Path(db_path)
     opener: Connect = connect or (lambda: open_trace(path))
@@ -119,18 +135,22 @@ def build_server(
     @mcp.tool(title="Trace overview", annotations=READ_ONLY)
     def get_trace_stats(
         pid: Annotated[int | None, Field(description="Only this process; omit for the whole traced tree.")] = None,
-    ) -> TraceStats:
+        detail: Annotated[
+            bool, Field(description="Every process group, and one row per process (default: the top groups).")
+        ] = False,
+    ) -> Annotated[CallToolResult, TraceStats]:
         """Overview of the recording. Call this first.
 
         Returns the environment (GPU, driver, CPU, RAM, kernel, Python), events traced/stored/lost, per CUDA op
         (runtime and driver layers kept apart) calls, p50/p95/p99/max in µs from the exact in-kernel histogram and
-        the tail ratio p99/p50, per process (main, dataloader_worker, child) CUDA calls, context switches, off-CPU
-        seconds and worst stall, host peaks (load, CPU busy, MemAvailable, page allocation, swap) and the number of
-        causal chains by severity. Next: get_causal_chains for the why, get_stacks(op) for an op with a large tail.
+        the tail ratio p99/p50, the processes grouped by (comm, parent, role, rank) with CUDA calls, off-CPU
+        seconds and worst stall, every thread busy on CPU (CUDA or not) with where its time went, host peaks,
+        where the training thread's time went, and the causal chains by severity. Next: get_causal_chains for the
+        why, get_time_breakdown for a thread, get_stacks(op) for an op with a large tail.
         """
         with conn() as c:
             _check(c, pid=pid)
-            return trace_stats(c, pid=pid)
+            return compact_reply(trace_stats(c, pid=pid, detail=detail))
 
     @mcp.tool(title="Causal chains", annotations=READ_ONLY)
     def get_causal_chains(
@@ -141,12 +161,14 @@ def build_server(
         """Diagnoses of why CUDA calls were slow, worst first.
 
         Each chain has a category (cpu_contention, sync_stall, allocation_churn, process_churn, memory_pressure,
-        dataloader_starvation, launch_bound, gpu_bound), a severity from the share of the affected thread's
-        time it cost (HIGH >= 20%, MEDIUM >= 5%; gpu_bound is informational), that share and its ms, the culprit
-        (process, thread, comm, Python file:line where known; never the tracer), the time range (ns since
-        start), pids, the op involved with its p50/p99 µs, typed evidence (kind = category) and recommendations
-        written for this trace. Next: get_time_breakdown for the thread's whole picture; get_stacks(op) for the
-        chain's op; run_sql for the timeline around start_ns.
+        dataloader_starvation, launch_bound, gpu_bound, straggler_rank), a severity from the share of the affected
+        thread's time it cost (HIGH >= 20%, MEDIUM >= 5%; gpu_bound is informational), that share and its ms, the
+        culprit (process, thread, comm, Python file:line where known, a peer rank; never the tracer), the time
+        range (ns since start), pids, the op involved with its p50/p99 µs, typed evidence (kind = category) and
+        recommendations written for this trace; explained_by names the chain whose cause a chain's time is (a
+        rank waiting for a straggler rank). Next: get_time_breakdown for the thread's whole picture;
+        get_stacks(op) for the chain's op; get_ranks for a distributed job's ranks; run_sql for the timeline around
+        start_ns.
         """
         with conn() as c:
             _check(c, pid=pid, severity=severity)
@@ -176,8 +198,85 @@ def build_server(
             _check(c, pid=pid, tid=tid, bucket_s=bucket_s)
             return time_breakdown(c, pid=pid, tid=tid, bucket_s=bucket_s)
 
+    @mcp.tool(title="Ranks of a distributed job", annotations=READ_ONLY)
+    def get_ranks() -> RanksResult:
+        """Each rank of a distributed training job (torchrun, DeepSpeed, MPI, Slurm: read from the processes'
+        environment at exec) and the straggler the others wait for.
+
+        Per rank, over the window every rank was stepping: pid, training thread, steps (from its waits for the
+        GPU), its time by phase in ms and ms per step (cpu, launch, sync = waiting for the GPU, runq = waiting for
+        a CPU, collective = waiting in collectives (woken by the communication library's threads, e.g. gloo's
+        pt_gloo_runloop, or by another rank), asleep = woken by a timer, disk_io, data_workers, ...; legend in the
+        result), and its share of time waiting in collectives. The straggler is the rank that waits least while
+        the others wait for it: its slow phase, how much more per step, where in its step (between which two
+        CUDA calls' lines), how long each other rank waits for it, and whether it is persistent or confined to a
+        window. Empty with a note when the recording holds no ranks. Next: get_causal_chains (category
+        straggler_rank), get_time_breakdown(pid=the straggler's pid).
+        """
+        with conn() as c:
+            return ranks_report(c)
+
+    @mcp.tool(title="Step times of a thread", annotations=READ_ONLY)
+    def get_step_series(
+        pid: Annotated[
+            int | None, Field(description="This process's main CUDA thread; omit for the training thread.")
+        ] = None,
+        tid: Annotated[int | None, Field(description="This thread.")] = None,
+        detail: Annotated[bool, Field(description="Every step's ms too (at most 5000).")] = False,
+    ) -> Annotated[CallToolResult, StepSeries]:
+        """Which steps are slow, and is it periodic? The thread's steps, each ended by its waits for the GPU (the
+        loop's period: waits per step found from the repeating sequence of wait sites), the typical step and its
+        jitter, the slow steps, their period ("every 40th step: +54.1 ms, 10 steps") with what those steps spent
+        the extra time on (blocked and who woke it, waiting for a CPU, off CPU in calls, running), and the other
+        slow steps. A thread that never waits for the GPU gets a per-second series (basis = seconds). Cannot see
+        which code ran in a slow step. Next: get_waits for the thread's waits by waker; get_time_breakdown(tid) for
+        its parts; get_stacks(op) for the marker op.
+        """
+        with conn() as c:
+            _check(c, pid=pid, tid=tid)
+            return compact_reply(step_series(c, pid=pid, tid=tid, detail=detail))
+
+    @mcp.tool(title="Waits of a thread by waker", annotations=READ_ONLY)
+    def get_waits(
+        pid: Annotated[
+            int | None, Field(description="This process's main CUDA thread; omit for the training thread.")
+        ] = None,
+        tid: Annotated[int | None, Field(description="This thread (any thread, CUDA or not).")] = None,
+    ) -> Annotated[CallToolResult, Waits]:
+        """How long were the thread's waits, and who ended them? Per waker (a thread of the job, a DataLoader
+        worker, another process, or an interrupt named by kind: [timer] = a sleep or timeout expired, [block] = a
+        disk I/O completed, [net], [softirq], [irq]): exact wakeups and blocked ms, of which inside CUDA calls,
+        the typical and longest single wait and a histogram of wait lengths (from sched: every wait >= 1 ms, a
+        sample below). Cannot see what the thread waited on (the lock, the file), only who ended the wait. Next:
+        get_step_series for when the waits fall in the loop; get_time_breakdown for the thread's other parts.
+        """
+        with conn() as c:
+            _check(c, pid=pid, tid=tid)
+            return compact_reply(waits(c, pid=pid, tid=tid))
+
+    @mcp.tool(title="Processes or threads side by side", annotations=READ_ONLY)
+    def compare_processes(
+        pids: Annotated[
+            list[int] | None, Field(description="Processes to set side by side; omit for every CUDA process/rank.")
+        ] = None,
+        threads_of: Annotated[
+            int | None, Field(description="Instead: the threads of this process, busiest first.")
+        ] = None,
+    ) -> Annotated[CallToolResult, SideBySide]:
+        """How do these processes (or threads) compare? One column each (a process by the thread that does its
+        work: its main CUDA thread, else its busiest), with its role, top waker and CPU holder and step series
+        headline; one row per measure with a value per column: wall ms, CUDA calls, each part's share of its time
+        (cpu, launch, sync, ..., runq_*, blocked), faults, steps, steps/s, typical step, slow steps. At most 8
+        columns. Cannot see the GPU side of each process. Next: get_step_series(pid) or get_waits(pid) for the
+        column that stands out.
+        """
+        with conn() as c:
+            for p in [*(pids or []), *([threads_of] if threads_of is not None else [])]:
+                _check(c, pid=p)
+            return compact_reply(side_by_side(c, pids=pids or None, threads_of=threads_of))
+
     @mcp.tool(name="compare_traces", title="Compare two recordings", annotations=READ_ONLY)
-    def compare_recordings(
+    def compare_traces(
         before: Annotated[
             str | None,
             Field(
@@ -224,7 +323,7 @@ def build_server(
             names = {k: named[k].name if k in named else path.name for k in ("before", "after")}
             where = {k: named[k].resolve() if k in named else (None if connect else path.resolve()) for k in names}
             try:
-                return compare_traces(
+                return compare.compare_traces(
                     conns["before"],
                     conns["after"],
                     before_name=names["before"],
@@ -243,15 +342,15 @@ def build_server(
         limit: Annotated[int, Field(description="Most stacks to return (1-100).", ge=1, le=100)] = 10,
     ) -> StacksResult:
         """Code paths that called one CUDA op, ranked by calls, from the Python file:line through native code
-        to
-        the CUDA API.
+        to the CUDA API.
 
-        Per stack: calls, avg/min/max µs, total bytes, pids, and frames outermost first (kind python | native
-        |
+        Per stack: calls, avg/min/max µs, total bytes, pids, and frames outermost first (kind python | native |
         cuda, module, function, file, line). Calls without a captured stack are grouped as "(no stack
-        captured)".
-        Counts are of stored calls; op_calls_total is the exact count. Next: run_sql on cuda_calls WHERE
-        stack_id = N for when those calls happened.
+        captured)"; coverage says how many calls have a stack and why the others have none (duty_cycle: the
+        launch probes were off; row_budget: counted, not stored; stack_budget: stored, not walked, as launches
+        are walked 1 in 64; lost_walk). Counts are of stored calls; op_calls_total is the exact count. Cannot
+        see code outside CUDA calls. Next: run_sql on cuda_calls WHERE stack_id = N for when those calls
+        happened.
         """
         with conn() as c:
             _check(c, pid=pid)
@@ -263,24 +362,34 @@ def build_server(
                     f"unknown op {_echo(op)}; traced ops: {known}. Call get_stacks with one of those names."
                 ) from None
 
+    # run_sql's own threads: its calls block while they wait for a query worker, and on anyio's shared
+    # 40-thread pool 45 of them made every other tool wait behind them (issue 17)
+    sql_threads = anyio.CapacityLimiter(SQL_THREADS)
+
     @mcp.tool(title="Read-only SQL", annotations=READ_ONLY, description=RUN_SQL_DESCRIPTION)
-    def run_sql(
+    async def run_sql(
         query: Annotated[str, Field(description="One SELECT / WITH / DESCRIBE / SHOW / SUMMARIZE / EXPLAIN.")],
         limit: Annotated[
             int, Field(description="Row cap (1-10000); truncated says if more existed.", ge=1, le=10000)
         ] = 1000,
+        ctx: Context | None = None,
     ) -> Annotated[CallToolResult, SqlResult]:
         """One read-only statement; the tool description (:data:`RUN_SQL_DESCRIPTION`) states the limits."""
-        failed: TracerError | None = None
-        try:
+        client = sql_client(ctx)
+
+        def run() -> SqlResult:
             if connect is not None:  # the recorder's live DB: only its own DuckDB instance can read it
                 with conn() as c:
-                    res = execute(c, query, limit, SQL_TIMEOUT_S, reply_bytes=SQL_ROWS_BYTES)
-            else:
-                if freshen is not None:
-                    freshen()
-                pool = sql_pool or default_pool()
-                res = pool.run(path, query, limit, SQL_TIMEOUT_S, reply_bytes=SQL_ROWS_BYTES)
+                    return execute(c, query, limit, SQL_TIMEOUT_S, reply_bytes=SQL_ROWS_BYTES)
+            if freshen is not None:
+                freshen()
+            pool = sql_pool or default_pool()
+            return pool.run(path, query, limit, SQL_TIMEOUT_S, reply_bytes=SQL_ROWS_BYTES, client=client)
+
+        failed: TracerError | None = None
+        try:
+            # abandoned when cancelled (the server stopping): the pool, closed next, ends the thread
+            res = await anyio.to_thread.run_sync(run, limiter=sql_threads, abandon_on_cancel=True)
         except TracerError as e:
             failed = e
         if failed is not None:
@@ -295,15 +404,29 @@ def build_server(
     @mcp.prompt(name="investigate", title="Investigate this training run")
     def investigate(question: str = "How did my last training go, and how do I make it faster?") -> str:
         """Walk through the trace in the recommended order and answer the engineer's question."""
-        return (
-            f"{question}\n\nUse the cuda-host-tracer tools in this order: get_trace_stats, get_causal_chains, "
-            "get_time_breakdown, get_stacks for the op each chain names, then run_sql for timelines (read "
-            "trace://schema first); compare_traces when there is a recording from before a change. "
-            "Answer with the measured numbers (p50/p99, off-CPU ms, who preempted, Python file:line) and the "
-            "recommended fixes, most effective first."
-        )
+        return f"{question}\n\n{INVESTIGATE_STEPS}"
 
     return mcp
+
+
+INVESTIGATE_STEPS = """\
+Use the cuda-host-tracer tools in this order, and before concluding, say what each could not see:
+1. get_trace_stats: the overview (ops, processes, busy threads, chains by severity).
+2. get_time_breakdown: where the training thread's time went, part by part (on CPU, launching, waiting for the
+   GPU, waiting for a CPU and who held it, blocked and who woke it). It cannot see the GPU's own work nor which
+   code ran on the CPU.
+3. get_causal_chains: the causes, ranked by the share of that time each cost, with culprits and fixes. It names
+   only causes it has a detector for: a large part of the breakdown that no chain explains is still to explain.
+   A distributed job: get_ranks for the straggler rank.
+4. get_step_series: the step times, the slow steps and their period ("every 40th step: +54 ms") and what the
+   slow steps spent their extra time on; get_waits for the waits by waker and length; compare_processes for
+   processes or threads side by side. They cannot see steps of a loop that never waits for the GPU (a per-second
+   series instead) nor which code ran in a slow step.
+5. get_stacks for the op each chain names: the Python file:line behind it; coverage says why calls have no
+   stack. It cannot see code outside CUDA calls.
+Then run_sql for anything else (read trace://schema first); compare_traces when there is a recording from
+before a change. Answer with the measured numbers (step ms, shares, p50/p99, who woke or preempted the thread,
+Python file:line) and the recommended fixes, most effective first."""
 
 
 RUN_SQL_DESCRIPTION = f"""\
@@ -320,19 +443,63 @@ past which truncated is true and note says so (page with LIMIT/OFFSET, or aggreg
 {LIMITS.value_chars:,} characters. A stopped query never affects the next call."""
 
 
+def sql_client(ctx: Context | None) -> str | None:
+    """Who calls run_sql, for the query workers' fair queue (:mod:`tracer.analysis.sqlqueue`).
+
+    The MCP session when there is one (its ``mcp-session-id``). The 2026 protocol has no sessions, and a client
+    sends concurrent calls over separate connections, so a sessionless call is grouped by the peer's address and
+    the client software it declares (``clientInfo``): twenty calls of one assistant share one share, another
+    assistant gets its own. Both are what the client says, not proof of who it is: a client that invents a new
+    identity per call gets no more than a queue position each.
+    """
+    if ctx is None:
+        return None
+    try:
+        rc = ctx.request_context
+    except Exception:  # no request in progress: not a tool call the queue can tell apart
+        return None
+    request = rc.request
+    headers = getattr(request, "headers", None)
+    sid = headers.get("mcp-session-id") if headers is not None else None
+    if sid:
+        return f"session:{sid}"
+    peer = getattr(request, "client", None)
+    info = getattr(getattr(rc.session, "client_params", None), "client_info", None)
+    if info is not None:
+        return f"client:{peer.host if peer is not None else 'local'}:{info.name}/{info.version}"
+    if peer is not None:
+        return f"connection:{peer.host}:{peer.port}"
+    return f"session-object:{id(rc.session)}"
+
+
+def compact_reply(record: BaseModel) -> CallToolResult:
+    """Return ``record`` as structured content plus the same JSON as compact text: the SDK's default text is
+    indented, which made an answer a model reads in full a third longer."""
+    data = record.model_dump(mode="json")
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+
+
 def sql_reply(res: SqlResult) -> CallToolResult:
     """Return the run_sql tool result for ``res``: structured content plus the same JSON, compact, as text.
 
     Rows are dropped from the end (``truncated``, ``note``) until the whole result fits in
-    :data:`SQL_REPLY_BYTES`: text escaping can make the text copy larger than the rows' own JSON.
+    :data:`SQL_REPLY_BYTES`: text escaping can make the text copy larger than the rows' own JSON. A result that
+    does not fit without any row (its column names alone) is an error, never an oversized message.
     """
     while True:
         data = res.model_dump(mode="json")
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
         out = CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
         size = len(out.model_dump_json(by_alias=True).encode())
-        if res.row_count == 0 or size <= SQL_REPLY_BYTES:
+        if size <= SQL_REPLY_BYTES:
             return out
+        if res.row_count == 0:
+            raise ToolError(
+                f"the result's column names and types alone take {size:,} bytes, over the "
+                f"{SQL_REPLY_BYTES >> 10} KiB message limit. Select fewer columns, or give them short names "
+                "(expr AS a)."
+            )
         keep = min(res.row_count - 1, res.row_count * SQL_REPLY_BYTES // size)
         res = res.model_copy(
             update={
@@ -361,7 +528,9 @@ def _recordings(directory: Path) -> str:
     """Return the recordings compare_traces can read in ``directory``, comma-separated (at most LIST_RECORDINGS)."""
     try:
         names = sorted(
-            p.name for p in directory.iterdir() if p.name.endswith(RECORDING_SUFFIX) and not p.name.startswith(".")
+            p.name
+            for p in directory.iterdir()
+            if p.name.endswith(RECORDING_SUFFIX) and not p.name.startswith(".") and _inside(directory, p) is not None
         )
     except OSError:
         names = []
@@ -387,7 +556,24 @@ def _sibling(directory: Path, name: str) -> Path:
     p = directory / name
     if not p.exists():
         raise ToolError(f"no recording {_echo(name)} here; recordings here: {_recordings(directory)}")
-    return p
+    real = _inside(directory, p)
+    if real is None:
+        raise ToolError(
+            f"{_echo(name)} is a link that leads out of the served recording's directory (or to a file not named "
+            f"{RECORDING_SUFFIX}): nothing outside it is read; recordings here: {_recordings(directory)}"
+        )
+    return real  # the checked target, not the link: a link swapped after this check is not followed
+
+
+def _inside(directory: Path, p: Path) -> Path | None:
+    """Return ``p`` with every symlink resolved when that stays within ``directory`` and names a
+    ``*.duckdb`` file, else None (issue 17: a link in the directory led to any file on the host)."""
+    try:
+        real = p.resolve(strict=True)
+        root = directory.resolve(strict=True)
+    except (OSError, RuntimeError):  # a dangling link, a loop
+        return None
+    return real if real.is_relative_to(root) and real.name.endswith(RECORDING_SUFFIX) else None
 
 
 def _check(c: duckdb.DuckDBPyConnection, **args: object) -> None:

@@ -9,7 +9,7 @@
  * Off-CPU time inside a call stays in the call's part and is also noted in TB_CALL_OFF / TB_CALL_RUNQ.
  * A segment that spans second boundaries is split between the seconds (up to SPLIT_MAX pieces; the rest goes to
  * the last one), so per-second rows are exact too. User space drains finished seconds and, at the end, closes the
- * segments still open (tracer/rows.py), reading tstate and inflight.
+ * segments still open (tracer/recorder/columns.py), reading tstate and inflight.
  *
  * Include after maps.h.
  */
@@ -30,6 +30,7 @@ struct tstate {
     u64 mark;        /* start of the segment not yet accounted */
     u64 ts_runnable; /* off CPU: when it became runnable (a preemption: the switch-out); 0 while blocked */
     u64 reclaim_ts;  /* in direct reclaim since, 0 otherwise */
+    u64 off_stack;   /* blocked: the stack it blocked in (offcpu.bpf.c), 0 if not captured */
     u32 tgid;
     u32 waker_tid;   /* who woke it (sched_waking), while off CPU */
     u32 waker_tgid;

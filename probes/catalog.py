@@ -77,7 +77,7 @@ class ProbeSpec:
     @property
     def duty_cycled(self) -> bool:
         """True for the hot path: kernel launches (10-50 K/s in real training), which the overhead budget may probe
-        only part of the time and count by scaling (tracer/budget.py). Graph launches come once a step, like
+        only part of the time and count by scaling (tracer/recorder/budget.py). Graph launches come once a step, like
         syncs, and are always exact."""
         return self.op_class == OpClass.LAUNCH and self.func_arg != NO_ARG
 
@@ -265,6 +265,23 @@ CALL_PARTS: tuple[OpClass, ...] = (
     OpClass.COPY,
     OpClass.OTHER,
 )
+
+
+# Default slow thresholds (ns) per op class: calls this slow are always stored, with a stack. A launch that takes
+# 200 us is already 20-50x its normal cost; a sync, copy or allocation past 1 ms is a visible stall. Here, not in
+# the recorder, because the analyses say from them why a stored call has no stack (tracer.analysis.stacks).
+SLOW_NS: dict[OpClass, int] = {
+    OpClass.LAUNCH: 200_000,
+    OpClass.SYNC: 1_000_000,
+    OpClass.ALLOC: 1_000_000,
+    OpClass.FREE: 1_000_000,
+    OpClass.COPY: 1_000_000,
+    OpClass.OTHER: 1_000_000,
+}
+# A stack for 1 stored call in N (the first N of an op on each CPU, then 1 in N): launches are the hot path (a
+# Python walk costs ~0.5-1.5 us), the rest are rare and diagnostic. Stacks are deduplicated in kernel, so this
+# bounds the walk cost, not the data.
+STACK_EVERY: dict[OpClass, int] = {OpClass.LAUNCH: 64}
 
 # Library file names as found in real installs (peers.md table 3): plain, versioned, auditwheel-mangled
 # (libcudart-9335f6a2.so.12) and CUDA 13 (.so.13).

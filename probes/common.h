@@ -3,10 +3,10 @@
  * Naming: as in the kernel, "pid" in BPF helpers is the thread id and "tgid" the process id. In these structs
  * `pid` is the process (tgid) and `tid` the thread, as user space and the DB name them.
  *
- * tracer/events.py mirrors these layouts as numpy dtypes (and ctypes for map values); tests/test_events.py checks
+ * tracer/recorder/events.py mirrors these layouts as numpy dtypes (and ctypes for map values); tests/test_events.py checks
  * them against the layout bcc derives from this file, so change both together. Only uapi headers are included:
  * the installed kernel headers are not the running kernel's (setup.sh), so kernel struct members are reached
- * through offsets read from BTF (tracer/btf.py, passed as -D flags), never through the headers' definitions.
+ * through offsets read from BTF (tracer/recorder/btf.py, passed as -D flags), never through the headers' definitions.
  */
 #ifndef CHT_COMMON_H
 #define CHT_COMMON_H
@@ -35,6 +35,7 @@ static long (*read_user_str)(void *dst, u32 size, const void *src) = (void *)BPF
 #define CFG_SCHED_KEEP_NS 1 /* off-CPU intervals at least this long are always sent */
 #define CFG_SCHED_EVERY 2   /* send 1 in N of the other intervals that overlap no call (0/1: all) */
 #define CFG_LIBGATE 3       /* 1: stop a target that opens a CUDA library the tracer has not attached to */
+#define CFG_OFFCPU_STACKS 4 /* 1: capture the stack of a target thread that blocks (offcpu.bpf.c) */
 #define CFG_COUNT 8
 
 /* Index of the `lost` array: ring-buffer drops, counted in kernel (bcc has no lost callback for ring buffers). */
@@ -150,6 +151,48 @@ struct sched_event {
     char waker_comm[COMM_LEN];
 };
 
+/* How capture_stack (cuda.bpf.c) identifies a stack, i.e. what its hash covers. */
+#define STACK_AT_CALL 0 /* a CUDA call: its Python frames, else its frame-pointer walk */
+#define STACK_OFF_CPU 1 /* a blocked thread: also the user ip and sp it blocked at, which tell a GIL take, a lock
+                         * wait and a write() on one Python line apart (each is a different native path) */
+#define STACK_SAMPLE 2  /* an on-CPU sample: the Python frames alone (the native part changes every sample and is
+                         * not captured), else the frame-pointer walk */
+
+/* Blocked time per (thread, second, stack, sleep state, waker): the offcpu_stacks table (offcpu.bpf.c). 24 bytes. */
+struct offcpu_key {
+    u64 stack_ref;  /* the stack it blocked in (stack_event hash); 0: not captured */
+    u32 tid;
+    u32 sec;        /* second of the wakeup */
+    u32 waker_pid;  /* tgid of the waking task; 0: an interrupt handler (waker_irq) or no wakeup seen */
+    u8 state;       /* SCHED_SLEEP (S) | SCHED_IO (D, uninterruptible) */
+    u8 in_call;     /* 1: blocked inside a CUDA call */
+    u8 waker_irq;   /* IRQ_* of sched.bpf.c when an interrupt handler woke it */
+    u8 _pad;
+};
+struct offcpu_val {
+    u32 pid;
+    u32 waker_tid;  /* the last waking thread seen for this key */
+    u64 count;      /* blocked intervals */
+    u64 blocked_ns; /* switch-out to wakeup (the run-queue wait after it is the holders', thread_breakdown) */
+    char waker_comm[COMM_LEN];
+};
+
+/* On-CPU samples per (thread, second, stack): the cpu_samples table (profile.bpf.c). 24 bytes. */
+struct sample_key {
+    u64 stack_ref;  /* STACK_SAMPLE hash; 0: not captured */
+    u32 tid;
+    u32 sec;
+    u8 in_call;     /* 1: inside a CUDA call */
+    u8 kernel;      /* 1: the sample interrupted kernel code (a syscall, a page fault) */
+    u16 _pad;
+    u32 _pad2;
+};
+struct sample_val {
+    u32 pid;
+    u32 _pad;
+    u64 count;
+};
+
 /* proc_event.kind */
 #define PROC_FORK 0
 #define PROC_EXEC 1
@@ -252,7 +295,7 @@ struct hist_key {
 };
 
 /* Exact per-(pid, op) totals next to the histogram. first/last: the span of calls, which bounds the process's
- * active time when launch probes are duty-cycled (tracer/budget.py). */
+ * active time when launch probes are duty-cycled (tracer/recorder/budget.py). */
 struct op_total {
     u64 calls;
     u64 total_ns;
@@ -287,6 +330,7 @@ struct op_key {
 #define TB_PREEMPTIONS 19
 #define TB_MAX_OFF 20 /* longest off-CPU interval ending in this second (a max, not a sum) */
 #define TB_CALLS 21   /* outermost CUDA calls that returned in this second */
+#define TB_PAGE_CACHE 22 /* of TB_PAGE_ALLOC, bytes added to the page cache (a write()'s or a read's pages, not faults) */
 #define TB_NFIELDS 32 /* a power of two: field indices are masked for the verifier */
 
 struct tb_key {

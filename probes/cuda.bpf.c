@@ -1,6 +1,6 @@
 /* CUDA API calls: one entry and one return program for every probed function of libcudart / libcuda.
  *
- * User space attaches both with uprobe_multi links (tracer/links.py): one link per library and direction, with
+ * User space attaches both with uprobe_multi links (tracer/recorder/links.py): one link per library and direction, with
  * each function's op id as the link cookie, so there is one program to verify and one link to detach per
  * library, and the duty-cycled launch functions have links of their own that can be closed and reopened in
  * milliseconds. Per-op settings (which argument carries bytes, kind, stream, the function; sampling; the slow
@@ -19,7 +19,7 @@
 #include "accounting.h"
 #include "native_stack.h"
 /* The return probe's later stages, as tail calls, so the verifier sees each from a clean state (the Python walk
- * behind the return probe's sampling branches exceeds its complexity limit). Filled by tracer/program.py. */
+ * behind the return probe's sampling branches exceeds its complexity limit). Filled by tracer/recorder/program.py. */
 #define STAGE_STACK 0 /* call_with_stack */
 #define STAGE_CODES 1 /* py_read_codes (pycode.h) */
 BPF_PROG_ARRAY(stage_prog, 2);
@@ -59,7 +59,7 @@ BPF_HASH(op_totals, struct op_key, struct op_total, 16384);
 BPF_PERCPU_ARRAY(sample_cnt, u32, OP_COUNT);
 BPF_PERCPU_ARRAY(stack_cnt, u32, OP_COUNT);
 /* index: probe op id; value: per-CPU entry-probe hits by target threads (nested ones too): hits/s x the trap
- * cost is the overhead estimate that drives duty-cycling (tracer/budget.py). */
+ * cost is the overhead estimate that drives duty-cycling (tracer/recorder/budget.py). */
 BPF_PERCPU_ARRAY(op_hits, u64, OP_COUNT);
 /* one slot per CPU: stack_event is ~1 KiB, too big for the 512-byte BPF stack. */
 BPF_PERCPU_ARRAY(stack_scratch, struct stack_event, 1);
@@ -198,9 +198,11 @@ static __always_inline void count_call(u32 tgid, u16 op, u64 dur, u64 bytes, u64
     t->last_ns = now;
 }
 
-/* Hash the calling stack; send it (with a copy of the user stack) the first time this process shows it, and
- * queue its new code objects (*new_codes: how many). Return the hash, or 0 when the stack could not be sent. */
-static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid, u32 *new_codes)
+/* Hash the current thread's stack; send it (with a copy of the user stack) the first time this process shows it,
+ * and queue its new code objects (*new_codes: how many). Return the hash, or 0 when the stack could not be sent.
+ * `mode` (STACK_*, common.h) says what identifies the stack; `ur` holds the user registers to unwind from. */
+static __always_inline u64 capture_stack(void *ctx, struct user_regs *ur, u32 tgid, u32 tid, u32 mode,
+                                         u32 *new_codes)
 {
     u32 zero = 0;
     struct stack_event *se = stack_scratch.lookup(&zero);
@@ -208,17 +210,26 @@ static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid,
         return 0;
     se->pid = tgid;
     se->tid = tid;
-    se->native_id = native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    se->native_id = -1;
     se->n_py = 0;
     se->py_status = PYS_NO_CONFIG;
     u64 h = (0xcbf29ce484222325ULL ^ tgid) * 0x100000001b3ULL;
 #ifdef WITH_PYFRAMES
     walk_python(se, tgid, &h);
 #endif
+    /* A sample's native part differs at every sample: a Python stack is its Python frames alone, unwalked */
+    int native = mode != STACK_SAMPLE || !se->n_py;
+    if (native)
+        se->native_id = native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
     /* A Python stack is identified by its Python frames: the frame-pointer walk past an FP-less library (libffi,
      * libpython) ends in stack garbage that differs call to call. Without Python frames the native walk is it. */
     if (!se->n_py)
         h = (h ^ (u64)(s64)se->native_id) * 0x100000001b3ULL;
+    if (mode == STACK_OFF_CPU) {
+        h = (h ^ ur->ip) * 0x100000001b3ULL;
+        h = (h ^ ur->sp) * 0x100000001b3ULL;
+    }
+    h = (h ^ mode) * 0x100000001b3ULL; /* a call's and a sample's stack on one line are different records */
     h |= 1; /* never 0, which means "no stack" */
     se->stack_ref = h;
     if (seen_stacks.lookup(&h))
@@ -235,9 +246,11 @@ static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid,
 #ifdef WITH_PYFRAMES
     *new_codes = queue_new_codes(se, tgid);
 #endif
+    if (!native)
+        return h;
     struct ustack_event *u = ustack_rb.ringbuf_reserve(sizeof(struct ustack_event));
     if (u) {
-        copy_user_stack(ctx, u);
+        copy_user_stack(ur, u);
         u->stack_ref = h;
         u->pid = tgid;
         u->tid = tid;
@@ -338,7 +351,9 @@ int call_with_stack(struct pt_regs *ctx)
     if (!ev)
         return 0;
     u32 new_codes = 0;
-    ev->stack_ref = capture_stack(ctx, ev->pid, ev->tid, &new_codes);
+    struct user_regs ur;
+    user_regs_of_ctx(ctx, &ur);
+    ev->stack_ref = capture_stack(ctx, &ur, ev->pid, ev->tid, STACK_AT_CALL, &new_codes);
     if (calls.ringbuf_output(ev, sizeof(*ev), calls_wakeup()))
         count_lost(LOST_CALLS);
     if (new_codes)

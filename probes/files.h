@@ -1,8 +1,8 @@
 /* Which file an fd, or a process's executable, is: (device, inode) and the dentry names up to its filesystem's
  * root, read in BPF so that user space can name and open the file after the process has exited.
  *
- * Every struct member is reached through an offset from the running kernel's BTF (tracer/btf.py FILE_OFFSETS,
- * passed as -D flags by tracer/program.py): the installed headers belong to another kernel.
+ * Every struct member is reached through an offset from the running kernel's BTF (tracer/recorder/btf.py FILE_OFFSETS,
+ * passed as -D flags by tracer/recorder/program.py): the installed headers belong to another kernel.
  */
 #ifndef CHT_FILES_H
 #define CHT_FILES_H
@@ -10,7 +10,7 @@
 #include "common.h"
 
 #if !defined(OFF_TASK_FILES) || !defined(OFF_DENTRY_PARENT)
-#error "files.h needs the -DOFF_* flags of tracer.program.cflags()"
+#error "files.h needs the -DOFF_* flags of tracer.recorder.program.cflags()"
 #endif
 
 static __always_inline u64 kread_ptr(u64 addr)

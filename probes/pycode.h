@@ -4,7 +4,7 @@
  * sent as a code_event. So a frame resolves even after its code object, or its whole process, is gone (a script's
  * <module> code is freed the moment its body returns; a DataLoader worker exits at the end of its epoch), and no
  * process is ever stopped to read it. User space decodes the executing line from the table and the instruction
- * index the walk recorded (tracer/pyruntime.py).
+ * index the walk recorded (tracer/recorder/pyruntime.py).
  *
  * Include after pyframes.h and maps.h. queue_new_codes() runs in the stack capture; py_read_codes is a separate
  * program, tail-called after it (cuda.bpf.c STAGE_CODES), so the capture's verifier work stays small.
@@ -125,10 +125,8 @@ static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
     codes_rb.ringbuf_submit(e, 0);
 }
 
-/* Tail-called (stage STAGE_CODES of cuda.bpf.c) after a stack in which queue_new_codes found new code objects:
- * reads CODE_READS_PER_CALL of them, then tail-calls itself for the rest (a chain of at most 8 for a 64-frame
- * stack; the kernel allows 33), so the verifier sees a short loop. */
-int py_read_codes(struct pt_regs *ctx)
+/* Read CODE_READS_PER_CALL of the queued code objects; return 1 when more are left for another run. */
+static __always_inline int read_queued_codes(void)
 {
     u32 zero = 0;
     struct code_pending *p = code_pending.lookup(&zero);
@@ -150,8 +148,19 @@ int py_read_codes(struct pt_regs *ctx)
         p->done = k + 1;
     }
     if (p->done < p->n)
-        stage_prog.call(ctx, STAGE_CODES);
+        return 1;
     p->n = 0;
+    return 0;
+}
+
+/* Tail-called (stage STAGE_CODES of cuda.bpf.c) after a stack in which queue_new_codes found new code objects:
+ * reads CODE_READS_PER_CALL of them, then tail-calls itself for the rest (a chain of at most 8 for a 64-frame
+ * stack; the kernel allows 33), so the verifier sees a short loop. A tail call only reaches a program of its own
+ * type: offcpu.bpf.c and profile.bpf.c have copies of this for tracepoints and perf events. */
+int py_read_codes(struct pt_regs *ctx)
+{
+    if (read_queued_codes())
+        stage_prog.call(ctx, STAGE_CODES);
     return 0;
 }
 

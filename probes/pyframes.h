@@ -1,8 +1,8 @@
 /* Python call stacks walked in BPF: the current thread's CPython frames as (code object, instruction index).
  *
  * Include after common.h. Needs -DFSBASE_OFF=<offsetof(task_struct, thread.fsbase)> from the running kernel's
- * BTF (tracer/pyruntime.py cflags(); the installed headers are not the running kernel's, so never use
- * task->thread.fsbase directly). User space (tracer/pyruntime.py PyRuntimeManager) writes one `pycfg` entry
+ * BTF (tracer/recorder/pyruntime.py cflags(); the installed headers are not the running kernel's, so never use
+ * task->thread.fsbase directly). User space (tracer/recorder/pyruntime.py PyRuntimeManager) writes one `pycfg` entry
  * per traced process; the host probe calls pycfg_on_fork/exit/exec to keep them in step with the process tree.
  *
  * The walk, per hit:
@@ -17,14 +17,14 @@
  * Names, files and lines are decoded in user space from the code object, which pycode.h reads in BPF the first
  * time a process shows it.
  *
- * Paste this file into the program text (tracer/program.py inlines includes): bcc rewrites map methods such as
+ * Paste this file into the program text (tracer/recorder/program.py inlines includes): bcc rewrites map methods such as
  * pycfg.lookup() only in the main text, and an #included copy fails to load with "unknown opcode 8d".
  */
 #ifndef CHT_PYFRAMES_H
 #define CHT_PYFRAMES_H
 
 #ifndef FSBASE_OFF
-#error "pyframes.h needs -DFSBASE_OFF (tracer.pyruntime.cflags())"
+#error "pyframes.h needs -DFSBASE_OFF (tracer.recorder.pyruntime.cflags())"
 #endif
 #if MAX_PY_FRAMES & (MAX_PY_FRAMES - 1)
 #error "MAX_PY_FRAMES must be a power of two (slot index masking for the verifier)"
@@ -40,7 +40,7 @@
 
 #define PY_FRAME_READ 128    /* bytes of frame struct fetched per frame; cfg->frame_read <= this */
 
-/* Per-interpreter layout, written by tracer/pyruntime.py (ctypes mirror: PyCfg). 56 bytes. */
+/* Per-interpreter layout, written by tracer/recorder/pyruntime.py (ctypes mirror: PyCfg). 56 bytes. */
 struct py_cfg {
     u64 tss_key_addr;    /* address of the Py_tss_t {int _is_initialized; int _key} holding the GILState key */
     u64 runtime_addr;    /* &_PyRuntime, for diagnostics and a future thread-list fallback */

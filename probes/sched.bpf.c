@@ -10,6 +10,8 @@
  *   the worker that delivered a batch). A wakeup from an interrupt handler (a timer expiring: a sleep, a timeout,
  *   the GIL's 5 ms wait; a softirq; a device) runs on whatever task the interrupt found, which woke no one: it is
  *   credited to pid 0, named for the kind of handler: "[timer]", "[net]", "[block]", "[softirq]", "[irq]".
+ * A target thread that blocks has its stack captured (offcpu.bpf.c, a tail call at the end of sched_switch) and
+ * its blocked time counted per stack when it runs again (offcpu_count).
  * Intervals go out as sched_events within a budget (every one >= CFG_SCHED_KEEP_NS or inside a call, 1 in
  * CFG_SCHED_EVERY of the rest); the per-second totals (tbreak, wake_aggs, preempt_aggs) are exact.
  */
@@ -114,11 +116,17 @@ static __always_inline u32 holder_part(u32 holder_tgid, u32 tgid)
     return TB_RUNQ_OTHER;
 }
 
-static __always_inline void switch_out(u32 tid, u32 tgid, long prev_state, u64 now)
+/* A target thread leaves the CPU; return 1 when it blocked (sleeping or uninterruptible), 0 when preempted. */
+static __always_inline int switch_out(u32 tid, u32 tgid, long prev_state, u64 now)
 {
+    /* The exiting thread's last switch (prev_state reports its exit_state: EXIT_DEAD 0x10, EXIT_ZOMBIE 0x20):
+     * sched_process_exit has closed its span and dropped its state, which must not be made anew here (it was:
+     * a dead thread then counted as blocked until the end of the recording). */
+    if (prev_state & 0x30)
+        return 0;
     struct tstate *st = tstate_of(tid, tgid, now);
     if (!st)
-        return;
+        return 0;
     if (!st->in_call)
         tb_span(tid, tgid, TB_CPU, st->mark, now);
     st->off_cpu = 1;
@@ -127,6 +135,7 @@ static __always_inline void switch_out(u32 tid, u32 tgid, long prev_state, u64 n
     st->waker_tgid = 0;
     st->waker_comm[0] = 0; /* no wakeup seen yet */
     st->waker_irq = 0;
+    st->off_stack = 0; /* offcpu.bpf.c captures it after this, when wanted */
     if ((prev_state & 0xff) == 0) { /* TASK_RUNNING (or TASK_REPORT_MAX for a preemption): still runnable */
         st->reason = SCHED_PREEMPTED;
         st->ts_runnable = now;
@@ -137,6 +146,7 @@ static __always_inline void switch_out(u32 tid, u32 tgid, long prev_state, u64 n
     tb_add(tid, tgid, now, TB_SWITCHES, 1);
     if (st->reason == SCHED_PREEMPTED)
         tb_add(tid, tgid, now, TB_PREEMPTIONS, 1);
+    return st->reason != SCHED_PREEMPTED;
 }
 
 TRACEPOINT_PROBE(sched, sched_switch)
@@ -149,14 +159,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
         ic->depth = 0; /* task context: no interrupt handler is running on this CPU */
     u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
     u32 prev_tid = args->prev_pid;
-    if (prev_tid && is_target(prev_tgid))
-        switch_out(prev_tid, prev_tgid, args->prev_state, now);
 
-    /* a target thread getting the CPU back */
+    /* a target thread getting the CPU back (first: the thread leaving may end in a tail call, which never
+     * returns) */
     u32 next_tid = args->next_pid;
     struct tstate *o = tstate.lookup(&next_tid);
     if (!o || !o->off_cpu)
-        return 0;
+        goto out_prev;
     u32 tgid = o->tgid;
     u64 out = o->mark;
     u64 dur = now - out;
@@ -195,6 +204,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
         } else {
             count_lost(LOST_AGGS);
         }
+        offcpu_count(o, next_tid, sec, in_call, runnable - out);
     }
     if (runq) {
         /* charge the wait to the task that had this CPU until now */
@@ -254,6 +264,12 @@ TRACEPOINT_PROBE(sched, sched_switch)
     }
     o->off_cpu = 0;
     o->mark = now;
+
+out_prev:
+    /* the target thread leaving the CPU: account it, and capture where it blocks (offcpu.bpf.c) */
+    if (prev_tid && is_target(prev_tgid) && switch_out(prev_tid, prev_tgid, args->prev_state, now) &&
+        cfg_get(CFG_OFFCPU_STACKS))
+        offcpu_stage.call(args, OFFCPU_STAGE_CAPTURE); /* no return */
     return 0;
 }
 

@@ -1,11 +1,14 @@
-"""The hostile-query corpus of issue 11: what an MCP client may send to ``tracer mcp serve --http``, and what
-each attack must get back. Shared by ``tests/test_mcp_hostile.py`` (which asserts it) and
+"""The hostile-query corpus of issues 11 and 17: what an MCP client may send to ``tracer mcp serve --http``, and
+what each attack must get back. Shared by ``tests/test_mcp_hostile.py`` (which asserts it) and
 ``bench/sql_limits.py`` (which records outcome, time and memory per attack).
 
 Every tool-call attack (:data:`ATTACKS`) names its class, the tool and arguments, and the expected answer: a
-tool error containing ``needle``, or a result that ``check`` accepts. After each one the server must still
-answer a plain ``run_sql("select 1")`` and ``get_trace_stats`` (:func:`liveness`). HTTP-level attacks (Host,
-Origin, token, body size, /healthz) are in the test module, as they do not go through the SDK client.
+tool error containing ``needle`` (and not ``absent``), or a result that ``check`` accepts. Arguments may name
+the served DB and its directory by the placeholders :data:`DB` and :data:`DIR` (:func:`arguments` fills them
+in): the issue-17 writes aimed at the recording itself. After each one the server must still answer a plain
+``run_sql("select 1")`` and ``get_trace_stats`` (:func:`liveness`), and the DB's bytes and its directory must
+be unchanged. HTTP-level attacks (Host, Origin, token, body size, /healthz) are in the test module, as they do
+not go through the SDK client.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Attack:
     needle: str | tuple[str, ...] | None = None  # expected: a tool error whose text contains this (or one of)
     check: Callable[[dict[str, Any]], bool] | None = field(default=None, compare=False)  # expected: a result
     memory: bool = False  # sample the server's RSS during it
+    absent: str | None = None  # the error must not say this (advice run_sql cannot follow)
 
 
 def rows_are(*want: Any) -> Callable[[dict[str, Any]], bool]:
@@ -51,6 +55,9 @@ def sql(name: str, cls: str, query: str, *, needle: str | None = None, check: An
 BIG = "x" * 1_000_000
 REFUSED = "not allowed"
 NO_FILES = "file system operations are disabled"
+SERVER_ONLY = "shows the server's configuration and paths"  # a function or view that reveals the host
+DB = "@@DB@@"  # the served DB's absolute path, filled in by arguments()
+DIR = "@@DIR@@"  # its directory
 T = f"after {DEFAULT_TIMEOUT_S} s"
 # A query that allocates as it computes is stopped by whichever limit it reaches first: memory on a fast
 # machine, the wall clock on a loaded one. Either way it is stopped, and the memory stays bounded.
@@ -186,7 +193,7 @@ ATTACKS: tuple[Attack, ...] = (
         "query() with a write",
         "statement",
         "SELECT * FROM query('INSERT INTO meta VALUES (1, 2)')",
-        needle="single SELECT",
+        needle="query() is not allowed",
     ),
     # file and network access from SQL
     sql("read_csv /etc/passwd", "file_network", "SELECT * FROM read_csv('/etc/passwd')", needle=NO_FILES),
@@ -197,8 +204,8 @@ ATTACKS: tuple[Attack, ...] = (
     sql("replacement scan of a path", "file_network", "FROM '/etc/passwd'", needle="does not exist"),
     sql("https URL", "file_network", "SELECT * FROM 'https://example.com/x.csv'", needle=NO_FILES),
     sql("s3 parquet", "file_network", "SELECT * FROM read_parquet('s3://bucket/x.parquet')", needle=NO_FILES),
-    sql("getenv", "file_network", "SELECT getenv('TRACER_MCP_TOKEN')", needle="does not exist"),
-    sql("stored secrets", "file_network", "SELECT * FROM duckdb_secrets()", needle=NO_FILES),
+    sql("getenv", "file_network", "SELECT getenv('TRACER_MCP_TOKEN')", needle="getenv is not allowed"),
+    sql("stored secrets", "file_network", "SELECT * FROM duckdb_secrets()", needle=SERVER_ONLY),
     # writes
     sql("INSERT", "write", "INSERT INTO meta VALUES ('a', 'b')", needle=REFUSED),
     sql("UPDATE", "write", "UPDATE session SET status = 'x'", needle=REFUSED),
@@ -209,7 +216,13 @@ ATTACKS: tuple[Attack, ...] = (
     # arguments: huge or malformed, never echoed back in full
     sql("1 MB query", "arguments", "SELECT '" + BIG + "'", needle="characters long"),
     sql("1 MB identifier", "arguments", "SELECT " + "z" * 99_000, needle="more characters"),
-    sql("deep nesting", "arguments", "SELECT " + "(" * 30000 + "1" + ")" * 30000, needle="expression depth"),
+    sql(
+        "deep nesting",
+        "arguments",
+        "SELECT " + "(" * 30000 + "1" + ")" * 30000,
+        needle="expression depth",
+        absent="SET ",
+    ),
     Attack("1 MB op", "arguments", "get_stacks", {"op": BIG}, needle="1,000,000 characters"),
     Attack("1 MB severity", "arguments", "get_causal_chains", {"severity": BIG}, needle="high, medium or low"),
     Attack("huge pid", "arguments", "get_trace_stats", {"pid": 10**40}, needle="not in this trace"),
@@ -217,6 +230,133 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("limit as text", "arguments", "run_sql", {"query": "SELECT 1", "limit": BIG}, needle="valid integer"),
     Attack("query as a number", "arguments", "run_sql", {"query": 12345}, needle="valid string"),
     Attack("unknown tool", "arguments", "drop_everything", {}, needle="Unknown tool"),
+    *(
+        # issue 17: the statement check was a regex comment stripper; DuckDB nests /* */ and ends -- at \r. This
+        # COPY replaced the served DB with 6 bytes. Refused by the check, and DuckDB has no file system to do it.
+        sql(
+            "EXPLAIN ANALYZE nested comment hides COPY over the DB",
+            "write",
+            f"EXPLAIN ANALYZE /* /* */ SELECT 1 -- */ COPY (SELECT 'pwned' AS g) TO '{DB}' "
+            "(HEADER false, USE_TMP_FILE false)",
+            needle="COPY statements are not allowed",
+        ),
+        sql(
+            "EXPLAIN ANALYZE --\\r hides COPY over the DB",
+            "write",
+            f"EXPLAIN ANALYZE --\r COPY (SELECT 'pwned' AS g) TO '{DB}' (HEADER false, USE_TMP_FILE false)",
+            needle="COPY statements are not allowed",
+        ),
+        sql(
+            "nested comment hides COPY after a SELECT",
+            "write",
+            f"/* /* */ SELECT 1; */ COPY (SELECT 'pwned' AS g) TO '{DB}.wal'",
+            needle="COPY statements are not allowed",
+        ),
+        sql("COPY into the DB's directory", "write", f"COPY (SELECT 1 AS a) TO '{DIR}/fill.csv'", needle=REFUSED),
+        sql("EXPORT next to the DB", "write", f"EXPORT DATABASE '{DIR}/export'", needle=REFUSED),
+        sql("IMPORT DATABASE", "write", f"IMPORT DATABASE '{DIR}'", needle="IMPORT DATABASE statements"),
+        sql("COPY FROM DATABASE", "write", "COPY FROM DATABASE memory TO memory", needle="COPY statements"),
+        sql("persistent secret", "write", "CREATE PERSISTENT SECRET s (TYPE s3, KEY_ID 'a')", needle="CREATE SECRET"),
+        sql("SET VARIABLE", "write", "SET VARIABLE pwn = 'attacker'", needle="SET VARIABLE statements"),
+        sql("getvariable in a later call", "write", "SELECT getvariable('pwn') AS v", check=rows_are(None)),
+        sql("PREPARE", "write", "PREPARE p AS SELECT 1", needle="PREPARE statements"),
+        sql("EXECUTE", "write", "EXECUTE p", needle="EXECUTE statements"),
+        sql("DEALLOCATE", "write", "DEALLOCATE p", needle="DEALLOCATE statements"),
+        sql("COMMIT", "write", "COMMIT", needle="COMMIT statements"),
+        sql("VACUUM", "write", "VACUUM", needle="VACUUM statements"),
+        sql("FORCE CHECKPOINT", "write", "FORCE CHECKPOINT", needle="FORCE CHECKPOINT statements"),
+        sql("FORCE INSTALL", "write", "FORCE INSTALL httpfs", needle="FORCE INSTALL statements"),
+        sql(
+            "MERGE INTO", "write", "MERGE INTO meta USING meta m ON false WHEN NOT MATCHED THEN INSERT", needle="MERGE"
+        ),
+        sql("PIVOT without IN", "statement", "PIVOT session ON status", needle="PIVOT without an IN list"),
+        sql(
+            "PIVOT with IN runs",
+            "statement",
+            "PIVOT (SELECT 'a' AS k, 1 AS v) ON k IN ('a') USING sum(v)",
+            check=rows_are(1),
+        ),
+        # the reply cap counts everything sent: a thousand 2,000-character column names were 4 MB
+        sql(
+            "1,000 columns of 2,000-character names",
+            "reply",
+            'WITH t AS (SELECT 1 AS "' + "n" * 2000 + '") SELECT ' + ", ".join(["t.*"] * 1000) + " FROM t",
+            needle="column names and types alone",
+            absent="crashed",
+        ),
+        # values Arrow or Python would silently change
+        sql(
+            "TIMETZ keeps its offset",
+            "values",
+            "SELECT '12:00:00+05:30'::TIMETZ AS t",
+            check=rows_are("12:00:00+05:30"),
+        ),
+        sql("TIME 24:00:00", "values", "SELECT '24:00:00'::TIME AS t", check=rows_are("24:00:00")),
+        sql("BIT", "values", "SELECT '101010'::BIT AS b", check=rows_are("101010")),
+        sql(
+            "INTERVAL past Arrow's nanoseconds",
+            "values",
+            "SELECT to_microseconds(9223372036854775807) AS i",
+            check=rows_are("2562047788:00:54.775807"),
+        ),
+        sql("TIME_NS", "values", "SELECT '12:00:00.123456789'::TIME_NS AS t", check=rows_are("12:00:00.123456789")),
+        sql(
+            "UHUGEINT in a MAP",
+            "values",
+            "SELECT MAP {1: 340282366920938463463374607431768211455::UHUGEINT} AS m",
+            check=rows_are([[1, 2**128 - 1]]),
+        ),
+        sql(
+            "UHUGEINT in a two-field struct",
+            "values",
+            "SELECT {'a': 340282366920938463463374607431768211455::UHUGEINT, 'b': 2} AS s",
+            check=rows_are({"a": 2**128 - 1, "b": 2}),
+        ),
+        sql(
+            "DECIMAL(38,9) beyond a double",
+            "values",
+            "SELECT 12345678901234567890.123456789::DECIMAL(38,9) AS d",
+            check=rows_are("12345678901234567890.123456789"),
+        ),
+        sql(
+            "NaN and infinities",
+            "values",
+            "SELECT 'nan'::DOUBLE AS a, 'inf'::DOUBLE AS b, '-inf'::FLOAT AS c",
+            check=rows_are("nan", "inf", "-inf"),
+        ),
+        # the server's paths and home directory: refused by name, wherever they appear
+        sql("duckdb_settings()", "disclosure", "SELECT * FROM duckdb_settings()", needle=SERVER_ONLY),
+        sql("duckdb_databases()", "disclosure", "SELECT path FROM duckdb_databases()", needle=SERVER_ONLY),
+        sql("pragma_database_list", "disclosure", "FROM pragma_database_list", needle=SERVER_ONLY),
+        sql("home_directory", "disclosure", "SELECT current_setting('home_directory')", needle=SERVER_ONLY),
+        sql("SHOW a setting", "disclosure", "SHOW secret_directory", needle=SERVER_ONLY),
+        sql("pg_settings", "disclosure", "SELECT * FROM pg_catalog.pg_settings", needle=SERVER_ONLY),
+        sql("duckdb_extensions()", "disclosure", "SELECT install_path FROM duckdb_extensions()", needle=SERVER_ONLY),
+        sql("SUMMARIZE a view of paths", "disclosure", "SUMMARIZE system.main.duckdb_databases", needle=SERVER_ONLY),
+        sql(
+            "EXPLAIN ANALYZE of a lambda over settings",
+            "disclosure",
+            "EXPLAIN ANALYZE SELECT list_transform(['a'], lambda x: current_setting('temp_directory'))",
+            needle=SERVER_ONLY,
+        ),
+        sql(
+            "query_table() of a name built at run time",
+            "disclosure",
+            "SELECT * FROM query_table('duckdb_' || 'databases')",
+            needle="query_table() is not allowed",
+        ),
+        # errors say what can be done in run_sql
+        sql("unknown column", "errors", "SELECT nope FROM meta", needle="Check table and column names"),
+        sql("syntax error", "errors", "SELEC 1", needle="Fix the syntax", absent="Check table and column names"),
+        sql(
+            "arrow lambda",
+            "errors",
+            "SELECT list_transform([1, 2], x -> x + 1)",
+            needle="lambda x: x + 1",
+            absent="SET ",
+        ),
+        sql("bad cast", "errors", "SELECT 'a'::INT", needle="TRY_CAST", absent="Check table and column names"),
+    ),
 )
 
 CLASSES = tuple(dict.fromkeys(a.cls for a in ATTACKS))
@@ -236,6 +376,17 @@ class Outcome:
     peak_rss_above_idle_bytes: int | None = None
 
 
+def arguments(attack: Attack, db: str | Path) -> dict[str, Any]:
+    """The tool arguments of ``attack`` with :data:`DB` and :data:`DIR` replaced by the served DB's path and its
+    directory."""
+    path = Path(db).resolve()
+
+    def fill(v: Any) -> Any:
+        return v.replace(DB, str(path)).replace(DIR, str(path.parent)) if isinstance(v, str) else v
+
+    return {k: fill(v) for k, v in attack.args.items()}
+
+
 def evaluate(attack: Attack, result: Any, seconds: float) -> Outcome:
     """Return the :class:`Outcome` of ``attack`` given the SDK's ``CallToolResult``."""
     text = result.content[0].text if result.content else ""
@@ -243,6 +394,7 @@ def evaluate(attack: Attack, result: Any, seconds: float) -> Outcome:
     if attack.needle is not None:
         needles = (attack.needle,) if isinstance(attack.needle, str) else attack.needle
         ok = bool(result.is_error) and any(n in text for n in needles) and len(text) < 4_000
+        ok = ok and (attack.absent is None or attack.absent not in text)
     else:
         ok = not result.is_error and attack.check is not None and bool(attack.check(sc))
     shown = text if result.is_error else str(sc.get("note") or sc.get("rows", [])[:1])

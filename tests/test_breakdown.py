@@ -23,8 +23,8 @@ from tracedb import (
 )
 
 from tracer.analysis.breakdown import MAX_BUCKETS, NO_BREAKDOWN, auto_bucket, time_breakdown
+from tracer.analysis.db import open_trace
 from tracer.analysis.taxonomy import PART_NAMES
-from tracer.db import open_trace
 
 
 def breakdown_of(path, **kw):

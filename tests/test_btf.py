@@ -1,4 +1,4 @@
-"""tracer/btf.py: member offsets from a hand-built BTF blob (nested, anonymous, unions, typedefs,
+"""tracer/recorder/btf.py: member offsets from a hand-built BTF blob (nested, anonymous, unions, typedefs,
 bitfields) and from the running kernel, checked against reality: the fsbase read by a tiny BPF program is
 pthread_self()."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tracer import btf
+from tests.support.need import need, need_root
+from tracer.recorder import btf
 
 VMLINUX = Path(btf.VMLINUX_BTF)
 
@@ -92,8 +93,7 @@ def test_synthetic_offsets() -> None:
 
 
 def _need_btf() -> None:
-    if not VMLINUX.exists():
-        pytest.skip("kernel has no BTF")
+    need(VMLINUX.exists(), f"the kernel has no BTF ({VMLINUX})")
 
 
 def test_kernel_offsets() -> None:
@@ -146,8 +146,7 @@ int on_labs(struct pt_regs *ctx)
 @pytest.mark.bpf
 def test_fsbase_is_pthread_self() -> None:
     _need_btf()
-    if os.geteuid() != 0:
-        pytest.skip("needs root for eBPF")
+    need_root("eBPF")
     from bcc import BPF
 
     b = BPF(

@@ -1,10 +1,10 @@
-"""tracer/budget.py: the duty cycle's arithmetic and the launch scaling, on hand-built windows (no BPF)."""
+"""tracer/recorder/budget.py: the duty cycle's arithmetic and the launch scaling, on hand-built windows (no BPF)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tracer.budget import (
+from tracer.recorder.budget import (
     MIN_FRACTION,
     Activity,
     DutyCycler,

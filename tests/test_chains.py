@@ -25,7 +25,7 @@ from tracedb import (
 
 from tracer.analysis.chains import CATEGORIES, DETECTORS, ChainContext, compute_chains, write_chains
 from tracer.analysis.chains.context import HIGH_SHARE, MEDIUM_SHARE, grade
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
 
 WORKER = "pt_data_worker"
 OP_ITEM = "cudaMemcpy"

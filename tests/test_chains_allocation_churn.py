@@ -8,7 +8,7 @@ from tracedb import ALLOC_STACK, MAIN_PID, MS, US, TraceBuilder, builder
 
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.allocation_churn import CATEGORY, MIN_CALLS
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
 
 
 def churn(tmp_path, b):

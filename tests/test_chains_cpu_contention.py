@@ -8,7 +8,7 @@ from tracedb import HOG_PID, MAIN_PID, MS, TRACER_PID, add_tracer, builder
 
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.cpu_contention import CATEGORY, HIGH, MEDIUM
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
 
 
 def contention(tmp_path, b):
@@ -74,11 +74,12 @@ def test_the_tracer_holding_the_cpu_is_not_contention(tmp_path):
 def test_workers_are_counted_as_alive_at_once(tmp_path):
     # GIVEN a loader that forks 4 new workers every epoch, 24 over the recording
     from tracer.analysis.chains.context import ChainContext
-    from tracer.analysis.chains.cpu_contention import _most_workers_at_once
+    from tracer.analysis.recording import most_alive_at_once
 
     builder("process_churn").write(tmp_path / "t.duckdb")
     with open_trace(tmp_path / "t.duckdb") as c:
         ctx = ChainContext.load(c)
         assert sum(1 for p in ctx.info.procs.values() if p.comm == "pt_data_worker") == 24
         # THEN num_workers is 4: the fix names the loader's setting, not the processes it went through
-        assert _most_workers_at_once(ctx) == 4
+        workers = [p for p in ctx.info.procs.values() if p.comm == "pt_data_worker"]
+        assert most_alive_at_once(workers, ctx.info.duration_ns) == 4

@@ -7,7 +7,7 @@ import pytest
 from tracedb import HOG_PID, MAIN_PID, MS, S, builder
 
 from tracer.analysis.chains import compute_chains
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
 
 
 def starvation(tmp_path, b):

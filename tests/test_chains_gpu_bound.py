@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import pytest
-from tracedb import MAIN_PID, MS, US, TraceBuilder, builder
 
+from tests.support.builder import MAIN_PID, MS, US, TraceBuilder
+from tests.support.scenarios import GPU_BOUND_PYTHON_NS, GPU_NS, STEP_NS, builder
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.gpu_bound import SYNC_SHARE_MIN
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
+
+# Each STEP_NS (100 ms) step of the gpu_bound scenario (tests/support/scenarios.py, _base): 5 launches from 200 µs
+# in, 40 µs apart, then the copy, then 100 µs later GPU_BOUND_PYTHON_NS (8 ms) of host work; the sync starts there
+# and waits until the GPU is done at GPU_NS (98 ms) into the step. Every step is alike and the thread lives exactly
+# its steps, so its sync share is one step's: (98 - 8.5) / 100 = 0.895.
+SYNC_START_NS = 200 * US + 5 * 40 * US + 100 * US + GPU_BOUND_PYTHON_NS
+SYNC_SHARE = (GPU_NS - SYNC_START_NS) / STEP_NS
 
 
 def gpu_bound(tmp_path, b):
@@ -18,9 +26,9 @@ def gpu_bound(tmp_path, b):
 
 def test_gpu_bound_loop(tmp_path):
     (ch,) = gpu_bound(tmp_path, builder("gpu_bound"))
-    assert ch.severity == "LOW" and ch.evidence.sync_share == pytest.approx(0.895, abs=1e-3)
+    assert ch.severity == "LOW" and ch.evidence.sync_share == pytest.approx(SYNC_SHARE, abs=1e-4)
     assert ch.evidence.sync_share >= SYNC_SHARE_MIN
-    assert ch.evidence.syncs == 600 and ch.op == "cudaStreamSynchronize"
+    assert ch.evidence.syncs == 60 * 1_000_000_000 // STEP_NS and ch.op == "cudaStreamSynchronize"  # one a step
 
 
 def test_never_above_low_even_at_99_percent(tmp_path):

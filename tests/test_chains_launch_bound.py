@@ -5,7 +5,7 @@ from __future__ import annotations
 from tracedb import MAIN_PID, builder
 
 from tracer.analysis.chains import compute_chains
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
 
 
 def launch_bound(tmp_path, name):

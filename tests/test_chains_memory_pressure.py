@@ -7,7 +7,7 @@ from tracedb import MAIN_PID, MS, STORM_TID, S, builder
 
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.memory_pressure import CATEGORY
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
 
 
 def memory(tmp_path, b):

@@ -10,7 +10,7 @@ from tracedb import MAIN_PID, MS, S, builder
 
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.process_churn import WAVE_WINDOW_NS
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
 
 
 @pytest.fixture(scope="module")

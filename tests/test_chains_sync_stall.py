@@ -8,7 +8,7 @@ from tracedb import ITEM_STACK, MAIN_PID, MS, US, TraceBuilder, builder
 
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.sync_stall import CATEGORY, MIN_SYNCS
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
 
 
 def stalls(tmp_path, b):

@@ -1,11 +1,11 @@
-"""tracer.cli: flags render without a value type in --help; results keep their numbers when piped; --all."""
+"""tracer.commands.cli: flags render without a value type in --help; results keep their numbers when piped; --all."""
 
 from __future__ import annotations
 
 import pytest
 from tracedb import build
 
-from tracer.cli import main
+from tracer.commands.cli import main
 
 
 @pytest.fixture(scope="module")

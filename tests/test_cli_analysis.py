@@ -9,8 +9,8 @@ import duckdb
 import pytest
 from tracedb import build
 
-from tracer.cli import main
-from tracer.db import boot_id, process_start_ticks
+from tracer.commands.cli import main
+from tracer.procfs import boot_id, process_start_ticks
 from tracer.schema import SCHEMA_VERSION
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from tracedb import build, builder
 
-from tracer.cli import main
+from tracer.commands.cli import main
 
 READERS = (
     ["stats"],

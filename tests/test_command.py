@@ -1,4 +1,5 @@
-"""tracer.command: a launched command is held before its exec until released, reaped when it exits, and ended by
+"""tracer.recorder.command: a launched command is held before its exec until released, reaped when it exits, and ended
+by
 the end-of-recording rule (stopped, interrupted or left running), with real child processes."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from tracer.command import EXIT_NOT_RUN, LaunchedCommand
+from tracer.recorder.command import EXIT_NOT_RUN, LaunchedCommand
 
 
 def wait_exit(cmd: LaunchedCommand, timeout: float = 30.0) -> int:

@@ -22,8 +22,8 @@ from tracer.analysis.compare import (
     compare_traces,
     mean_diff_interval,
 )
-from tracer.cli import main
-from tracer.db import open_trace
+from tracer.analysis.db import open_trace
+from tracer.commands.cli import main
 
 DURATION_S = 20
 
@@ -87,7 +87,13 @@ def test_a_fix_that_removes_the_sync_stall_shows_beyond_noise(dbs):
     assert "once every 100 steps" in st.method
     memcpys = sum(1 for r in b_before.cuda_calls if r["op"] == "cudaMemcpy")
     assert st.before.steps == memcpys and st.before.markers == memcpys
-    assert st.after.steps == sum(1 for r in b_fixed.cuda_calls if r["op"] == "cudaLaunchKernel") / 10
+    # AND AFTER's steps are counted from its exact copies, 100 steps each (issue 20: not from its launches / 10),
+    # at the builder's rate: its launches / 10 over its loop
+    launches_fixed = sum(1 for r in b_fixed.cuda_calls if r["op"] == "cudaLaunchKernel")
+    memcpys_fixed = sum(1 for r in b_fixed.cuda_calls if r["op"] == "cudaMemcpy")
+    assert (st.after.counted_from, st.after.steps_per_wait, st.after.steps_error_pct) == ("waits", 100, 0)
+    assert st.after.steps == 100 * memcpys_fixed
+    assert st.after.steps_per_s == pytest.approx(launches_fixed / 10 / c.after.loop_s, rel=0.01)
     assert st.after.steps_per_s > 1.5 * st.before.steps_per_s
     assert st.noise.verdict == "beyond_noise" and st.noise.ci_lo > 0
     # AND the training thread's sync part fell beyond noise, by what the builder's rows say

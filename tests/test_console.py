@@ -1,4 +1,4 @@
-"""tracer.console: the width rule for terminals and pipes, and messages rich never breaks."""
+"""tracer.views.console: the width rule for terminals and pipes, and messages rich never breaks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 from rich.table import Table
 
-from tracer.console import PIPED_WIDTH, make_console
+from tracer.views.console import PIPED_WIDTH, make_console
 
 
 def test_piped_without_columns_lays_out_wide(monkeypatch):

@@ -1,4 +1,5 @@
-"""tracer.db: a trace DB opens read-only; anything else is refused with a StoreError that says why; an unfinished
+"""tracer.analysis.db: a trace DB opens read-only; anything else is refused with a StoreError that says why; an
+unfinished
 recording opens with what it holds and says how it ended (issue 11)."""
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import duckdb
 import pytest
 from tracedb import build, builder
 
-from tracer.db import LIVE_HINT, boot_id, open_trace, process_start_ticks, recording_state
+from tracer.analysis.db import LIVE_HINT, open_trace, recording_state
 from tracer.errors import StoreError
+from tracer.procfs import boot_id, process_start_ticks
 
 
 def test_opens_and_is_read_only(tmp_path):
@@ -153,16 +155,6 @@ def test_recording_state_says_how_it_ended(tmp_path, status, finished, needle):
     with open_trace(p) as c:
         st = recording_state(c)
     assert (st.status, st.live, st.finished) == (status, False, finished) and needle in st.ended
-
-
-def test_process_start_ticks_is_field_22():
-    # GIVEN this process  THEN its start ticks are /proc/self/stat field 22 and lie before now
-    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
-    assert process_start_ticks(os.getpid()) == int(fields[22 - 3])
-    uptime_ticks = float(open("/proc/uptime").read().split()[0]) * os.sysconf("SC_CLK_TCK")
-    assert 0 < process_start_ticks(os.getpid()) <= uptime_ticks + 1
-    assert process_start_ticks(dead_pid()[0]) is None
-    assert boot_id() == open("/proc/sys/kernel/random/boot_id").read().strip()
 
 
 def test_locked_by_writer(tmp_path):

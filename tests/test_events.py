@@ -1,16 +1,16 @@
-"""tracer/events.py: the numpy dtypes match the C structs of probes/common.h as bcc lays them out, and a record of
+"""recorder/events.py: the numpy dtypes match the C structs of probes/common.h as bcc lays them out, and a record of
 the wrong size is refused rather than misread."""
 
 from __future__ import annotations
 
 import ctypes as ct
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tracer import events
+from tests.support.need import need_module, need_root
+from tracer.recorder import events
 
 PROBES = Path(__file__).resolve().parents[1] / "probes"
 
@@ -64,9 +64,8 @@ FIXED = [
 
 @pytest.fixture(scope="module")
 def leaves() -> dict[str, type]:
-    if os.geteuid() != 0:
-        pytest.skip("compiling with bcc needs root")
-    bcc = pytest.importorskip("bcc")
+    need_root("compiling with bcc")
+    bcc = need_module("bcc")
     b = bcc.BPF(text=LAYOUT_PROGRAM, cflags=[f"-I{PROBES}"])
     try:
         return {name: b[name.encode()].Leaf for name in STRUCTS}

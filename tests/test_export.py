@@ -1,4 +1,4 @@
-"""tracer.export: Chrome trace-event JSON checked against the format's documented fields, the DB rows it came
+"""tracer.views.export: Chrome trace-event JSON checked against the format's documented fields, the DB rows it came
 from, and a real consumer (Holistic Trace Analysis' trace parser); window, budget and CLI behaviour."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import duckdb
 import pytest
 from tracedb import MAIN_PID, S, TraceBuilder, builder, insert_rows
 
-from tracer.cli import main
-from tracer.db import open_trace
-from tracer.export import DEFAULT_MAX_EVENTS, export_trace
-from tracer.export.chrome import HOST_PID, PID_LIMIT
+from tracer.analysis.db import open_trace
+from tracer.commands.cli import main
+from tracer.views.export import DEFAULT_MAX_EVENTS, export_trace
+from tracer.views.export.chrome import HOST_PID, PID_LIMIT
 
 HOG = 4242
 TRACER_PID = 900
@@ -364,7 +364,7 @@ def test_cli_default_budget_is_the_library_default():
 
 
 def test_failed_export_leaves_no_file(built, tmp_path, monkeypatch):
-    import tracer.export.chrome as chrome
+    import tracer.views.export.chrome as chrome
 
     def boom(*a, **k):
         raise RuntimeError("disk full")

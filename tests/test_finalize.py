@@ -1,4 +1,5 @@
-"""tracer.finalize: the end-of-recording rows computed from dumped map contents, without BPF: open segments split
+"""tracer.recorder.finalize: the end-of-recording rows computed from dumped map contents, without BPF: open segments
+split
 into the thread_breakdown fields and seconds, and op_stats with duty-cycled launches scaled."""
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import numpy as np
 import pytest
 
 from probes.catalog import CATALOG, OP_IDS, OpClass
-from tracer import events, rows
-from tracer.budget import Window
-from tracer.finalize import S, Span, by_second, open_spans, scaled_op_stats
+from tracer.recorder import columns, events
+from tracer.recorder.budget import Window
+from tracer.recorder.finalize import S, Span, by_second, open_spans, scaled_op_stats
 
 T0 = 1_000 * S  # monotonic ns of the session's start
 
@@ -66,7 +67,7 @@ def test_a_call_flag_without_its_call_is_on_cpu():
     assert sp.field == events.C.TB_CPU
 
 
-def aggregates(calls: dict[tuple[int, str], tuple[int, int, int]]) -> tuple[rows.Aggregates, rows.Aggregates]:
+def aggregates(calls: dict[tuple[int, str], tuple[int, int, int]]) -> tuple[columns.Aggregates, columns.Aggregates]:
     """op_totals and op_hist contents: (pid, op) -> (calls, first_ns, last_ns), each call 1 µs in one bucket."""
     tk = np.zeros(len(calls), events.OP_KEY_DTYPE)
     tv = np.zeros(len(calls), events.OP_TOTAL_DTYPE)
@@ -78,7 +79,7 @@ def aggregates(calls: dict[tuple[int, str], tuple[int, int, int]]) -> tuple[rows
         tv[i]["first_ns"], tv[i]["last_ns"] = first, last
         hk[i] = (pid, OP_IDS[op], 0)
         hv[i] = n
-    return rows.Aggregates(tk, tv), rows.Aggregates(hk, hv)
+    return columns.Aggregates(tk, tv), columns.Aggregates(hk, hv)
 
 
 def calls_of(cols) -> dict[tuple[int, str], int]:

@@ -1,4 +1,4 @@
-"""tracer/guardian.py: what the guardian does with the `held` map, against a real BPF map and a real stopped process
+"""recorder/guardian.py: what the guardian does with the `held` map, against a real BPF map and a real stopped process
 (the end-to-end SIGKILL case is tests/integration/test_guardian_bpf.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tracer import guardian
+from tests.support.need import need_module, need_root
+from tracer.recorder import guardian
 
 pytestmark = pytest.mark.bpf
 
@@ -23,9 +24,8 @@ def _state(pid: int) -> str:
 
 
 def test_release_continues_every_held_process_and_empties_the_map() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    bcc = pytest.importorskip("bcc")
+    need_root()
+    bcc = need_module("bcc")
     b = bcc.BPF(text="BPF_HASH(held, u32, u64, 16);\nBPF_ARRAY(cfg, u64, 8);\nint noop(void *ctx) { return 0; }")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -52,9 +52,8 @@ def test_release_continues_every_held_process_and_empties_the_map() -> None:
 
 
 def test_the_guardian_holds_the_fds_it_is_given_until_it_exits() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    bcc = pytest.importorskip("bcc")
+    need_root()
+    bcc = need_module("bcc")
     b = bcc.BPF(text="BPF_HASH(held, u32, u64, 16);\nBPF_ARRAY(cfg, u64, 8);\nint noop(void *ctx) { return 0; }")
     r, w = os.pipe()
     try:

@@ -1,4 +1,4 @@
-"""tracer/links.py: uprobe_multi links with per-offset cookies, a pid filter, and detaching by close. Real BPF on
+"""recorder/links.py: uprobe_multi links with per-offset cookies, a pid filter, and detaching by close. Real BPF on
 libc functions of this process."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import os
 
 import pytest
 
-from tracer.links import UPROBE_MULTI, LinkError, attach_multi, close_together
-from tracer.procmaps import read_maps
-from tracer.targets import exported_offsets
+from tests.support.need import need_module, need_root
+from tracer.recorder.links import UPROBE_MULTI, LinkError, attach_multi, close_together
+from tracer.recorder.procmaps import read_maps
+from tracer.recorder.targets import exported_offsets
 
 pytestmark = pytest.mark.bpf
 
@@ -30,9 +31,8 @@ int on_call(struct pt_regs *ctx)
 
 @pytest.fixture(scope="module")
 def prog():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    bcc = pytest.importorskip("bcc")
+    need_root()
+    bcc = need_module("bcc")
     b = bcc.BPF(text=PROGRAM)
     fd = b.load_func("on_call", bcc.BPF.KPROBE, attach_type=UPROBE_MULTI).fd
     yield b, fd

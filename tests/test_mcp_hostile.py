@@ -1,14 +1,18 @@
-"""Issue 11: the hostile-query corpus (tests/hostile_corpus.py) through the real MCP SDK client against a real
-``tracer mcp serve --http`` subprocess on a hand-built trace DB.
+"""Issues 11 and 17: the hostile-query corpus (tests/hostile_corpus.py) through the real MCP SDK client against a
+real ``tracer mcp serve --http`` subprocess on a hand-built trace DB.
 
 Each attack must get its expected answer, and right after it a plain ``run_sql("select 1")`` and
 ``get_trace_stats`` must answer within 2 s: a liveness check with a wide margin (each takes well under 0.2 s;
-a wedged server never answers), not a benchmark. During the memory attacks the RSS of the server and its query
-workers must stay within 1 GiB of idle. HTTP-level attacks (Host, Origin, token, body size, /healthz) follow.
+a wedged server never answers), not a benchmark. The served DB's bytes and its directory must be unchanged after
+each attack and after the whole corpus, no reply may name the server's directory, and the server's temp
+directory must stay empty (nothing spills or is written). During the memory attacks the RSS of the server and
+its query workers must stay within 1 GiB of idle. HTTP-level attacks (Host, Origin, token, body size, /healthz)
+and a client saturating the query workers while another asks follow.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -22,7 +26,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from hostile_corpus import ATTACKS, Attack, RssSampler, call, evaluate, liveness, tree_rss_bytes
+from hostile_corpus import ATTACKS, Attack, RssSampler, arguments, call, evaluate, liveness, tree_rss_bytes
 from tracedb import build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +52,7 @@ class Server:
     proc: subprocess.Popen[bytes]
     base: str
     idle_rss: int = 0
+    tmp: Path | None = None  # the server's TMPDIR
 
     @property
     def url(self) -> str:
@@ -78,7 +83,7 @@ def serve(db: Path, listen: str, env: dict[str, str] | None = None) -> Iterator[
     """Run ``tracer mcp serve --db DB --http LISTEN`` as a subprocess; stop it and check its workers are gone."""
     port = listen.rsplit(":", 1)[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tracer.cli", "mcp", "serve", "--db", str(db), "--http", listen],
+        [sys.executable, "-m", "tracer.commands.cli", "mcp", "serve", "--db", str(db), "--http", listen],
         cwd=REPO,
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
@@ -128,37 +133,72 @@ def db(tmp_path_factory) -> Path:
     return p
 
 
+@dataclass(frozen=True)
+class DiskState:
+    """What the attacks must not change: the served DB's bytes and its directory's listing."""
+
+    db_sha256: str
+    listing: tuple[tuple[str, int], ...]
+
+
+def disk_state(db: Path) -> DiskState:
+    listing = tuple(sorted((p.name, p.stat().st_size) for p in db.parent.iterdir()))
+    return DiskState(hashlib.sha256(db.read_bytes()).hexdigest(), listing)
+
+
 @pytest.fixture(scope="module")
-def server(db) -> Iterator[Server]:
-    with serve(db, f"127.0.0.1:{free_port()}") as s:
+def pristine(db) -> DiskState:
+    return disk_state(db)
+
+
+@pytest.fixture(scope="module")
+def server(db, pristine, tmp_path_factory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("server-tmp")  # where the server and its workers would put temp files
+    with serve(db, f"127.0.0.1:{free_port()}", env={"TMPDIR": str(tmp)}) as s:
         anyio.run(liveness, s.url)  # warm: both query workers started, the DB opened
         time.sleep(1.0)
         s.idle_rss = tree_rss_bytes(s.proc.pid)
+        s.tmp = tmp
         yield s
 
 
 def test_corpus_is_complete():
     # every class of the issue is present, and none of the attack names repeats
     classes = {a.cls for a in ATTACKS}
-    assert classes == {"values", "time", "memory", "reply", "statement", "file_network", "write", "arguments"}
-    assert len({a.name for a in ATTACKS}) == len(ATTACKS) >= 70
+    assert classes == {
+        "values",
+        "time",
+        "memory",
+        "reply",
+        "statement",
+        "file_network",
+        "write",
+        "arguments",
+        "disclosure",
+        "errors",
+    }
+    assert len({a.name for a in ATTACKS}) == len(ATTACKS) >= 110
 
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
-def test_attack(server: Server, attack: Attack):
+def test_attack(server: Server, db: Path, pristine: DiskState, attack: Attack):
     # GIVEN the server  WHEN the attack is sent
     with RssSampler(server.proc.pid) as rss:
-        result, seconds = anyio.run(call, server.url, attack.tool, attack.args)
-    # THEN it gets the expected answer
+        result, seconds = anyio.run(call, server.url, attack.tool, arguments(attack, db))
+    # THEN it gets the expected answer, which names none of the server's directories
     outcome = evaluate(attack, result, seconds)
     assert outcome.ok, outcome
     assert outcome.reply_bytes < 1 << 20  # the SDK client refuses a larger event
+    assert str(db.parent) not in result.model_dump_json()
     if attack.memory:
         assert rss.peak - server.idle_rss <= RSS_ABOVE_IDLE, (rss.peak >> 20, server.idle_rss >> 20)
     # AND the server still answers both probes at once
     live = anyio.run(liveness, server.url)
     assert max(live.values()) < LIVE_S, live
     assert server.proc.poll() is None
+    # AND nothing changed on disk: the recording, its directory, the server's temp directory
+    assert disk_state(db) == pristine
+    assert server.tmp is not None and not any(server.tmp.iterdir())
 
 
 def test_wrong_host_and_origin(server: Server):
@@ -202,6 +242,58 @@ def test_concurrent_slow_queries_then_answers(server: Server):
     results = anyio.run(both)
     assert all(r.is_error and "after 10 s" in r.content[0].text for r in results)  # type: ignore[attr-defined]
     assert max(anyio.run(liveness, server.url).values()) < LIVE_S
+
+
+def test_corpus_left_the_disk_as_it_was(server: Server, db: Path, pristine: DiskState):
+    # after the whole corpus (this runs after test_attack): the DB's bytes, its directory, nothing spilled
+    assert disk_state(db) == pristine
+    assert server.tmp is not None and not any(server.tmp.iterdir())
+
+
+SLOW = {"query": "SELECT count(*) FROM range(1000000) a, range(1000000) b WHERE a.range + b.range = 7"}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # with MCP sessions, and the sessionless 2026 protocol
+def test_second_client_answers_while_one_saturates(db: Path, pristine: DiskState, mode: str):
+    # GIVEN a server whose query workers one client floods with 20 parallel queries that run to the 10 s limit
+    with serve(db, f"127.0.0.1:{free_port()}") as s:
+        anyio.run(liveness, s.url)
+        seconds: dict[str, float] = {}
+        flood: list[str] = []
+
+        async def scenario() -> None:
+            from mcp import Client
+            from mcp.types import Implementation
+
+            async def flooder() -> None:
+                async with Client(s.url, read_timeout_seconds=60, mode=mode) as c, anyio.create_task_group() as tg:
+                    for _ in range(20):
+                        tg.start_soon(_collect, c, flood)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flooder)
+                await anyio.sleep(2.0)  # the flood is queued and running
+                # WHEN another client asks for a trivial query, and for a non-SQL tool
+                other = Implementation(name="another-assistant", version="1")
+                async with Client(s.url, read_timeout_seconds=30, mode=mode, client_info=other) as c:
+                    for tool, args in (("run_sql", {"query": "select 1"}), ("get_trace_stats", {})):
+                        t = time.perf_counter()
+                        r = await c.call_tool(tool, args)
+                        seconds[tool] = time.perf_counter() - t
+                        assert not r.is_error, r.content[0].text[:300]
+                tg.cancel_scope.cancel()
+
+        anyio.run(scenario)
+    # THEN both answer at once: the flooding client holds one of the two workers, the other is kept free
+    assert max(seconds.values()) < LIVE_S, seconds
+    # AND the flood's extra queries were refused at once rather than queued without bound
+    assert any("already running or waiting" in t for t in flood), flood[:3]
+    assert disk_state(db) == pristine
+
+
+async def _collect(c: object, out: list[str]) -> None:
+    r = await c.call_tool("run_sql", SLOW)  # type: ignore[attr-defined]
+    out.append(r.content[0].text if r.is_error else "ok")
 
 
 def test_token_required(db: Path):

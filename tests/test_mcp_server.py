@@ -25,13 +25,24 @@ from mcp_server.http import build_app, parse_listen
 from mcp_server.server import build_server
 from tracer.analysis.breakdown import time_breakdown
 from tracer.analysis.chains import compute_chains
+from tracer.analysis.db import open_trace
 from tracer.analysis.sql import run_sql
 from tracer.analysis.stacks import top_stacks
 from tracer.analysis.stats import trace_stats
-from tracer.db import open_trace
 from tracer.errors import UsageError
 
-TOOLS = {"get_trace_stats", "get_causal_chains", "get_time_breakdown", "get_stacks", "run_sql", "compare_traces"}
+TOOLS = {
+    "get_trace_stats",
+    "get_causal_chains",
+    "get_time_breakdown",
+    "get_ranks",
+    "get_stacks",
+    "get_step_series",
+    "get_waits",
+    "compare_processes",
+    "run_sql",
+    "compare_traces",
+}
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +196,7 @@ def test_db_problems_are_tool_errors(tmp_path, problem, needle, tool):
 
     import duckdb
 
-    from tracer.db import boot_id, process_start_ticks
+    from tracer.procfs import boot_id, process_start_ticks
 
     p = tmp_path / "t.duckdb"
     if problem == "recording":  # a live recorder: this very process, on this boot
@@ -370,7 +381,7 @@ def test_token_required_when_given(dbs):
 def test_stdio(dbs):
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "tracer.cli", "mcp", "serve", "--db", str(dbs["sync_stall"]), "--stdio"],
+        args=["-m", "tracer.commands.cli", "mcp", "serve", "--db", str(dbs["sync_stall"]), "--stdio"],
         cwd=str(Path(__file__).resolve().parent.parent),
     )
 

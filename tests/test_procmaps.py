@@ -1,14 +1,16 @@
-"""tracer/procmaps.py: the one /proc/PID/maps parser, the event-fed process maps, and naming a file by inode."""
+"""recorder/procmaps.py: the one /proc/PID/maps parser, the event-fed process maps, and naming a file by inode."""
 
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import sys
 
 import pytest
 
-from tracer.procmaps import FileResolver, MapCache, Mapping, ProcessMap, kernel_dev, parse_maps, read_maps
+from tracer.recorder import procmaps
+from tracer.recorder.procmaps import FileResolver, MapCache, Mapping, ProcessMap, kernel_dev, parse_maps, read_maps
 
 MAPS_TEXT = """\
 55d0c0a00000-55d0c0a6f000 r--p 00000000 fe:01 1234    /usr/bin/python3.11
@@ -95,3 +97,24 @@ def test_resolver_names_a_file_from_its_dentry_path_and_inode() -> None:
 
 def test_kernel_dev_converts_super_block_dev() -> None:
     assert kernel_dev((254 << 20) | 1) == os.makedev(254, 1)
+
+
+def test_lost_mapping_events_make_the_next_miss_re_read_proc(tmp_path, monkeypatch) -> None:
+    # GIVEN this process's map as read at attach, then a file mapped after it whose mapping event was lost
+    monkeypatch.setattr(procmaps, "REFRESH_S", 0.0)  # the once-a-second limit is not under test here
+    cache = MapCache()
+    pid = os.getpid()
+    assert cache.attach(pid) is not None and cache.proc_reads == 1
+    path = tmp_path / "late.bin"
+    path.write_bytes(b"\0" * mmap.PAGESIZE)
+    with path.open("r+b") as f, mmap.mmap(f.fileno(), mmap.PAGESIZE) as mm:
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))  # the view is dropped at once: mm can close
+        # WHEN it is looked up before any loss is reported  THEN a miss is an anonymous address, /proc is not read
+        assert cache.find(pid, addr) is None and cache.proc_reads == 1
+        # WHEN the maps ring reports lost events (a running count: only growth counts)
+        assert cache.note_lost(3) and not cache.note_lost(3)
+        # THEN the next miss re-reads /proc/PID/maps once and finds the file
+        hit = cache.find(pid, addr)
+        assert hit is not None and hit.path == str(path) and cache.proc_reads == 2
+        # and the process is fresh again: a miss elsewhere does not re-read
+        assert cache.find(pid, 8) is None and cache.proc_reads == 2

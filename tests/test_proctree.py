@@ -1,11 +1,11 @@
-"""tracer/proctree.py: the process tree from lifecycle event batches (no BPF)."""
+"""tracer/recorder/proctree.py: the process tree from lifecycle event batches (no BPF)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tracer import events
-from tracer.proctree import ProcessTree, ProcInfo
+from tracer.recorder import events
+from tracer.recorder.proctree import ProcessTree, ProcInfo
 
 START = 5_000_000_000
 

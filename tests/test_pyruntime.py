@@ -1,6 +1,7 @@
-"""tracer/pyruntime.py: line-table decoders against real code objects of every available interpreter, binary
-analysis (DWARF == _Py_DebugOffsets == built-in table == disassembly), the on-disk cache, and resolve()
-reading live code objects from another process. No BPF here (see tests/integration/test_pyframes_bpf.py)."""
+"""The CPython side of the frame walker (tracer/recorder/cpython/, tracer/recorder/pyruntime.py): line-table
+decoders against real code objects of every available interpreter, binary analysis (DWARF == _Py_DebugOffsets ==
+built-in table == disassembly), the on-disk cache, and resolve() reading live code objects from another process.
+No BPF here (see tests/integration/test_pyframes_bpf.py)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,24 @@ from pathlib import Path
 
 import pytest
 
-from tracer import pyruntime
-from tracer.pyruntime import TABLE, BinaryInfo, PyTarget, build_cfg, decode_line
+from tests.support.interpreters import DEBIAN_PYTHON, PYENV_VERSIONS, pyenv_libpython, pyenv_python
+from tests.support.need import need
+from tracer.recorder import pyruntime
+from tracer.recorder.cpython import elf, pycfg
+from tracer.recorder.cpython.layouts import TABLE, BinaryInfo, PyTarget
+from tracer.recorder.cpython.linetable import decode_line
+from tracer.recorder.cpython.pycfg import build_cfg
 
-PYENV = Path("/root/.pyenv/versions")
-INTERPRETERS = {
-    "3.10": PYENV / "3.10.13/bin/python",
-    "3.11": PYENV / "3.11.7/bin/python",
-    "3.12": PYENV / "3.12.1/bin/python",
-    "3.13": PYENV / "3.13.0/bin/python",
-    "debian-3.11": Path("/usr/bin/python3.11"),
+# name -> the interpreter (None: not installed here); pyenv builds have DWARF, Debian's has none
+INTERPRETERS: dict[str, Path | None] = {
+    **{v: pyenv_python(v) for v in PYENV_VERSIONS},
+    "debian-3.11": DEBIAN_PYTHON if DEBIAN_PYTHON.exists() else None,
     "running": Path(sys.executable),
 }
-LIBPYTHON = {
-    "3.10": PYENV / "3.10.13/lib/libpython3.10.so.1.0",
-    "3.11": PYENV / "3.11.7/lib/libpython3.11.so.1.0",
-    "3.12": PYENV / "3.12.1/lib/libpython3.12.so.1.0",
-    "3.13": PYENV / "3.13.0/lib/libpython3.13.so.1.0",
-    "debian-3.11": Path("/usr/bin/python3.11"),
+# name -> the ELF file that embeds CPython (Debian's python is linked statically)
+LIBPYTHON: dict[str, Path | None] = {
+    **{v: pyenv_libpython(v) for v in PYENV_VERSIONS},
+    "debian-3.11": INTERPRETERS["debian-3.11"],
 }
 
 # Source with the constructs that exercise the line tables: multi-line expressions, loops, comprehensions,
@@ -110,15 +111,15 @@ def _dump(interp: Path) -> tuple[subprocess.Popen, dict]:
     return p, json.loads(p.stdout.readline())
 
 
-def _need(interp: Path) -> None:
-    if not interp.exists():
-        pytest.skip(f"{interp} not installed")
+def _need(name: str, path: Path | None) -> Path:
+    need(path is not None and path.exists(), f"CPython {name} is not installed (pyenv install {name})")
+    assert path is not None
+    return path
 
 
 @pytest.mark.parametrize("name", list(INTERPRETERS))
 def test_line_decoder_matches_interpreter(name: str) -> None:
-    interp = INTERPRETERS[name]
-    _need(interp)
+    interp = _need(name, INTERPRETERS[name])
     p, d = _dump(interp)
     p.communicate("\n", timeout=10)
     version = tuple(d["version"])
@@ -138,8 +139,7 @@ def test_line_decoder_matches_interpreter(name: str) -> None:
 @pytest.mark.parametrize("name", [n for n in INTERPRETERS if n != "running"])
 def test_resolve_live_code_objects(name: str) -> None:
     """configure() + resolve() on a live process, with no BPF: names, qualnames and executing lines."""
-    interp = INTERPRETERS[name]
-    _need(interp)
+    interp = _need(name, INTERPRETERS[name])
     p, d = _dump(interp)
     try:
         mgr = pyruntime.PyRuntimeManager(None)
@@ -172,45 +172,43 @@ def test_resolve_gone_process_is_unresolved() -> None:
 def test_offsets_agree(name: str, tmp_path, monkeypatch) -> None:
     """DWARF (pyenv) and the built-in table agree; 3.13's _Py_DebugOffsets agrees; disassembly finds the TSS
     key."""
-    path = LIBPYTHON[name]
-    _need(path)
+    path = _need(name, LIBPYTHON[name])
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    info = pyruntime.analyze_binary(str(path))
+    info = elf.analyze_binary(str(path))
     assert info is not None
     assert info.source == ("table" if name.startswith("debian") else "dwarf")
     assert info.offsets == TABLE[info.version]
     from elftools.elf.elffile import ELFFile
 
     with open(path, "rb") as f:
-        elf = ELFFile(f)
-        segs = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-        fn = elf.get_section_by_name(".dynsym").get_symbol_by_name("PyGILState_GetThisThreadState")[0]["st_value"]
-        f.seek(pyruntime._vaddr_to_offset(segs, fn))
-        assert pyruntime._disasm_tss(f.read(64), fn, info.runtime_vaddr) == TABLE[info.version]["tss"]
+        image = ELFFile(f)
+        segs = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in image.iter_segments() if s["p_type"] == "PT_LOAD"]
+        fn = image.get_section_by_name(".dynsym").get_symbol_by_name("PyGILState_GetThisThreadState")[0]["st_value"]
+        f.seek(elf.vaddr_to_offset(segs, fn))
+        assert elf.disasm_tss(f.read(64), fn, info.runtime_vaddr) == TABLE[info.version]["tss"]
         if info.version == (3, 13):
-            f.seek(pyruntime._vaddr_to_offset(segs, info.runtime_vaddr))
-            dbg = pyruntime._debug_offsets_313(f.read(71 * 8))
+            f.seek(elf.vaddr_to_offset(segs, info.runtime_vaddr))
+            dbg = elf.debug_offsets_313(f.read(71 * 8))
             assert dbg == {**TABLE[(3, 13)], "tss": None}
 
 
 def test_disk_cache(tmp_path, monkeypatch) -> None:
-    path = LIBPYTHON["3.12"]
-    _need(path)
+    path = _need("3.12", LIBPYTHON["3.12"])
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    cold = pyruntime.analyze_binary(str(path))
+    cold = elf.analyze_binary(str(path))
     files = list((tmp_path / "cuda-host-tracer").glob("pyrt-*.json"))
     assert len(files) == 1
     t0 = time.perf_counter()
-    warm = pyruntime.analyze_binary(str(path))
+    warm = elf.analyze_binary(str(path))
     assert time.perf_counter() - t0 < 0.1
     assert warm == cold
     # an unwritable cache is not an error
     monkeypatch.setenv("XDG_CACHE_HOME", "/proc/nonexistent")
-    assert pyruntime.analyze_binary(str(path)) == cold
+    assert elf.analyze_binary(str(path)) == cold
 
 
 def test_not_python() -> None:
-    assert pyruntime.analyze_binary("/bin/ls", use_cache=False) is None
+    assert elf.analyze_binary("/bin/ls", use_cache=False) is None
 
 
 def test_314_table_matches_research_note() -> None:
@@ -221,7 +219,7 @@ def test_314_table_matches_research_note() -> None:
     assert (t["co_linetable"], t["co_adaptive"]) == (136, 208)
     info = BinaryInfo("x", "b", (3, 14), "ET_DYN", 0x1000, 0, {**t, "tss": 2000}, "table")
     cfg = build_cfg(PyTarget(1, info, 0x10000))
-    assert cfg.flags == pyruntime.PYCFG_F_TAGGED  # _PyStackRef: mask tag bits
+    assert cfg.flags == pycfg.PYCFG_F_TAGGED  # _PyStackRef: mask tag bits
     assert cfg.owner_skip == 3  # skip INTERPRETER (3) and CSTACK (4) shims
     assert cfg.frame_read == 80 and cfg.f_owner == 74
     assert cfg.tss_key_addr == 0x11000 + 2000
@@ -232,18 +230,17 @@ def test_cfg_per_version() -> None:
         info = BinaryInfo("x", "b", ver, "ET_DYN", 0, 0, dict(TABLE[ver]), "table")
         return build_cfg(PyTarget(1, info, 0))
 
-    assert ct.sizeof(pyruntime.PyCfg) == 56
+    assert ct.sizeof(pycfg.PyCfg) == 56
     c310, c311, c312, c313 = cfg((3, 10)), cfg((3, 11)), cfg((3, 12)), cfg((3, 13))
-    assert c310.flags == pyruntime.PYCFG_F_LASTI_INT and c310.frame_read == 104
-    assert c311.flags == pyruntime.PYCFG_F_CFRAME and c311.owner_skip == 255 and c311.f_owner == 0xFFFF
-    assert c312.flags == pyruntime.PYCFG_F_CFRAME and c312.cframe_current == 0 and c312.owner_skip == 3
+    assert c310.flags == pycfg.PYCFG_F_LASTI_INT and c310.frame_read == 104
+    assert c311.flags == pycfg.PYCFG_F_CFRAME and c311.owner_skip == 255 and c311.f_owner == 0xFFFF
+    assert c312.flags == pycfg.PYCFG_F_CFRAME and c312.cframe_current == 0 and c312.owner_skip == 3
     assert c313.flags == 0 and c313.ts_frame == 72
     for c in (c310, c311, c312, c313):
         assert c.frame_read <= 128 and c.pthread_spec1 == 0x310
 
 
 def test_cflags() -> None:
-    if not os.path.exists("/sys/kernel/btf/vmlinux"):
-        pytest.skip("no kernel BTF")
-    (flag,) = pyruntime.cflags()
+    need(os.path.exists("/sys/kernel/btf/vmlinux"), "the kernel has no BTF (/sys/kernel/btf/vmlinux)")
+    (flag,) = pycfg.cflags()
     assert flag.startswith("-DFSBASE_OFF=") and int(flag.split("=")[1]) > 0

@@ -1,4 +1,4 @@
-"""tracer.render on hand-built records: the tables carry the numbers; traced strings are printed, not applied."""
+"""tracer.views.render on hand-built records: the tables carry the numbers; traced strings are printed, not applied."""
 
 from __future__ import annotations
 
@@ -9,22 +9,20 @@ from rich.console import Console, Group
 from tracer.analysis.breakdown import Holder
 from tracer.analysis.chains import CausalChain, ChainsResult
 from tracer.analysis.chains.model import CpuContentionEvidence, Culprit
+from tracer.analysis.processes import group_processes
 from tracer.analysis.sql import SqlResult
 from tracer.analysis.stacks import Frame, StacksResult, StackStat
 from tracer.analysis.stats import ProcessStat
-from tracer.render import (
+from tracer.views.render import (
     NATIVE_RUN,
-    TOP_PROCESS_GROUPS,
-    _evidence_view,
-    _few,
-    _fold_native,
-    group_processes,
     nbytes,
     print_record,
     render_processes,
     to_json,
     us,
 )
+from tracer.views.render.chains import _evidence_view, _few
+from tracer.views.render.stacks import _fold_native
 
 
 def text_of(record) -> str:
@@ -165,28 +163,19 @@ RESPAWN = (
 )
 
 
-def test_processes_are_grouped_by_comm_and_role_with_totals():
-    groups = group_processes(RESPAWN)
-    assert [(g.comm, len(g.pids)) for g in groups[:2]] == [("python3", 1), ("pt_data_worker", 184)]
-    w = groups[1]
-    assert w.context_switches == 184 * 10 and w.off_cpu_s == sum(p.off_cpu_s for p in RESPAWN[1:185])
-    assert w.worst_stall_ms == 100.0 + 183 and (w.exited, w.failed) == (184, 1)
-    assert sum(len(g.pids) for g in groups) == len(RESPAWN) == 194
-
-
-def test_process_table_shows_the_top_groups_then_how_many_more():
-    out = table_text(render_processes(RESPAWN))
+def test_process_table_shows_the_groups_then_what_was_left_out():
+    groups = group_processes(RESPAWN)[:6]
+    out = table_text(render_processes(groups, more="5 more groups, 5 processes (detail=True)"))
     rows = [line for line in out.splitlines() if line.startswith(("python3", "pt_data_worker", "helper"))]
-    assert len(rows) == TOP_PROCESS_GROUPS
+    assert len(rows) == 6
     worker = next(line for line in rows if line.startswith("pt_data_worker"))
-    assert " 184 " in worker and "200…383" in worker and "46.00s" in worker and "1 failed" in worker
-    # 11 groups: 8 shown, 3 helpers left, each one process
-    assert "and 3 more (3 processes, 0 CUDA calls; tracer stats --all)" in out
-    assert "194 processes grouped by (comm, role); one row each: tracer stats --all" in out
+    assert " 184 " in worker and "200…" in worker and "46.00s" in worker and "1 failed" in worker
+    assert "and 5 more groups, 5 processes (tracer stats --all)" in out
+    assert "processes grouped by (comm, parent, role, rank); one row each: tracer stats --all" in out
 
 
 def test_process_table_all_has_one_row_per_process():
-    out = table_text(render_processes(RESPAWN, show_all=True), width=160)
+    out = table_text(render_processes([], every=RESPAWN), width=160)
     assert sum(line.startswith("pt_data_worker") for line in out.splitlines()) == 184
     assert "more" not in out and "grouped" not in out
 
@@ -194,8 +183,8 @@ def test_process_table_all_has_one_row_per_process():
 def test_numbers_are_never_cut_in_the_process_table():
     # the widest real names at 120 columns: rich narrows comm/role, never a number
     many = [proc(4_194_000, "a-very-long-process-name", "dataloader_worker", calls=123_456_789, off=12345.67)]
-    out = table_text(render_processes(many * 2), width=120)
-    for number in ("246,913,578", "24691.34s", "12345.67s", "4194000…4194000"):
+    out = table_text(render_processes(group_processes(many * 2)), width=120)
+    for number in ("246,913,578", "24691.34s", "12345.67s", "4194000…"):
         assert number in out, out
 
 

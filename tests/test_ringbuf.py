@@ -1,4 +1,4 @@
-"""tracer/ringbuf.py: a real BPF ring buffer read straight from its memory. Records come from a uprobe on libc's
+"""recorder/ringbuf.py: a real BPF ring buffer read straight from its memory. Records come from a uprobe on libc's
 ``labs`` in this process, so each one carries the argument it was called with and the tests can check order,
 content, wrap-around, overflow and the length check."""
 
@@ -12,8 +12,9 @@ import threading
 import numpy as np
 import pytest
 
-from tracer.events import DecodeError
-from tracer.ringbuf import DirectRing
+from tests.support.need import need_module, need_root
+from tracer.recorder.events import DecodeError
+from tracer.recorder.ringbuf import DirectRing
 
 pytestmark = pytest.mark.bpf
 
@@ -40,9 +41,8 @@ REC = np.dtype(
 
 @pytest.fixture()
 def ring():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    bcc = pytest.importorskip("bcc")
+    need_root()
+    bcc = need_module("bcc")
     b = bcc.BPF(text=PROGRAM)
     b.attach_uprobe(name="c", sym="labs", fn_name="on_labs", pid=os.getpid())
     r = DirectRing(b["rb"], REC)
@@ -117,7 +117,7 @@ def test_edge_triggered_poll_wakes_only_on_a_forced_wakeup(ring) -> None:
 
 
 def test_discarded_records_are_skipped_and_a_busy_one_ends_the_batch() -> None:
-    from tracer.ringbuf import BUSY, DISCARD, read_records, stride_of
+    from tracer.recorder.ringbuf import BUSY, DISCARD, read_records, stride_of
 
     # GIVEN five records laid out as the kernel does: #1 discarded, #3 still being written (BUSY)
     stride = stride_of(REC)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import time
+from pathlib import Path
 
+import duckdb
 import pytest
 from tracedb import build
 
 from tracer.analysis.sql import QueryTimeout, SqlError, run_sql
+from tracer.analysis.sqlcheck import check_statement
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,7 @@ def test_json_safe_values(db):
         "{'a': 1}, 'x\"y\\n' FROM session",
     )
     row = r.rows[0]
-    assert row[0] == "2026-05-04T12:00:00+00:00" and row[1] is None and row[2] == "aabb"
+    assert row[0] == "2026-05-04T12:00:00+00:00" and row[1] == "nan" and row[2] == "aabb"
     assert row[3] == 9007199254740993 and row[4] == 2**127 - 1 and row[5] == 1.25
     assert row[6] == [1, 2] and row[7] == {"a": 1}
     json.dumps(r.model_dump())  # everything serialises
@@ -111,6 +116,20 @@ def test_timeout_then_still_works(db):
         ("{'a': 340282366920938463463374607431768211455::UHUGEINT}", {"a": 2**128 - 1}),
         ("(2::BIGNUM ** 300)::BIGNUM", str(2**300)),
         ("DATE '2024-02-29'", "2024-02-29"),  # ordinary values keep their ordinary form
+        # issue 17: values Arrow or Python changed silently; now exact, or DuckDB's text
+        ("'12:00:00+05:30'::TIMETZ", "12:00:00+05:30"),  # was "12:00:00"
+        ("'24:00:00'::TIME", "24:00:00"),  # was "00:00:00"
+        ("'12:34:56.5'::TIME", "12:34:56.5"),
+        ("'101010'::BIT", "101010"),  # was "02ea"
+        ("to_microseconds(9223372036854775807)", "2562047788:00:54.775807"),  # was [0, 0, -1000]
+        ("INTERVAL '1 month 2 days 3 seconds'", "1 month 2 days 00:00:03"),
+        ("'12:00:00.123456789'::TIME_NS", "12:00:00.123456789"),  # was cut to µs
+        ("MAP {1: 340282366920938463463374607431768211455::UHUGEINT}", [[1, 2**128 - 1]]),  # the query failed
+        ("{'a': 340282366920938463463374607431768211455::UHUGEINT, 'b': 2}", {"a": 2**128 - 1, "b": 2}),  # failed
+        ("{'t': '24:00:00'::TIME}", "{'t': '24:00:00'}"),  # a nested value holding one: DuckDB's text of it
+        ("12345678901234567890.123456789::DECIMAL(38,9)", "12345678901234567890.123456789"),  # a double loses it
+        ("0.1::DECIMAL(3,1)", 0.1),  # a JSON number that reads back as the same decimal stays a number
+        ("'-inf'::DOUBLE", "-inf"),
     ],
 )
 def test_values_python_cannot_hold(db, expr, want):
@@ -156,10 +175,179 @@ def test_explain_checked_against_what_it_wraps(db, q, needle):
 
 
 @pytest.mark.parametrize(
-    "q", ["EXPLAIN SELECT 1", "EXPLAIN ANALYZE SELECT count(*) FROM cuda_calls", "explain (format json) select 1"]
+    "q",
+    [
+        "EXPLAIN SELECT 1",
+        "EXPLAIN ANALYZE SELECT count(*) FROM cuda_calls",
+        "explain (format json) select 1",
+        "EXPLAIN ANALYZE /* /* nested */ */ SELECT 1",
+        "EXPLAIN ANALYZE --\r SELECT 1",
+    ],
 )
 def test_explain_of_select_runs(db, q):
     assert run_sql(db, q).row_count >= 1
+
+
+@pytest.mark.parametrize(
+    "q,runs",
+    [
+        # DuckDB's lexer nests /* */ and ends -- at \r: what runs is rebuilt from DuckDB's own tokens
+        ("EXPLAIN ANALYZE /* /* */ SELECT 1 -- */ SELECT 2", "EXPLAIN ANALYZE SELECT 2"),
+        ("EXPLAIN ANALYZE --\r SELECT 3", "EXPLAIN ANALYZE SELECT 3"),
+        ("EXPLAIN (FORMAT /* x */ json) SELECT 4", "EXPLAIN ( FORMAT json ) SELECT 4"),
+        ("/* c */ SELECT 5", "SELECT 5"),  # DuckDB's extraction of the one statement
+    ],
+)
+def test_check_returns_what_runs(q, runs):
+    assert check_statement(q) == runs
+
+
+# -- issue 17: every statement type, in every comment / EXPLAIN form, against the real query worker ------------
+VICTIM = "@@DB@@"  # the DB the statement would overwrite
+# one statement per duckdb.StatementType member; where no SQL text parses to a member (DuckDB maps it to another
+# type, or it exists only in the Python relation API), the nearest statement that would write
+STATEMENTS: dict[str, str] = {
+    "INVALID": "this is not SQL",
+    "SELECT": "SELECT count(*) FROM meta",
+    "INSERT": "INSERT INTO meta VALUES ('pwn', 'x')",
+    "UPDATE": "UPDATE session SET status = 'pwned'",
+    "CREATE": "CREATE TABLE pwn AS SELECT 1 AS a",
+    "DELETE": "DELETE FROM meta",
+    "PREPARE": "PREPARE pwn AS SELECT 1",
+    "EXECUTE": "EXECUTE pwn",
+    "ALTER": "ALTER TABLE meta ADD COLUMN pwn INTEGER",
+    "TRANSACTION": "COMMIT",
+    "COPY": f"COPY (SELECT 'pwned' AS g) TO '{VICTIM}' (HEADER false, USE_TMP_FILE false)",
+    "ANALYZE": "ANALYZE meta",
+    "VARIABLE_SET": "SET VARIABLE pwn = 1",
+    "CREATE_FUNC": "CREATE MACRO pwn(x) AS x",
+    "EXPLAIN": f"EXPLAIN ANALYZE COPY (SELECT 'pwned' AS g) TO '{VICTIM}' (HEADER false, USE_TMP_FILE false)",
+    "DROP": "DROP TABLE meta",
+    "EXPORT": f"EXPORT DATABASE '{VICTIM}.export'",
+    "PRAGMA": f"IMPORT DATABASE '{VICTIM}.export'",
+    "VACUUM": "VACUUM meta",
+    "CALL": "CHECKPOINT",
+    "SET": "SET enable_external_access = true",
+    "LOAD": "FORCE INSTALL httpfs",
+    "RELATION": "INSERT INTO meta SELECT * FROM meta",
+    "EXTENSION": "UPDATE EXTENSIONS",
+    "LOGICAL_PLAN": "CREATE TEMP TABLE pwn AS SELECT 1 AS a",
+    "ATTACH": f"ATTACH '{VICTIM}.new' AS pwn",
+    "DETACH": "DETACH pwn",
+    "MULTI": "PIVOT session ON status",
+    "COPY_DATABASE": "COPY FROM DATABASE memory TO pwn",
+    "MERGE_INTO": "MERGE INTO meta USING meta m ON false WHEN NOT MATCHED THEN INSERT",
+}
+# how the statement is wrapped: plain, explained, hidden behind comments DuckDB ends where a regex did not
+FORMS: dict[str, str] = {
+    "plain": "{s}",
+    "EXPLAIN": "EXPLAIN {s}",
+    "EXPLAIN ANALYZE": "EXPLAIN ANALYZE {s}",
+    "nested comment": "EXPLAIN ANALYZE /* /* */ SELECT 1 -- */ {s}",
+    "-- ended by CR": "EXPLAIN ANALYZE --\r {s}",
+    "-- ended by LF": "EXPLAIN ANALYZE -- x\n{s}",
+    "comment after a SELECT": "/* /* */ SELECT 1; */ {s}",
+    "mixture": "/* a /* b */ c */ EXPLAIN --\r ANALYZE /* -- \n */ {s}",
+    "second statement after CR": "SELECT 1 --\r; {s}",
+}
+
+
+def _disk(p: Path) -> tuple[str, list[str]]:
+    return hashlib.sha256(p.read_bytes()).hexdigest(), sorted(x.name for x in p.parent.iterdir())
+
+
+def test_statement_table_covers_every_type():
+    # a DuckDB upgrade that adds a statement type fails here until the table has a statement for it
+    assert set(STATEMENTS) == set(duckdb.StatementType.__members__)
+    exact = {"SELECT", "INSERT", "UPDATE", "CREATE", "DELETE", "PREPARE", "EXECUTE", "ALTER", "TRANSACTION"}
+    exact |= {"COPY", "EXPLAIN", "DROP", "EXPORT", "PRAGMA", "VACUUM", "CALL", "SET", "LOAD", "ATTACH", "DETACH"}
+    exact |= {"MULTI", "MERGE_INTO"}
+    for name in exact:
+        assert duckdb.extract_statements(STATEMENTS[name].replace(VICTIM, "/x"))[0].type.name == name, name
+
+
+@pytest.mark.parametrize("kind", list(STATEMENTS))
+def test_every_statement_type_in_every_form(db, tmp_path, kind):
+    # GIVEN a trace DB of its own, served by the query workers
+    p = tmp_path / "t.duckdb"
+    shutil.copy(db, p)
+    before = _disk(p)
+    stmt = STATEMENTS[kind].replace(VICTIM, str(p))
+    for form, template in FORMS.items():
+        q = template.replace("{s}", stmt)
+        # WHEN the statement is sent in this form  THEN only a lone SELECT (or EXPLAIN of one) runs
+        reads = kind == "SELECT" and form != "second statement after CR"
+        if reads:
+            assert run_sql(p, q).row_count >= 1, (form, q)
+        else:
+            with pytest.raises(SqlError) as e:
+                run_sql(p, q)
+            assert e.value.message and e.value.hint, (form, q)
+        # AND the DB's bytes and its directory are unchanged, and the workers still answer
+        assert _disk(p) == before, (form, q)
+    assert run_sql(p, "select 1").rows == [[1]]
+
+
+# -- issue 17: the server's paths and settings are not the trace's -------------------------------------------
+@pytest.mark.parametrize(
+    "q",
+    [
+        "SELECT * FROM duckdb_settings()",
+        "SELECT path FROM duckdb_databases()",
+        "FROM pragma_database_list",
+        "SELECT current_setting('home_directory')",
+        'SELECT * FROM system.main."duckdb_settings"()',
+        "SHOW secret_directory",
+        "SUMMARIZE system.main.duckdb_databases",
+        "EXPLAIN ANALYZE SELECT * FROM duckdb_databases()",
+        "SELECT list_transform(['x'], lambda s: current_setting('temp_directory'))",
+        "SELECT * FROM query('SELECT * FROM duckdb_' || 'settings()')",
+        "SELECT * FROM query_table('duckdb_databases')",
+    ],
+)
+def test_server_paths_refused(db, q):
+    with pytest.raises(SqlError) as e:
+        run_sql(db, q)
+    assert "not allowed in run_sql" in e.value.message
+    assert str(db.parent) not in e.value.message + e.value.hint
+
+
+def test_ordinary_names_are_not_refused(db):
+    # a CTE or a column may be called query: only the table function is refused
+    r = run_sql(db, "WITH query AS (SELECT 1 AS setting) SELECT setting AS current_setting FROM query")
+    assert r.rows == [[1]]
+    assert run_sql(db, "SHOW cuda_calls").row_count > 3  # SHOW of a table describes it
+
+
+# -- issue 17: errors say what can be done in run_sql ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "q,says,not_says",
+    [
+        ("SELECT nope FROM meta", "Check table and column names", "Fix the syntax"),
+        ("SELEC 1", "Fix the syntax", "Check table and column names"),
+        ("SELECT 'a'::INT", "TRY_CAST", "Check table and column names"),
+        ("SELECT " + "1 + " * 2000 + "1", "expression depth", "SET "),
+        ("SELECT list_transform([1, 2], x -> x + 1)", "lambda x: x + 1", "SET "),
+        ("SELECT * FROM read_text('/etc/hostname')", "file system operations are disabled", "Check table"),
+    ],
+)
+def test_errors_advise_what_run_sql_can_do(db, q, says, not_says):
+    with pytest.raises(SqlError) as e:
+        run_sql(db, q)
+    text = f"{e.value.message} {e.value.hint}"
+    assert says in text and not_says not in text, text
+
+
+def test_reply_cap_counts_column_names(db):
+    # GIVEN a thousand 2,000-character column names (4 MB against a 1 MiB cap before issue 17)
+    q = 'WITH t AS (SELECT 1 AS "' + "n" * 2000 + '") SELECT ' + ", ".join(["t.*"] * 1000) + " FROM t"
+    with pytest.raises(SqlError) as e:
+        run_sql(db, q)
+    assert "column names and types alone take 2,0" in e.value.message and "short names" in e.value.hint
+    # AND long names leave less room for rows: the whole result stays within the cap
+    names = ", ".join(f'i AS "{c}{"n" * 999}"' for c in "abcdefghij")
+    r = run_sql(db, f"SELECT {names} FROM range(10000) t(i)", limit=10_000, reply_bytes=50_000)
+    assert r.truncated and len(r.model_dump_json().encode()) <= 50_000
 
 
 def test_huge_query_not_echoed(db):
@@ -200,7 +388,7 @@ def test_reply_cap_in_bytes(db):
 
 def test_in_process_connection_path(db):
     # the recorder's live server passes its own connection: same checks and caps, in this process
-    from tracer.db import open_trace
+    from tracer.analysis.db import open_trace
 
     with open_trace(db) as c:
         assert run_sql(c, "SELECT 'infinity'::DATE").rows == [["infinity"]]

@@ -1,4 +1,4 @@
-"""tracer/stack_resolver.py: merging Python frames into native stacks, and kernel names (no BPF)."""
+"""tracer/recorder/stack_resolver.py: merging Python frames into native stacks, and kernel names (no BPF)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 import numpy as np
 
 from probes.catalog import OP_IDS
-from tracer import events
-from tracer.procmaps import MapCache
-from tracer.stack_resolver import StackResolver, merge_stacks
+from tracer.recorder import events
+from tracer.recorder.procmaps import MapCache
+from tracer.recorder.stack_resolver import StackResolver, merge_stacks
 
 
 def _n(fn: str) -> tuple:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from tracedb import MAIN_PID, TRACER_PID, add_tracer, build, builder, parts_total
 
+from tracer.analysis.db import open_trace
 from tracer.analysis.stats import main_pid, trace_stats
-from tracer.db import open_trace
-from tracer.hist import quantile
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +16,7 @@ def contention(tmp_path_factory):
     add_tracer(b)
     b.write(p)
     with open_trace(p) as c:
-        yield b, trace_stats(c)
+        yield b, trace_stats(c, detail=True)
 
 
 def _hist(row: dict) -> list[tuple[int, int, int]]:
@@ -30,8 +29,16 @@ def test_ops_exact_from_hist(contention):
     sync = next(o for o in st.ops if o.op == "cudaStreamSynchronize")
     r = rows["cudaStreamSynchronize"]
     assert sync.calls == r["calls"] == 600
-    assert sync.p50_us == pytest.approx(quantile(_hist(r), 0.5, r["min_ns"], r["max_ns"]) / 1e3, abs=0.1)
-    assert sync.p99_us == pytest.approx(quantile(_hist(r), 0.99, r["min_ns"], r["max_ns"]) / 1e3, abs=0.1)
+    # Expected percentiles worked out by hand from the buckets. A step's sync waits for the GPU (98 ms into the
+    # step) from the end of its host work: 77.5 ms in the 400 quiet steps, 17.5 ms in the 200 steps of 20..40 s
+    # whose Python work the hog stretched by 60 ms. 16 buckets per power of two: 17.5 ms lies in the first of
+    # [2^24, 2^25) (width 2^20), 77.5 ms in the third of [2^26, 2^27) (width 2^22).
+    assert _hist(r) == [(16_777_216, 17_825_792, 200), (75_497_472, 79_691_776, 400)]
+    # p50: rank 0.5 x 600 = 300 lies 100 calls into the upper bucket's 400: 75,497,472 + 4,194,304 x 100/400
+    assert sync.p50_us == 76_546.0  # 76,546,048 ns
+    # p95 and p99: ranks 570 and 594 lie 370/400 and 394/400 into it, 79,377,203 and 79,628,861 ns: past the
+    # slowest call measured, so clamped to it
+    assert sync.p95_us == sync.p99_us == 77_500.0
     assert sync.max_us == pytest.approx(r["max_ns"] / 1e3, abs=0.1)
     # tail_ratio is rounded to 0.1 from the unrounded percentiles: within half that step of their ratio
     assert sync.tail_ratio == pytest.approx(sync.p99_us / sync.p50_us, abs=0.05)

@@ -1,4 +1,4 @@
-"""tracer/store.py: batched writes through the writer thread, NULL for missing columns, one recording per file,
+"""tracer/recorder/store.py: batched writes through the writer thread, NULL for missing columns, one recording per file,
 and a closed DB that opens read-only with every schema table."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from tracer.errors import StoreError
+from tracer.recorder.store import FLUSH_ROWS, Store
 from tracer.schema import APP_ID, TABLES
-from tracer.store import FLUSH_ROWS, Store
 
 
 def _calls(n: int, start: int = 0) -> dict[str, object]:
@@ -108,7 +108,7 @@ def _count_inserts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_small_batches_wait_and_go_in_one_insert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a writer that holds rows up to a minute (so nothing but sync() flushes them here)
-    monkeypatch.setattr("tracer.store.FLUSH_S", 60.0)
+    monkeypatch.setattr("tracer.recorder.store.FLUSH_S", 60.0)
     inserts = _count_inserts(monkeypatch)
     s = Store(tmp_path / "t.duckdb")
     # WHEN 20 small batches are queued, as 20 drains would
@@ -125,7 +125,7 @@ def test_rows_are_written_within_the_flush_interval_without_a_sync(
 ) -> None:
     import time
 
-    monkeypatch.setattr("tracer.store.FLUSH_S", 0.05)
+    monkeypatch.setattr("tracer.recorder.store.FLUSH_S", 0.05)
     s = Store(tmp_path / "t.duckdb")
     # GIVEN one small batch and no sync, WHEN its interval passes, THEN the writer inserts it on its own
     s.put("cuda_calls", _calls(10))
@@ -140,7 +140,7 @@ def test_batches_of_a_table_with_dictionary_and_plain_columns_go_in_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN batches whose kernel column is dictionary-encoded in one, plain in another, absent in a third
-    monkeypatch.setattr("tracer.store.FLUSH_S", 60.0)
+    monkeypatch.setattr("tracer.recorder.store.FLUSH_S", 60.0)
     inserts = _count_inserts(monkeypatch)
     s = Store(tmp_path / "t.duckdb")
     a = _calls(3)
@@ -180,7 +180,7 @@ def test_a_batch_that_cannot_be_written_fails_the_store_instead_of_killing_its_w
 
 
 def test_row_batches_do_not_wake_the_writer_until_a_table_fills_or_a_statement_comes():
-    from tracer.store import _Inbox
+    from tracer.recorder.store import _Inbox
 
     box = _Inbox()
     small = pa.table({"x": list(range(10))})
@@ -209,7 +209,7 @@ def test_each_periodic_write_moves_the_session_flushed_ns_to_its_newest_rows(
 ) -> None:
     import time
 
-    monkeypatch.setattr("tracer.store.FLUSH_S", 0.05)
+    monkeypatch.setattr("tracer.recorder.store.FLUSH_S", 0.05)
     start = time.monotonic_ns() - 5_000_000_000  # a session that started 5 s ago
     s = Store(tmp_path / "t.duckdb", start_mono_ns=start)
     s.execute("INSERT INTO session (session_id, status, flushed_ns) VALUES (1, 'recording', 1)")

@@ -1,4 +1,5 @@
-"""tracer.store's write-failure path (issue 11): after the first failed write the store stops writing, marks the
+"""tracer.recorder.store's write-failure path (issue 11): after the first failed write the store stops writing, marks
+the
 session (disk_full when the disk is full), closes DuckDB, and the process exits on the StoreError with no
 nanobind "leaked" report and no abort; what was committed before stays readable and says how it ended.
 
@@ -7,7 +8,6 @@ The writer runs in a child process: the leak report and the abort happen at inte
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +16,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tracer.db import open_trace, recording_state
+from tests.support.need import need, need_root
+from tracer.analysis.db import open_trace, recording_state
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,7 +29,7 @@ WRITER = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     from tracer.errors import StoreError
-    from tracer.store import Store
+    from tracer.recorder.store import Store
 
     path, fsize = Path(sys.argv[1]), int(sys.argv[2])
     s = Store(path)
@@ -76,12 +77,11 @@ def check_clean_exit(p: subprocess.CompletedProcess[str]) -> None:
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     """A 1 MiB tmpfs (root only): the full disk of the issue."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+    need_root("mounting a tmpfs")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    need(mount.returncode == 0, f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 

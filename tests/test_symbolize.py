@@ -1,4 +1,4 @@
-"""tracer/symbolize.py and tracer/unwind.py against the C++ fixture libraries (fixtures/cxx), loaded into this
+"""recorder/symbolize.py and recorder/unwind.py against the C++ fixture libraries (fixtures/cxx), loaded into this
 process with ctypes. No BPF: the unwinder is fed a stack the fixture copies itself (cxxfix_capture_stack)."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tracer.procmaps import MapCache, ProcessMap, read_maps
-from tracer.symbolize import ElfSymbols, Symbolizer, demangle, stack_addrs
-from tracer.unwind import EhFrameTable, Regs, _eval_expr, _Stack, unwind
+from tests.support.need import need
+from tracer.recorder.procmaps import MapCache, ProcessMap, read_maps
+from tracer.recorder.symbolize import ElfSymbols, Symbolizer, demangle, stack_addrs
+from tracer.recorder.unwind import EhFrameTable, Regs, _eval_expr, _Stack, unwind
 
 REPO = Path(__file__).resolve().parents[1]
 DISPATCH = "ns::detail::dispatch(void (*)(float*, int), int)"
@@ -37,8 +38,7 @@ class Capture(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("g++") is None or shutil.which("make") is None:
-        pytest.skip("needs g++ and make to build fixtures/cxx")
+    need(shutil.which("g++") and shutil.which("make"), "needs g++ and make to build fixtures/cxx")
     out = tmp_path_factory.mktemp("cxxbuild")
     subprocess.run(["make", "-s", "-C", str(REPO / "fixtures" / "cxx"), f"BUILD={out}"], check=True)
     return out

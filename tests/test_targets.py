@@ -1,4 +1,4 @@
-"""tracer/targets.py: which file names are CUDA libraries, and the process tree below a pid (real /proc)."""
+"""tracer/recorder/targets.py: which file names are CUDA libraries, and the process tree below a pid (real /proc)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tracer import targets
+from tracer.recorder import targets
 
 
 @pytest.mark.parametrize(

@@ -4,13 +4,15 @@ Values below 16 ns get one slot each; above, every power of two is split into 16
 spans 1/16 of its lower bound and a midpoint estimate is within 3.1% of any value in it.
 
 This is the only histogram implementation: the recorder (``op_stats`` percentiles), the analyses (``stats``,
-``chains``) and the hand-built test DBs (``tests/tracedb.py``) all bucket and interpolate through it.
+``chains``, ``compare``: each through :class:`OpHistogram`) and the hand-built test DBs (``tests/tracedb.py``) all
+bucket and interpolate through it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 SUB = 16
 
@@ -76,3 +78,33 @@ def merge(hists: Iterable[list[dict[str, int]] | None]) -> list[tuple[int, int, 
         for b in h or []:
             acc[(b["lo_ns"], b["hi_ns"])] += b["count"]
     return sorted((lo, hi, n) for (lo, hi), n in acc.items())
+
+
+@dataclass(frozen=True)
+class OpHistogram:
+    """One op's exact latency histogram: its stored ``op_stats`` rows (one per pid) merged, with the fastest and
+    slowest call measured, which clamp its quantiles (the bucket edges can lie outside what was measured)."""
+
+    buckets: list[tuple[int, int, int]]  # sorted (lo_ns, hi_ns, count)
+    min_ns: int  # 0 when no row has one
+    max_ns: int  # 0 when no row has one: quantiles are then 0, as the stored p50_ns/p99_ns would be
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[list[dict[str, int]] | None, int | None, int | None]]) -> OpHistogram:
+        """Return the histogram of ``op_stats`` rows given as (hist, min_ns, max_ns)."""
+        hists, mins, maxs = [], [], []
+        for hist, min_ns, max_ns in rows:
+            hists.append(hist)
+            if min_ns is not None:
+                mins.append(min_ns)
+            maxs.append(max_ns or 0)
+        return cls(merge(hists), min(mins, default=0), max(maxs, default=0))
+
+    @property
+    def calls(self) -> int:
+        """Calls the histogram holds: the observed ones (a duty-cycled op's count is scaled, its histogram not)."""
+        return sum(c for _, _, c in self.buckets)
+
+    def quantile(self, q: float) -> float:
+        """Return the q-quantile (0..1) in ns, linear inside its bucket and clamped to [min_ns, max_ns]."""
+        return quantile(self.buckets, q, self.min_ns, self.max_ns)

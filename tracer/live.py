@@ -4,20 +4,26 @@ DuckDB lets no other process open a file while one writes it, and a query run in
 CPU, its memory, or (a hostile run_sql) its writer. So the recorder serves snapshots: when a tool call comes, the
 server touches a request file; the recorder's loop sees it within a second and has its store's writer thread
 checkpoint the DB, copy it, mark the copy's session ``snapshot`` and rename it into place
-(:meth:`tracer.store.Store.snapshot`). The server, a separate `tracer mcp serve --live` process with every
+(:meth:`tracer.recorder.store.Store.snapshot`). The server, a separate `tracer mcp serve --live` process with every
 protection of a normal one (query workers it can kill, limits, Host and token checks), waits up to FRESH_WAIT_S for
 that copy and answers from it; session.flushed_ns says how far it goes. The recording never waits on a query: a
 snapshot costs the writer thread one file copy, at most once per MIN_INTERVAL_S, and only when asked.
+
+The server never outlives the recorder: started through :mod:`tracer.commands.live_server`, it ends within about
+a second of the recorder's death, a `kill -9` included, and removes the snapshots (:func:`tie_to_recorder`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +34,11 @@ MIN_INTERVAL_S = 1.0  # at most one snapshot a second
 FRESH_WAIT_S = 2.0  # a tool call waits this long at most for a snapshot newer than its request
 SNAPSHOT = "live.duckdb"
 REQUEST = "live.request"
+WATCH_S = 0.2  # the server checks this often that its recorder is still its parent
+EXIT_S = 1.0  # after its recorder's death, the server's graceful stop may take this long, then it is ended
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# the live server's entry point: a command, since it runs the CLI (this module is shared by both halves)
+SERVER_MODULE = "tracer.commands.live_server"
 
 
 class LiveServer:
@@ -37,7 +48,7 @@ class LiveServer:
         listen: ``[HOST]:PORT`` as ``tracer mcp serve --http`` takes it.
         token_file: the bearer token file for a non-loopback address (else TRACER_MCP_TOKEN).
         snapshot: called with the snapshot path (and a callback for when it is in place) to queue one; the
-            recorder passes its store's :meth:`~tracer.store.Store.snapshot`.
+            recorder passes its store's :meth:`~tracer.recorder.store.Store.snapshot`.
     """
 
     def __init__(self, listen: str, token_file: Path | None, snapshot: Callable[[Path], None]) -> None:
@@ -57,7 +68,9 @@ class LiveServer:
         cmd = [
             sys.executable,
             "-m",
-            "tracer.cli",
+            SERVER_MODULE,  # its main(): `tracer mcp serve ...`, tied to this process (it must not outlive us)
+            str(os.getpid()),
+            str(self.dir),
             "mcp",
             "serve",
             "--db",
@@ -140,3 +153,45 @@ def wait_for_snapshot(snapshot: Path, timeout_s: float = 30.0) -> bool:
             return False
         time.sleep(0.05)
     return os.path.getsize(snapshot) > 0
+
+
+_parent_died = threading.Event()
+
+
+def tie_to_recorder(recorder: int, snapshots: Path) -> bool:
+    """Make this process, the live server, end with ``recorder``, its parent, however that ends (issue 17: a
+    server outlived a `kill -9` of its recorder and still answered 30 minutes later). False if it already has.
+
+    The kernel signals us when the parent dies (PR_SET_PDEATHSIG, SIGUSR1: its handler only wakes the watcher,
+    so the order below holds whatever wakes it); a thread also polls for the reparenting every WATCH_S, in case
+    the signal could not be armed. Then the watcher removes ``snapshots`` (a copy of the recording no one else
+    will remove), sends this process SIGTERM (the server stops within a second: :func:`mcp_server.http.serve_http`)
+    and ends it EXIT_S later if it has not. Must be called on the main thread, before the server starts.
+    """
+    signal.signal(signal.SIGUSR1, lambda *_: _parent_died.set())
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG): %s; polling for the recorder instead", os.strerror(ctypes.get_errno()))
+    if os.getppid() != recorder:  # it died before the signal was armed
+        _remove_snapshots(snapshots)
+        return False
+    threading.Thread(target=_watch, args=(recorder, snapshots), name="recorder-watch", daemon=True).start()
+    return True
+
+
+def _watch(recorder: int, snapshots: Path) -> None:
+    while os.getppid() == recorder:
+        # The signal also comes when only the thread that started us ends (the kernel ties it to a thread):
+        # the parent pid, not the signal, says whether the recorder is gone.
+        _parent_died.wait(WATCH_S)
+        _parent_died.clear()
+    log.warning("the recorder (pid %d) is gone: stopping the live MCP server", recorder)
+    _remove_snapshots(snapshots)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(EXIT_S)
+    os._exit(1)  # the query workers watch this process and exit within half a second of it
+
+
+def _remove_snapshots(snapshots: Path) -> None:
+    if snapshots.name.startswith("tracer-live-"):  # only a directory LiveServer made: never what a bad argv names
+        shutil.rmtree(snapshots, ignore_errors=True)

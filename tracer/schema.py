@@ -2,14 +2,16 @@
 that tell a trace DB from any other file.
 
 Timestamps are nanoseconds since the session start (``ts_ns``), so ``ts_ns // 10_000_000_000`` buckets by 10 s.
-Bump :data:`SCHEMA_VERSION` on any incompatible change; readers refuse a DB from a newer schema.
+Bump :data:`SCHEMA_VERSION` on any incompatible change; readers refuse a DB from a newer schema. v3 added the
+distributed-job columns of ``processes`` (rank, local_rank, node_rank, world_size, job_id, launcher): readers
+check for them (``RecordingInfo.has``), so v2 files stay readable.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 APP_ID = "cuda-host-tracer"
 
 
@@ -98,6 +100,8 @@ TABLES: tuple[Table, ...] = (
             "for a launched command: exited | stopped (SIGTERM/SIGKILL at the end) | left running | interrupted",
         ),
         ("flushed_ns", "BIGINT", "ts_ns up to which rows have been written (advances while recording)"),
+        ("sample_hz", "INTEGER", "on-CPU samples per second of each target thread's CPU time (cpu_samples); 0: off"),
+        ("offcpu_stacks", "BOOLEAN", "true when blocked stacks were captured (offcpu_stacks)"),
     ),
     _t(
         "processes",
@@ -110,6 +114,27 @@ TABLES: tuple[Table, ...] = (
         ("exit_ns", "BIGINT", "exit time (ts_ns), NULL if still alive at the end"),
         ("exit_code", "INTEGER", "exit status (code << 8 | signal, as wait(2)); NULL if unknown"),
         ("role", "VARCHAR", "target (the traced tree) | tracer (the recorder and its helpers: never a culprit)"),
+        (
+            "rank",
+            "INTEGER",
+            "its global rank in a distributed job, from the environment its launcher gave it (RANK, "
+            "OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID; read at exec and attach); NULL outside one. A forked child "
+            "(a DataLoader worker) has its parent's: a rank's own process is the one whose parent is not that rank",
+        ),
+        ("local_rank", "INTEGER", "its rank on this host (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)"),
+        ("node_rank", "INTEGER", "its host's rank in the job (GROUP_RANK, OMPI_COMM_WORLD_NODE_RANK, SLURM_NODEID)"),
+        ("world_size", "INTEGER", "ranks in the job (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)"),
+        (
+            "job_id",
+            "VARCHAR",
+            "the run every rank shares (TORCHELASTIC_RUN_ID, PMIX_NAMESPACE, SLURM_JOB_ID, else MASTER_ADDR:PORT)",
+        ),
+        (
+            "launcher",
+            "VARCHAR",
+            "set on a process that started ranks without being one (torchrun's agent, mpirun): whose ranks, "
+            "torchrun | torch | mpirun | mpi | srun; NULL otherwise",
+        ),
     ),
     _t(
         "threads",
@@ -155,6 +180,11 @@ TABLES: tuple[Table, ...] = (
         ("faults", "BIGINT", "user page faults taken by the thread"),
         ("page_alloc_bytes", "BIGINT", "bytes of pages allocated in the thread's context (mm_page_alloc)"),
         ("reclaim_ns", "BIGINT", "time in direct reclaim (vmscan direct_reclaim_begin..end)"),
+        (
+            "page_cache_bytes",
+            "BIGINT",
+            "of page_alloc_bytes, pages the thread added to the page cache (file writes and reads, not faults)",
+        ),
         ("launch_sampled", "DOUBLE", "share of this second the launch probes were live (1.0: launch_ns exact)"),
     ),
     _t(
@@ -297,7 +327,7 @@ TABLES: tuple[Table, ...] = (
         "stacks",
         "Deduplicated call stacks: one row per frame, outermost first (depth 0). Python frames carry the "
         "executing line.",
-        ("stack_id", "BIGINT", "id referenced by cuda_calls.stack_id"),
+        ("stack_id", "BIGINT", "id referenced by cuda_calls, offcpu_stacks and cpu_samples .stack_id"),
         ("depth", "INTEGER", "0 = outermost"),
         ("kind", "VARCHAR", "python | native | cuda"),
         ("module", "VARCHAR", "shared object (native) or module file (python)"),
@@ -311,6 +341,38 @@ TABLES: tuple[Table, ...] = (
         ),
     ),
     _t(
+        "offcpu_stacks",
+        "Exact blocked time of every target thread by where it blocked: per (second, thread, stack, sleep state, "
+        "waker), counted in kernel at each blocking switch-out (the stack is captured then) and wakeup. Outside "
+        "calls the rows of a thread sum to its thread_breakdown.blocked_ns; the wait for a CPU after the wakeup "
+        "is not here (thread_breakdown runq_*). E.g. where the training thread waits: GROUP BY stack_id.",
+        ("sec", "BIGINT", "second since session start (of the wakeup)"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("stack_id", "BIGINT", "stacks.stack_id where it blocked (innermost frame last), NULL if not captured"),
+        ("state", "VARCHAR", "S (sleeping: futex, GIL, sleep, poll) | D (uninterruptible: disk I/O, fsync)"),
+        ("in_call", "BOOLEAN", "true when blocked inside a CUDA call"),
+        ("waker_pid", "INTEGER", "process of the waking task (0: an interrupt handler, see waker_comm)"),
+        ("waker_tid", "INTEGER", "waking thread (NULL: an interrupt handler)"),
+        ("waker_comm", "VARCHAR", "its name, or the handler's kind: [timer] [block] [net] [softirq] [irq]"),
+        ("intervals", "BIGINT", "blocked intervals"),
+        ("blocked_ns", "BIGINT", "time blocked, switch-out to wakeup"),
+    ),
+    _t(
+        "cpu_samples",
+        "Where target threads spend CPU: perf cpu-clock samples at session.sample_hz, counted in kernel per "
+        "(second, thread, stack). Every thread of the job, CUDA-calling or not. Python stacks are the Python frames "
+        "alone (the executing lines); threads without Python have native stacks.",
+        ("sec", "BIGINT", "second since session start"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("stack_id", "BIGINT", "stacks.stack_id (innermost frame last), NULL if not captured"),
+        ("in_call", "BOOLEAN", "true when the sample fell inside a CUDA call"),
+        ("kernel", "BOOLEAN", "true when the sample interrupted kernel code (a syscall, a page fault)"),
+        ("samples", "BIGINT", "samples"),
+        ("cpu_ns", "BIGINT", "CPU time they stand for: samples x 1e9 / sample_hz"),
+    ),
+    _t(
         "causal_chains",
         "Diagnoses with severity, evidence and fixes. Append-only history (computed_at).",
         ("id", "VARCHAR", "stable id of the chain"),
@@ -320,7 +382,7 @@ TABLES: tuple[Table, ...] = (
             "category",
             "VARCHAR",
             "cpu_contention | sync_stall | allocation_churn | process_churn | memory_pressure | dataloader_starvation "
-            "| launch_bound | gpu_bound",
+            "| launch_bound | gpu_bound | straggler_rank",
         ),
         ("start_ns", "BIGINT", "start of the affected time range"),
         ("end_ns", "BIGINT", "end"),

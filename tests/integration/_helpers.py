@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-import pytest
+
+from tests.support.need import need_nothing_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT / "fixtures" / "workloads"
@@ -41,9 +42,7 @@ def bpf_available() -> str | None:
 
 
 def skip_without_bpf() -> None:
-    why = bpf_available()
-    if why:
-        pytest.skip(why)
+    need_nothing_missing(bpf_available())
 
 
 def ensure_fixtures() -> None:

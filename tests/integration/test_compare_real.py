@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import anyio
 import pytest
@@ -15,7 +16,7 @@ from conftest import PY, expected_ops, record, workload
 from mcp import Client
 
 from mcp_server.server import build_server
-from tracer.cli import main
+from tracer.commands.cli import main
 
 pytestmark = pytest.mark.bpf
 
@@ -24,21 +25,26 @@ LOOP = ["--duration", "10", "--host-ms", "5", "--kernel-us", "5000", "--launches
 EVERY = 20
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """Record the loop without and with the fix; return {name: (db, counts dir)}."""
-    d = tmp_path_factory.mktemp("compare_real")
+def record_loops(d: Path, loop: list[str], variants: dict[str, list[str]], timeout: float) -> dict[str, tuple]:
+    """Record step_loop.py with ``loop`` plus each variant's options; return {name: (db, counts dir)}."""
     out = {}
-    for name, extra in (("before", []), ("after", ["--sync-every", str(EVERY)])):
+    for name, extra in variants.items():
         db, counts = d / f"{name}.duckdb", d / f"{name}-counts"
         counts.mkdir()
         r = record(
-            ["--db", str(db), "--", PY, workload("step_loop.py"), *LOOP, *extra, "--counts-dir", str(counts)],
-            timeout=120,
+            ["--db", str(db), "--", PY, workload("step_loop.py"), *loop, *extra, "--counts-dir", str(counts)],
+            timeout=timeout,
         )
         assert r.returncode == 0, r.stderr[-3000:]
         out[name] = (db, counts)
     return out
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Record the loop without and with the fix; return {name: (db, counts dir)}."""
+    variants = {"before": [], "after": ["--sync-every", str(EVERY)]}
+    return record_loops(tmp_path_factory.mktemp("compare_real"), LOOP, variants, timeout=120)
 
 
 def test_compare_shows_the_fix(pair, capsys):
@@ -91,3 +97,46 @@ def test_mcp_compare_traces_on_real_recordings(pair, tmp_path, capsys):
     assert not r.is_error, r.content
     assert main(["compare", str(tmp_path / "before.duckdb"), str(tmp_path / "after.duckdb"), "--json"]) == 0
     assert r.structured_content == json.loads(capsys.readouterr().out)
+
+
+# Issue 20's pair: 1 ms of host work and 1 ms of GPU work per step, 10 launches: ~4,000 launches/s once the host
+# stops waiting, which the default overhead budget duty-cycles (the issue saw sampled_fraction 0.22)
+FAST = ["--duration", "20", "--host-ms", "1", "--kernel-us", "1000", "--launches", "10", "--sync", "memcpy"]
+FAST_EVERY = 20
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory):
+    """Record the fast loop reading the loss every step, then every 20 steps twice, with the default budget."""
+    every = ["--sync-every", str(FAST_EVERY)]
+    variants = {"before": [], "after": every, "rerun": every}
+    return record_loops(tmp_path_factory.mktemp("compare_fast"), FAST, variants, timeout=180)
+
+
+def _true_steps_per_s(counts, loop_s: float) -> float:
+    """The workload's own steps (its launches / 10, every launch counted by the stand-in library) per second of the
+    recorded loop (every step happens inside it)."""
+    return expected_ops(counts)["cudaLaunchKernel"] / 10 / loop_s
+
+
+def test_a_duty_cycled_fix_is_beyond_noise_and_near_the_truth(fast, capsys):
+    before, after = fast["before"][0], fast["after"][0]
+    # GIVEN the issue's pair recorded with the default overhead budget; WHEN compared
+    assert main(["compare", str(before), str(after), "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    st = c["steps"]
+    # THEN AFTER's steps come from its exact copies, 20 steps each, whatever its launch probes saw
+    assert (st["after"]["counted_from"], st["after"]["steps_per_wait"]) == ("waits", FAST_EVERY), st["method"]
+    # AND both rates are within 15% of the workload's own, and the change is beyond noise
+    for side in ("before", "after"):
+        truth = _true_steps_per_s(fast[side][1], c[side]["loop_s"])
+        assert st[side]["steps_per_s"] == pytest.approx(truth, rel=0.15), (side, truth)
+    assert st["noise"]["verdict"] == "beyond_noise" and st["noise"]["ci_lo"] > 0, st
+    assert c["headline"][0].startswith("steps/s") and "beyond noise" in c["headline"][0]
+
+
+def test_two_duty_cycled_runs_of_the_fix_are_within_noise(fast, capsys):
+    # GIVEN two recordings of the fix, both duty-cycled; THEN steps/s is within noise
+    assert main(["compare", str(fast["after"][0]), str(fast["rerun"][0]), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)["steps"]
+    assert st["noise"]["verdict"] == "within_noise", st

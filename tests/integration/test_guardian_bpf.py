@@ -1,4 +1,4 @@
-"""The guardian (tracer/guardian.py): whatever kills the recorder, no traced process stays stopped.
+"""The guardian (tracer/recorder/guardian.py): whatever kills the recorder, no traced process stays stopped.
 
 Real eBPF: late_load.py opens the stand-in libcudart after start, which the probes stop it for (a library-load
 hold). The recorder is told to wait before attaching (a test hook), is killed with SIGKILL meanwhile, and the
@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 from conftest import PY, ROOT, TRACER, workload
 
-from tracer.attach import HOLD_DELAY_ENV
+from tracer.recorder.attach import HOLD_DELAY_ENV
 
 
 def _state(pid: int) -> str | None:

@@ -12,7 +12,18 @@ from mcp_server.server import build_server
 
 pytestmark = pytest.mark.bpf
 
-TOOLS = {"get_trace_stats", "get_causal_chains", "get_time_breakdown", "get_stacks", "run_sql", "compare_traces"}
+TOOLS = {
+    "get_trace_stats",
+    "get_causal_chains",
+    "get_time_breakdown",
+    "get_ranks",
+    "get_stacks",
+    "get_step_series",
+    "get_waits",
+    "compare_processes",
+    "run_sql",
+    "compare_traces",
+}
 
 
 @pytest.fixture(scope="module")

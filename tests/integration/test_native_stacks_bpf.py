@@ -1,11 +1,10 @@
 """Native user stacks from real eBPF: the frame-pointer walk (BPF_STACK_TRACE) and the stack copy
-(probes/native_stack.h) unwound with .eh_frame (tracer/unwind.py), on the C++ fixtures built with and without
+(probes/native_stack.h) unwound with .eh_frame (tracer/recorder/unwind.py), on the C++ fixtures built with and without
 frame pointers. Needs root and a BPF-capable kernel.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,15 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from tracer.events import USTACK_HEADER_DTYPE, C, UstackRecord, decode_ustack
-from tracer.procmaps import MapCache
-from tracer.symbolize import NativeFrame, Symbolizer, stack_addrs
-from tracer.unwind import unwind_record
+from tests.support.need import need, need_root
+from tracer.recorder.events import USTACK_HEADER_DTYPE, C, UstackRecord, decode_ustack
+from tracer.recorder.procmaps import MapCache
+from tracer.recorder.symbolize import NativeFrame, Symbolizer, stack_addrs
+from tracer.recorder.unwind import unwind_record
 
-pytestmark = [
-    pytest.mark.bpf,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root for eBPF"),
-]
+pytestmark = pytest.mark.bpf
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    need_root("eBPF")
+
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,8 +78,7 @@ CALLS = 3
 
 @pytest.fixture(scope="module")
 def fixture_libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("g++") is None or shutil.which("make") is None:
-        pytest.skip("needs g++ and make to build fixtures/cxx")
+    need(shutil.which("g++") and shutil.which("make"), "needs g++ and make to build fixtures/cxx")
     build = tmp_path_factory.mktemp("cxxbuild")
     subprocess.run(["make", "-s", "-C", str(REPO / "fixtures" / "cxx"), f"BUILD={build}"], check=True)
     return build
@@ -127,7 +129,7 @@ def _capture(lib: Path, tmp_path: Path) -> tuple[list[list[NativeFrame]], list[l
             proc.wait()
     # THEN both stacks resolve, after the process is gone, through the map read while it ran
     assert len(events) == CALLS
-    assert sizes == {USTACK_HEADER_DTYPE.itemsize + C.USTACK_MAX}  # common.h and tracer/events.py agree
+    assert sizes == {USTACK_HEADER_DTYPE.itemsize + C.USTACK_MAX}  # common.h and tracer/recorder/events.py agree
     assert all(ev.data for ev in events)
     fp = [symbolizer.symbolize(ev.pid, stack_addrs(bpf[b"native_stacks"], ev.native_id)) for ev in events]
     eh = [symbolizer.symbolize(ev.pid, unwind_record(ev, maps)) for ev in events]

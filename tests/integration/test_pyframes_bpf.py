@@ -1,5 +1,5 @@
 """Real eBPF: probes/pyframes.h walks the Python stack of pyfix_nested.py at a uprobe on libc labs, and
-tracer/pyruntime.py resolves it to the exact frames and executing lines, for every installed interpreter, in
+tracer/recorder/pyruntime.py resolves it to the exact frames and executing lines, for every installed interpreter, in
 the main thread, a thread, and a forked child that exits right after its call.
 
 Run alone for timings: ``.venv/bin/python tests/integration/test_pyframes_bpf.py`` prints BPF ns per hit of
@@ -23,16 +23,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tracer import pyruntime  # noqa: E402 (after the sys.path insert above)
+# after the sys.path insert above (this file also runs as a script)
+from tests.support.interpreters import DEBIAN_PYTHON, PYENV_VERSIONS, pyenv_python  # noqa: E402
+from tests.support.need import need, need_root  # noqa: E402
+from tracer.recorder import pyruntime  # noqa: E402
+from tracer.recorder.cpython import pycfg  # noqa: E402
 
 FIXTURE = Path(__file__).with_name("pyfix_nested.py")
-PYENV = Path("/root/.pyenv/versions")
-INTERPRETERS = {
-    "3.10": PYENV / "3.10.13/bin/python",
-    "3.11": PYENV / "3.11.7/bin/python",
-    "3.12": PYENV / "3.12.1/bin/python",
-    "3.13": PYENV / "3.13.0/bin/python",
-    "debian-3.11": Path("/usr/bin/python3.11"),
+# name -> the interpreter (None: not installed here)
+INTERPRETERS: dict[str, Path | None] = {
+    **{v: pyenv_python(v) for v in PYENV_VERSIONS},
+    "debian-3.11": DEBIAN_PYTHON if DEBIAN_PYTHON.exists() else None,
 }
 MARK = 7_000_000
 BENCH_ARG = MARK + 999
@@ -42,7 +43,7 @@ MAX_PY_FRAMES = 64
 pytestmark = pytest.mark.bpf
 
 # pyframes.h is pasted into the text, not #included: bcc rewrites map methods (pycfg.lookup) only in the main
-# text (tracer/program.py inlines it the same way).
+# text (tracer/recorder/program.py inlines it the same way).
 BPF_PROGRAM = r"""
 #include "common.h"
 PYFRAMES_H
@@ -149,16 +150,11 @@ def fixture_lines() -> dict[str, int]:
     return out
 
 
-def _need_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root for eBPF")
-
-
 def load_bpf():
     from bcc import BPF
 
     text = BPF_PROGRAM.replace("PYFRAMES_H", (ROOT / "probes" / "pyframes.h").read_text())
-    b = BPF(text=text.encode(), cflags=[f"-I{ROOT / 'probes'}", f"-DMARK={MARK}", *pyruntime.cflags()])
+    b = BPF(text=text.encode(), cflags=[f"-I{ROOT / 'probes'}", f"-DMARK={MARK}", *pycfg.cflags()])
     b.attach_uprobe(name="c", sym="labs", fn_name="on_labs")
     # A ring buffer can be opened once per BPF object: route its records to the session that is running.
     b.cht_session = None
@@ -244,7 +240,7 @@ def _simplify(frames: list[pyruntime.PyFrameInfo]) -> list[tuple[str, str, int]]
 
 @pytest.fixture(scope="module")
 def bpf():
-    _need_root()
+    need_root("eBPF")
     b = load_bpf()
     yield b
     b.cleanup()
@@ -253,8 +249,8 @@ def bpf():
 @pytest.mark.parametrize("name", list(INTERPRETERS))
 def test_exact_frames(bpf, name: str) -> None:
     interp = INTERPRETERS[name]
-    if not interp.exists():
-        pytest.skip(f"{interp} not installed")
+    need(interp is not None, f"CPython {name} is not installed (pyenv install {name})")
+    assert interp is not None
     s = Session(bpf, interp, ["main", "thread", "fork"])
     try:
         s.run()
@@ -265,9 +261,9 @@ def test_exact_frames(bpf, name: str) -> None:
 
 def test_truncated(bpf) -> None:
     """A stack deeper than MAX_PY_FRAMES: PYS_TRUNCATED, the innermost MAX_PY_FRAMES frames kept."""
-    interp = next((p for p in INTERPRETERS.values() if p.exists()), None)
-    if interp is None:
-        pytest.skip("no interpreter installed")
+    interp = next((p for p in INTERPRETERS.values() if p is not None), None)
+    need(interp is not None, f"no CPython {'/'.join(INTERPRETERS)} is installed")
+    assert interp is not None
     s = Session(bpf, interp, [f"deep:{MAX_PY_FRAMES + 10}"])
     try:
         s.run()
@@ -283,8 +279,8 @@ def test_truncated(bpf) -> None:
 
 
 def test_cfg_layout_matches_c(bpf) -> None:
-    """The ctypes PyCfg written by pyruntime is the struct py_cfg bcc compiled."""
-    assert ct.sizeof(bpf["pycfg"].Leaf) == ct.sizeof(pyruntime.PyCfg) == 56
+    """The ctypes PyCfg that pyruntime writes is the struct py_cfg bcc compiled."""
+    assert ct.sizeof(bpf["pycfg"].Leaf) == ct.sizeof(pycfg.PyCfg) == 56
     assert ct.sizeof(StackEvent) == ct.sizeof(bpf["scratch"].sLeaf)
 
 
@@ -335,7 +331,7 @@ def bench(calls: int = 20000) -> None:
         f.write("1")
     try:
         for name, interp in INTERPRETERS.items():
-            if not interp.exists():
+            if interp is None:
                 continue
             row = []
             for depth in (3, 28):

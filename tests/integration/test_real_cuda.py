@@ -45,6 +45,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from probes.catalog import CATALOG, MEMCPY_KIND_NAMES, NO_ARG, Layer, MemcpyKind, OpClass, spec_of
+from tests.support.need import need_nothing_missing
 
 pytestmark = pytest.mark.bpf
 
@@ -81,9 +82,7 @@ def _why_not() -> str | None:
 @pytest.fixture(scope="session")
 def rc_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build fixtures/real_cuda once per session (nvcc takes seconds per file); return the build directory."""
-    why = _why_not()
-    if why:
-        pytest.skip(why)
+    need_nothing_missing(_why_not())
     build = tmp_path_factory.mktemp("real_cuda")
     subprocess.run(["make", "-s", "-C", str(SOURCES), f"BUILD={build}", f"NVCC={NVCC}"], check=True)
     return build
@@ -275,8 +274,7 @@ def test_fixture_calls_every_runtime_op_of_the_catalog(untraced: Program) -> Non
 
 def test_chevron_entry_is_a_tail_jump_into_cudaLaunchKernel() -> None:
     # GIVEN the real runtime's exported entry points
-    if _why_not():
-        pytest.skip(_why_not())
+    need_nothing_missing(_why_not())
     with CUDART.open("rb") as f:
         elf = ELFFile(f)
         dynsym = elf.get_section_by_name(".dynsym")
@@ -299,7 +297,7 @@ def test_chevron_entry_is_a_tail_jump_into_cudaLaunchKernel() -> None:
 
 
 def _hot(op: str) -> bool:
-    """True for the kernel launches, the hot path the recorder may duty-cycle (tracer/budget.py). A graph launch
+    """True for the kernel launches, the hot path the recorder may duty-cycle (recorder/budget.py). A graph launch
     carries no kernel and comes once a step, like a sync: sampling it saves nothing, and a once-called
     cudaGraphLaunch that falls in a closed window disappears from op_stats altogether (seen in the long run)."""
     spec = spec_of(op)

@@ -8,7 +8,6 @@ tracer.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shlex
@@ -39,6 +38,8 @@ from conftest import (
 )
 
 from probes.catalog import OP_NAMES
+from tests.support.interpreters import PYENV_VERSIONS, pyenv_python
+from tests.support.need import need
 
 pytestmark = pytest.mark.bpf
 
@@ -326,8 +327,7 @@ def world_writable() -> Iterator[Path]:
 
 def test_not_root_exits_3_with_a_sudo_hint(world_writable: Path) -> None:
     # GIVEN an unprivileged user and a directory it may write
-    if not shutil.which("setpriv"):
-        pytest.skip("no setpriv")
+    need(shutil.which("setpriv"), "no setpriv (util-linux)")
     # WHEN it records
     proc = _as_nobody(["--db", str(world_writable / "x.duckdb"), "--", PY, "-c", "pass"])
     # THEN exit 3, one error line, and the hint says sudo
@@ -337,8 +337,7 @@ def test_not_root_exits_3_with_a_sudo_hint(world_writable: Path) -> None:
 
 def test_db_under_an_unsearchable_directory_is_one_error_line() -> None:
     # GIVEN an unprivileged user and a --db inside /root (mode 0700: not even stat-able)
-    if not shutil.which("setpriv"):
-        pytest.skip("no setpriv")
+    need(shutil.which("setpriv"), "no setpriv (util-linux)")
     # WHEN it records; THEN one error line, no traceback
     _assert_clean_error(_as_nobody(["--db", "/root/cht-x/x.duckdb", "--", PY, "-c", "pass"]))
 
@@ -393,11 +392,11 @@ def test_sigint_stops_and_leaves_a_readable_db(tmp_path: Path) -> None:
 
 # --- 7. Python stacks per interpreter ------------------------------------------------------------------------
 
-INTERPRETERS = {
-    **{Path(p).parts[-3]: p for p in sorted(glob.glob("/root/.pyenv/versions/3.1[0-3].*/bin/python"))},
-    "debian": "/usr/bin/python3",
+# name -> the interpreter (None: not installed here)
+INTERPRETERS: dict[str, str | None] = {
+    **{v: str(p) if (p := pyenv_python(v)) else None for v in PYENV_VERSIONS},
+    "debian": "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else None,
 }
-INTERPRETERS = {k: v for k, v in INTERPRETERS.items() if os.path.exists(v)}
 MODES = ("main", "fork")
 
 
@@ -407,6 +406,7 @@ def nested(tmp: Path) -> Recording:
     script = "; ".join(
         f"{shlex.quote(py)} {shlex.quote(workload('nested.py'))} --mode {m} --expect {tmp}/nested-{k}-{m}.json"
         for k, py in INTERPRETERS.items()
+        if py is not None
         for m in MODES
     )
     db = tmp / "nested.duckdb"
@@ -416,10 +416,9 @@ def nested(tmp: Path) -> Recording:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("interp", list(INTERPRETERS) or ["none"])
+@pytest.mark.parametrize("interp", list(INTERPRETERS))
 def test_python_stack_of_cudamalloc(interp: str, mode: str, nested: Recording) -> None:
-    if interp not in INTERPRETERS:
-        pytest.skip("no interpreter")
+    need(INTERPRETERS[interp] is not None, f"CPython {interp} is not installed")
     # GIVEN nested.py's own record of the stack its first cudaMalloc had (outermost first)
     expect = json.loads((nested.counts / f"nested-{interp}-{mode}.json").read_text())
     call = next(c for c in expect["calls"] if c["op"] == "cudaMalloc")

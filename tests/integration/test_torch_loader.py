@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from conftest import ROOT, TRACER, expected_ops, query, read_counts, record, recorded_ops, workload
 
+from tests.support.need import need_nothing_missing
+
 pytestmark = pytest.mark.bpf
 
 VENV_PY = ROOT / ".venv" / "bin" / "python"  # /usr/bin/python3 (Debian 3.11) with the venv's site-packages
@@ -56,9 +58,7 @@ class TorchRun:
 
 
 def _record(tmp: Path, name: str, persistent: bool) -> TorchRun:
-    why = _why_not()
-    if why:
-        pytest.skip(why)
+    need_nothing_missing(_why_not())
     db, counts = tmp / f"{name}.duckdb", tmp / f"{name}-counts"
     args = ["--workers", str(WORKERS), "--epochs", str(EPOCHS), "--steps", str(STEPS), "--counts-dir", str(counts)]
     if persistent:

@@ -14,8 +14,12 @@ there the recorder is recognised by its process name (:data:`TRACER_COMMS`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import duckdb
+
+from tracer.analysis.db import session_row
+from tracer.vocabulary import LAUNCHER_ROLE, RANK_ROLE
 
 S = 1_000_000_000
 DATALOADER_COMM = "pt_data_worker"
@@ -35,6 +39,12 @@ class Proc:
     first_ns: int
     exit_ns: int | None
     exit_code: int | None
+    # its place in a distributed job (schema v3; None on older recordings and outside a job)
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    job_id: str | None = None
+    launcher: str | None = None  # set on a process that started ranks (torchrun's agent, mpirun)
 
 
 @dataclass
@@ -61,12 +71,23 @@ class RecordingInfo:
         p = self.procs.get(pid) if pid is not None else None
         return p.comm if p else "?"
 
-    @property
+    @cached_property
     def tracer_pids(self) -> frozenset[int]:
+        """The recorder's own pids. Computed once: roles and holders ask per process, and a fork-heavy recording
+        has tens of thousands (rebuilt per call, this set was 59% of `tracer stats` at 16 K processes)."""
         pids = {p.pid for p in self.procs.values() if p.role == "tracer"}
         if self.recorder_pid:
             pids.add(self.recorder_pid)
         return frozenset(pids)
+
+    @cached_property
+    def children(self) -> dict[int, list[int]]:
+        """{pid: the pids it forked}, built once for :meth:`descendants`."""
+        kids: dict[int, list[int]] = {}
+        for p in self.procs.values():
+            if p.ppid is not None and p.ppid != p.pid:
+                kids.setdefault(p.ppid, []).append(p.pid)
+        return kids
 
     def is_tracer(self, pid: int | None, comm: str | None = None, flagged: bool | None = None) -> bool:
         """Return True when a task is the tracer: flagged so by the recorder, one of its pids, or (v1) its name."""
@@ -81,11 +102,30 @@ class RecordingInfo:
         p = self.procs.get(pid) if pid is not None else None
         return p is not None and p.role != "tracer"
 
+    @cached_property
+    def rank_pids(self) -> dict[int, int]:
+        """{pid: rank} of each rank's own process: a process with a rank whose parent is not that rank of that job
+        (a rank's forked DataLoader workers inherit its environment, so its rank, and are not ranks)."""
+        out: dict[int, int] = {}
+        for p in self.procs.values():
+            if p.rank is None or p.role == "tracer":
+                continue
+            parent = self.procs.get(p.ppid) if p.ppid is not None else None
+            if parent is None or (parent.rank, parent.job_id) != (p.rank, p.job_id):
+                out[p.pid] = p.rank
+        return out
+
     def process_role(self, pid: int) -> str:
-        """Return main | dataloader_worker | child | tracer for ``pid``."""
+        """Return main | rank | launcher | dataloader_worker | child | tracer for ``pid``: the one definition of a
+        process's role, which every analysis, view and export uses. In a distributed job each rank's own process
+        is a ``rank`` (each one trains) and the process that started them (torchrun's agent) a ``launcher``."""
         p = self.procs.get(pid)
         if p is not None and p.role == "tracer" or pid in self.tracer_pids:
             return "tracer"
+        if pid in self.rank_pids:
+            return RANK_ROLE
+        if p is not None and p.launcher:
+            return LAUNCHER_ROLE
         if pid == self.main_pid:
             return "main"
         if p is not None and p.comm == DATALOADER_COMM:
@@ -98,17 +138,28 @@ class RecordingInfo:
 
     def descendants(self, pid: int) -> list[Proc]:
         """Return every process forked (directly or not) from ``pid``, in pid order."""
-        kids: dict[int, list[int]] = {}
-        for p in self.procs.values():
-            if p.ppid is not None:
-                kids.setdefault(p.ppid, []).append(p.pid)
-        out, todo = [], list(kids.get(pid, []))
+        seen: set[int] = {pid}
+        out, todo = [], list(self.children.get(pid, []))
         while todo:
             c = todo.pop()
-            if c in self.procs and c != pid and self.procs[c] not in out:
+            if c in self.procs and c not in seen:
+                seen.add(c)
                 out.append(self.procs[c])
-                todo.extend(kids.get(c, []))
+                todo.extend(self.children.get(c, []))
         return sorted(out, key=lambda p: p.pid)
+
+
+def most_alive_at_once(procs: list[Proc], end_ns: int) -> int:
+    """Return the most of ``procs`` alive at one time (one still running at the end lives to ``end_ns``): a
+    pool's size, also for one whose workers are forked anew every epoch (hundreds over a recording)."""
+    edges = []
+    for p in procs:
+        edges += [(p.first_ns, 1), (p.exit_ns if p.exit_ns is not None else end_ns + 1, -1)]
+    alive = most = 0
+    for _, d in sorted(edges):  # at a tie, an exit (-1) sorts before a start: workers replaced, not added
+        alive += d
+        most = max(most, alive)
+    return most
 
 
 def table_columns(conn: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
@@ -124,19 +175,18 @@ def table_columns(conn: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
 def load_recording(conn: duckdb.DuckDBPyConnection) -> RecordingInfo:
     """Return the :class:`RecordingInfo` of the DB behind ``conn``."""
     info = RecordingInfo(columns=table_columns(conn))
-    extra = "recorder_pid" if info.has("session", "recorder_pid") else "NULL"
-    s = conn.execute(
-        f"SELECT duration_s, cpu_cores, mem_bytes, target, {extra} FROM session ORDER BY session_id DESC LIMIT 1"
-    ).fetchone()
+    s = session_row(conn, ("duration_s", "cpu_cores", "mem_bytes", "target", "recorder_pid"))
     if s:
-        info.duration_ns = int((s[0] or 0) * S)
-        info.cpu_cores, info.mem_bytes, info.target = int(s[1] or 0), int(s[2] or 0), s[3] or ""
-        info.recorder_pid = s[4]
+        info.duration_ns = int((s["duration_s"] or 0) * S)
+        info.cpu_cores, info.mem_bytes = int(s["cpu_cores"] or 0), int(s["mem_bytes"] or 0)
+        info.target, info.recorder_pid = s["target"] or "", s["recorder_pid"]
     role = "coalesce(role, 'target')" if info.has("processes", "role") else "'target'"
-    for pid, ppid, comm, r, first, exit_ns, code in conn.execute(
-        f"SELECT pid, ppid, comm, {role}, first_ns, exit_ns, exit_code FROM processes ORDER BY pid"
+    dist = ("rank", "local_rank", "world_size", "job_id", "launcher")
+    dist_sql = ", ".join(c if info.has("processes", c) else "NULL" for c in dist)  # v3 columns
+    for pid, ppid, comm, r, first, exit_ns, code, *d in conn.execute(
+        f"SELECT pid, ppid, comm, {role}, first_ns, exit_ns, exit_code, {dist_sql} FROM processes ORDER BY pid"
     ).fetchall():
-        info.procs[pid] = Proc(pid, ppid, comm or "", r, int(first or 0), exit_ns, code)
+        info.procs[pid] = Proc(pid, ppid, comm or "", r, int(first or 0), exit_ns, code, *d)
     info.main_pid = _main_pid(info)
     if info.has("thread_breakdown"):
         # rows with wall time: a table holding only fault counters is not a time breakdown

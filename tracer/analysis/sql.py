@@ -1,25 +1,30 @@
 """Guarded read-only SQL over a trace DB, shared by ``tracer sql`` and the MCP ``run_sql`` tool.
 
-Layers, each closing a hole the others leave (see the research notes, DuckDB §3, and issue 11):
-1. :func:`check_statement`: exactly one statement, of type SELECT or EXPLAIN (DESCRIBE / SHOW / SUMMARIZE parse as
-   SELECT); an EXPLAIN is checked against the statement it wraps (``EXPLAIN ANALYZE CREATE ...`` runs the CREATE).
-   ATTACH, COPY, SET, PRAGMA, CALL, INSTALL/LOAD, UPDATE EXTENSIONS and every write have other types. Without this
-   check ``"COMMIT; INSERT ..."`` escapes the read-only transaction.
-2. The connection is read-only and hardened (:data:`tracer.db.READ_CONFIG`): no file or network access
-   (``read_csv('/etc/passwd')`` fails), no extension autoload/install, no replacement scans, configuration locked.
-3. ``BEGIN TRANSACTION READ ONLY`` around the query.
+Layers, each closing a hole the others leave (see the research notes, DuckDB §3, and issues 11 and 17):
+1. :func:`tracer.analysis.sqlcheck.check_statement`: DuckDB's own parser decides: exactly one statement, of type
+   SELECT (WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, PIVOT … IN) or EXPLAIN of one SELECT, the EXPLAIN rebuilt
+   from its checked parts; :func:`~tracer.analysis.sqlcheck.find_refused_names` refuses functions and views that
+   show the server (paths, settings) and SQL built at run time.
+2. The connection is read-only and hardened (:data:`tracer.analysis.db.READ_CONFIG`): no file or network access,
+   no extension autoload/install, no replacement scans, configuration locked; a query worker's DuckDB also has its
+   local file system disabled (:mod:`tracer.analysis.sqlpool`), so no statement can write a file.
+3. Each call runs on a fresh cursor (no variable, prepared statement or temp object outlives it) inside
+   ``BEGIN TRANSACTION READ ONLY``.
 4. Limits (:class:`SqlLimits`): a ``threading.Timer`` calls ``interrupt()`` after ``timeout_s``; at most
-   ``limit + 1`` rows are read for an honest ``truncated``; the rows' JSON is capped at ``reply_bytes`` and long
-   text / blob values are shortened to ``value_chars``, both said in ``note``.
+   ``limit + 1`` rows are read for an honest ``truncated``; the reply's JSON (column names and types included) is
+   capped at ``reply_bytes`` and long text / blob values are shortened to ``value_chars``, both said in ``note``.
 5. Hard limits, for what DuckDB cannot stop itself (it checks for interrupts only between vectors, so one
    ``levenshtein`` over two 100 K-char strings runs for half a minute; list functions allocate outside
    ``memory_limit``): given a path, :func:`run_sql` runs the query in a worker process
-   (:mod:`tracer.analysis.sqlpool`) under an address-space limit, DuckDB ``memory_limit`` / ``threads`` /
-   ``max_temp_directory_size``, and a wall clock that kills it.
+   (:mod:`tracer.analysis.sqlpool`) under an address-space limit, DuckDB ``memory_limit`` / ``threads``, and a
+   wall clock that kills it.
 
-Values are made JSON-safe: timestamps as ISO strings, blobs as hex, NaN/inf as null, decimals as float. A value
-Python cannot represent (``'infinity'::DATE``, a BC date, year 294247, nanoseconds) comes back as DuckDB's own
-text for it (``'infinity'``, ``'0044-03-15 (BC)'``); a UHUGEINT above 2^127 keeps its value.
+Values round-trip exactly or come back as DuckDB's own text for them: timestamps as ISO strings, blobs as hex,
+decimals as numbers when the JSON number is the same decimal (else DuckDB's text), NaN and infinities as
+``"nan"`` / ``"inf"`` / ``"-inf"``. A value Python cannot represent (``'infinity'::DATE``, a BC date, year 294247,
+nanoseconds) comes back as DuckDB's text (``'infinity'``, ``'0044-03-15 (BC)'``); TIME, TIMETZ, TIME_NS, BIT and
+INTERVAL values (Arrow drops the offset, wraps 24:00:00, renders bits as bytes, overflows long intervals) always
+do, and so does a nested value holding one; a UHUGEINT above 2^127 keeps its value.
 """
 
 from __future__ import annotations
@@ -43,16 +48,12 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from tracer.analysis import Record
+from tracer.analysis.db import LIVE_HINT, is_damaged, read_error
+from tracer.analysis.sqlcheck import ALLOWED_TEXT, SET_ADVICE, check_statement, find_refused_names, short, too_deep
 from tracer.analysis.sqllimits import LIMITS, MiB, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
-from tracer.db import is_damaged, read_error
-from tracer.errors import TracerError
+from tracer.errors import StoreError, TracerError
 
-ALLOWED_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
-ALLOWED_TEXT = "one SELECT / WITH / FROM / DESCRIBE / SHOW / SUMMARIZE / EXPLAIN statement"
 MAX_LIMIT = 100_000
-# Messages that quote the caller's input (DuckDB's "LINE 1: <the query>") are cut to this: a 1 MB argument must
-# not come back in full.
-MAX_MESSAGE_CHARS = 1_000
 # Rows are converted and measured in slices of this many: small enough that a slice of 1 MB values stays small
 # in Python, large enough that the per-slice overhead is noise for ordinary results.
 SLICE_ROWS = 64
@@ -84,72 +85,6 @@ class SqlResult(Record):
     ] = None
 
 
-# -- the statement check ---------------------------------------------------------------------------------------
-_SKIP = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.S)  # whitespace and comments
-_EXPLAIN = re.compile(r"explain\b", re.I)
-_EXPLAIN_FLAG = re.compile(r"(?:analy[sz]e|verbose)\b", re.I)
-_EXPLAIN_OPTIONS = re.compile(r"\(\s*(?:format|analy[sz]e|verbose|costs|settings)\b[^)]*\)", re.I)
-
-
-def _explained(sql: str) -> str | None:
-    """Return the statement an EXPLAIN wraps (the text after EXPLAIN [ANALYZE] [(options)]), None if unsure."""
-    pos = _SKIP.match(sql).end()  # type: ignore[union-attr]
-    m = _EXPLAIN.match(sql, pos)
-    if not m:
-        return None
-    pos = m.end()
-    while True:
-        pos = _SKIP.match(sql, pos).end()  # type: ignore[union-attr]
-        m = _EXPLAIN_FLAG.match(sql, pos) or _EXPLAIN_OPTIONS.match(sql, pos)
-        if not m:
-            return sql[pos:]
-        pos = m.end()
-
-
-def _short(text: str, n: int = MAX_MESSAGE_CHARS) -> str:
-    return text if len(text) <= n else f"{text[:n]}… ({len(text) - n:,} more characters)"
-
-
-def check_statement(query: str, limits: SqlLimits = LIMITS, _depth: int = 0) -> None:
-    """Raise :class:`SqlError` unless ``query`` is exactly one read-only statement (an EXPLAIN: of one)."""
-    if len(query) > limits.query_chars:
-        raise SqlError(
-            f"the query is {len(query):,} characters long; the limit is {limits.query_chars:,}",
-            "Send a shorter query: filter with WHERE, join tables rather than inlining values.",
-        )
-    try:
-        stmts = duckdb.extract_statements(query)
-    except duckdb.Error as e:
-        raise SqlError(f"SQL does not parse: {_short(str(e).strip())}", f"Send {ALLOWED_TEXT}.") from None
-    if len(stmts) != 1:
-        raise SqlError(
-            f"expected exactly one statement, got {len(stmts)}",
-            f"Send {ALLOWED_TEXT}, without ';' between statements.",
-        )
-    try:
-        t = stmts[0].type
-    except ValueError:  # a statement type this duckdb module has no enum member for (UPDATE EXTENSIONS)
-        t = None
-    if t not in ALLOWED_TYPES:
-        name = getattr(t, "name", None) or " ".join(w.upper() for w in stmts[0].query.split()[:2])[:40] or "these"
-        raise SqlError(
-            f"{name} statements are not allowed: the trace DB is read-only",
-            f"Send {ALLOWED_TEXT}. File access, ATTACH, COPY, SET, PRAGMA, INSTALL/LOAD and extension updates "
-            "are refused.",
-        )
-    if t == duckdb.StatementType.EXPLAIN:
-        inner = _explained(stmts[0].query)
-        if inner is None or _depth > 0:
-            raise SqlError(
-                "this EXPLAIN is not allowed: only EXPLAIN [ANALYZE] of one SELECT is",
-                "Send EXPLAIN SELECT ... or EXPLAIN ANALYZE SELECT ...",
-            )
-        try:
-            check_statement(inner, limits, _depth + 1)
-        except SqlError as e:
-            raise SqlError(f"EXPLAIN wraps a statement that is refused: {e.message}", e.hint) from None
-
-
 # -- values ------------------------------------------------------------------------------------------------------
 CUT_MARK = "…[cut: {n:,} more characters]"
 
@@ -170,13 +105,15 @@ def json_value(v: Any, value_chars: int | None = None, cuts: list[int] | None = 
         if cuts is not None:
             cuts.append(1)
         return _cut(v, value_chars)
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
+    if isinstance(v, float):  # JSON has no NaN or infinity: DuckDB's text for them
+        return v if math.isfinite(v) else ("nan" if math.isnan(v) else "inf" if v > 0 else "-inf")
     if isinstance(v, decimal.Decimal):
         if v.is_finite() and v == v.to_integral_value():
             return int(v)
         f = float(v)
-        return f if math.isfinite(f) else None
+        # a JSON number only when it reads back as this very decimal: 12345678901234567890.123456789 as a
+        # double would lose its last ten digits
+        return f if math.isfinite(f) and decimal.Decimal(repr(f)) == v else str(v)
     if isinstance(v, (dt.datetime, dt.date, dt.time)):
         return v.isoformat()
     if isinstance(v, dt.timedelta):
@@ -247,6 +184,8 @@ def _unsigned(v: Any, t: Any) -> Any:
     tid = t.id
     if tid == "uhugeint":
         return int(v) + (1 << 128) if v < 0 else v  # int first: Decimal arithmetic rounds to 28 digits
+    if tid not in _NESTED:  # only nested types have children (asking a scalar for them raises)
+        return v
     kids = t.children
     if tid in ("list", "array"):
         return [_unsigned(x, kids[0][1]) for x in v]
@@ -255,6 +194,39 @@ def _unsigned(v: Any, t: Any) -> Any:
     if tid == "map":
         return [(_unsigned(k, kids[0][1]), _unsigned(x, kids[1][1])) for k, x in v]
     return v
+
+
+# DuckDB types whose Arrow form loses the value: TIMETZ loses its offset, TIME 24:00:00 wraps to 00:00:00, TIME_NS
+# is cut to µs by Python, BIT becomes its internal bytes, an INTERVAL past 292 years overflows Arrow's
+# nanoseconds; a GEOMETRY would be WKB bytes, not its text. Such a column is cast to VARCHAR in DuckDB before
+# it reaches Arrow.
+_TEXT_TYPES = frozenset({"time", "time with time zone", "time_ns", "bit", "interval", "geometry"})
+_NESTED = frozenset({"list", "array", "struct", "map", "union"})
+
+
+def _needs_text(t: Any) -> bool:
+    """True when values of DuckDB type ``t`` must come back as DuckDB's text: a type of :data:`_TEXT_TYPES`, or a
+    nested type holding one (or a UNION holding a UHUGEINT, which :func:`_unsigned` cannot place)."""
+    tid = t.id
+    if tid in _TEXT_TYPES:
+        return True
+    if tid not in _NESTED:
+        return False
+    kids = [k for _, k in t.children if not isinstance(k, (int, str))]  # an ARRAY's size is not a type
+    if tid == "union" and any("UHUGEINT" in str(k) for k in kids):
+        return True
+    return any(_needs_text(k) for k in kids)
+
+
+def _as_text(rel: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
+    """``rel`` with each column :func:`_needs_text` picks cast to VARCHAR in DuckDB; the others untouched."""
+    if not any(_needs_text(t) for t in rel.types):
+        return rel
+    cols = []
+    for i, (name, t) in enumerate(zip(rel.columns, rel.types, strict=True), 1):
+        quoted = '"' + name.replace('"', '""') + '"'
+        cols.append(f"CAST(#{i} AS VARCHAR) AS {quoted}" if _needs_text(t) else f"#{i} AS {quoted}")
+    return rel.project(", ".join(cols))  # by position: duplicate column names stay apart
 
 
 def _flat_text(col: pa.Array, value_chars: int, cuts: list[int]) -> list[Any] | None:
@@ -296,17 +268,35 @@ def execute(
     """Run one read-only statement on the open connection ``conn``, in this process; return at most ``limit`` rows.
 
     Every failure (refusal, DuckDB error, interrupt, out of memory, a value that will not convert) raises a
-    :class:`SqlError`; the result reader and the transaction are closed before this returns or raises, so no
-    exception keeps the query alive.
+    :class:`SqlError`; the result reader, the transaction and the call's own cursor are closed before this
+    returns or raises, so no exception keeps the query alive and nothing the statement set (a variable, a
+    prepared statement, a temp object) outlives the call.
     """
     limits = SqlLimits(timeout_s=timeout_s, reply_bytes=reply_bytes, value_chars=value_chars)
-    check_statement(query, limits)
+    statement = check_statement(query, limits)
     limit = max(1, min(int(limit), MAX_LIMIT))
+    cur = conn.cursor()
+    try:
+        return _execute(cur, conn, statement, limit, timeout_s, reply_bytes, value_chars)
+    finally:
+        cur.close()
+
+
+def _execute(
+    cur: duckdb.DuckDBPyConnection,
+    conn: duckdb.DuckDBPyConnection,
+    statement: str,
+    limit: int,
+    timeout_s: float,
+    reply_bytes: int,
+    value_chars: int,
+) -> SqlResult:
+    """:func:`execute` of the checked ``statement`` on the call's cursor ``cur`` (``conn``: its connection)."""
     fired = threading.Event()
 
     def interrupt() -> None:
         fired.set()
-        conn.interrupt()
+        cur.interrupt()
 
     timer = threading.Timer(timeout_s, interrupt)
     t0 = time.perf_counter()
@@ -317,29 +307,34 @@ def execute(
     notes: list[str] = []
     reader = None
     try:
-        conn.execute("BEGIN TRANSACTION READ ONLY")
+        find_refused_names(cur, statement)
+        cur.execute("BEGIN TRANSACTION READ ONLY")
         timer.start()
         try:
             # A relation streams: DuckDB computes the rows as they are read, where execute() would first
             # materialize all of them (twice the memory of 300 one-megabyte values).
-            rel = conn.sql(query)
+            rel = cur.sql(statement)
             if rel is not None:
                 desc = list(zip(rel.columns, rel.types, strict=True))
+                used = _header_bytes(desc, reply_bytes)
+                rel = _as_text(rel)
                 # Arrow, not fetchmany: Python conversion of TIMESTAMPTZ needs pytz; Arrow uses zoneinfo
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     reader = rel.to_arrow_reader(min(limit + 1, READ_BATCH_ROWS))
                 rel = None
-                rows, truncated, notes = _read_rows(conn, reader, desc, limit, reply_bytes, value_chars)
+                rows, truncated, notes = _read_rows(conn, reader, desc, limit, reply_bytes, value_chars, used)
         finally:
             timer.cancel()
             if reader is not None:
                 reader.close()
             reader = None
             try:
-                conn.execute("ROLLBACK")
+                cur.execute("ROLLBACK")
             except duckdb.Error:
                 pass
+    except TracerError as e:  # a refusal by name, or column names over the reply cap
+        failure = e
     except duckdb.Error as e:
         failure = _sql_error(e, fired.is_set(), timeout_s)
     except MemoryError as e:  # Python's, or pyarrow's ArrowMemoryError
@@ -349,7 +344,7 @@ def execute(
             failure = _oom(e)
         else:
             failure = SqlError(
-                f"could not convert the result: {type(e).__name__}: {_short(str(e), 200)}",
+                f"could not convert the result: {type(e).__name__}: {short(str(e), 200)}",
                 "Cast the column to VARCHAR in the query (col::VARCHAR).",
             )
     if failure is not None:  # raised outside the except blocks: no traceback holds the query's objects
@@ -365,6 +360,29 @@ def execute(
     )
 
 
+# What a reply holds besides its columns and rows (row_count, truncated, elapsed_ms, a note): counted against
+# the reply cap with them, generously.
+RESULT_OVERHEAD_BYTES = 1024
+
+
+def _header_bytes(desc: list[Any], reply_bytes: int) -> int:
+    """Bytes of the reply that are not rows: column names and types plus :data:`RESULT_OVERHEAD_BYTES`.
+
+    Raises:
+        SqlError: they alone exceed ``reply_bytes`` (a thousand 2,000-character column names are 2 MB).
+    """
+    names = [d[0] for d in desc]
+    head = {"columns": names, "column_types": [str(d[1]) for d in desc]}
+    n = len(json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode()) + RESULT_OVERHEAD_BYTES
+    if n > reply_bytes:
+        raise SqlError(
+            f"the result's {len(names):,} column names and types alone take {n:,} bytes, over the "
+            f"{reply_bytes:,}-byte reply cap",
+            "Select fewer columns, or give them short names (expr AS a).",
+        )
+    return n
+
+
 def _read_rows(
     conn: duckdb.DuckDBPyConnection,
     reader: pa.RecordBatchReader,
@@ -372,13 +390,15 @@ def _read_rows(
     limit: int,
     reply_bytes: int,
     value_chars: int,
+    used: int = 0,
 ) -> tuple[list[list[Any]], bool, list[str]]:
-    """Return (JSON-safe rows, whether more rows exist, notes): at most ``limit`` rows within ``reply_bytes``."""
+    """Return (JSON-safe rows, whether more rows exist, notes): at most ``limit`` rows within ``reply_bytes``, of
+    which ``used`` bytes are already taken (column names and types)."""
     types = [d[1] for d in desc]
-    unsigned = {i for i, t in enumerate(types) if "UHUGEINT" in str(t)}
+    unsigned = {i for i, t in enumerate(types) if "UHUGEINT" in str(t) and not _needs_text(t)}
     rows: list[list[Any]] = []
     cuts: list[int] = []
-    size = 2  # the enclosing []
+    size = used + 2  # the enclosing []
     for batch in reader:
         start = 0
         while start < batch.num_rows:
@@ -436,7 +456,17 @@ def _cut_note(rows: list[list[Any]], cuts: list[int], value_chars: int) -> list[
     return [f"{n} long values were cut to {value_chars:,} characters (marked …[cut: N more characters])"]
 
 
+NAMES_HINT = "Check table and column names: read trace://schema or run SHOW TABLES / DESCRIBE cuda_calls."
+
+
+def is_lock_conflict(e: BaseException) -> bool:
+    """True when DuckDB could not take the file's lock: another process writes the DB (not a damaged file)."""
+    low = str(e).lower()
+    return "could not set lock" in low or "conflicting lock" in low
+
+
 def _sql_error(e: duckdb.Error, fired: bool, timeout_s: float) -> TracerError:
+    """The error to report for DuckDB's ``e``, with advice that works in run_sql."""
     if fired or isinstance(e, duckdb.InterruptException):
         return QueryTimeout(
             f"query interrupted after {timeout_s:g} s",
@@ -444,18 +474,39 @@ def _sql_error(e: duckdb.Error, fired: bool, timeout_s: float) -> TracerError:
         )
     if isinstance(e, duckdb.OutOfMemoryException):
         return _oom(e)
+    text = str(e).strip()
+    low = text.lower()
+    if is_lock_conflict(e):  # before is_damaged: a lock conflict is an IOException too
+        return StoreError("the trace DB is held by another process (it holds the file lock)", LIVE_HINT)
+    if isinstance(e, duckdb.PermissionException) or "file system operations are disabled" in low:
+        return SqlError(
+            "file system operations are disabled in run_sql: it reads the trace DB's tables and nothing else "
+            f"(no files, URLs or extensions) ({short(text.splitlines()[0], 200)})",
+            "Query the trace's tables: read trace://schema or run SHOW TABLES.",
+        )
     if is_damaged(e):  # the file changed or is cut short: say so, not "check your column names"
         return read_error("the trace DB", e)  # type: ignore[return-value]
-    return SqlError(
-        f"DuckDB: {_short(str(e).strip())}",
-        "Check table and column names: read trace://schema or run SHOW TABLES / DESCRIBE cuda_calls.",
-    )
+    if "expression depth" in low:
+        return too_deep()
+    if "lambda arrow" in low:
+        return SqlError(
+            "DuckDB refuses the arrow lambda syntax (x -> x + 1)",
+            "Write lambdas as lambda x: x + 1, e.g. list_transform(l, lambda x: x + 1).",
+        )
+    message = f"DuckDB: {short(SET_ADVICE.sub('', text))}"
+    if isinstance(e, (duckdb.CatalogException, duckdb.BinderException)):
+        return SqlError(message, NAMES_HINT)
+    if isinstance(e, duckdb.ParserException):
+        return SqlError(message, f"Fix the syntax (DuckDB's SQL dialect) and send {ALLOWED_TEXT}.")
+    if isinstance(e, (duckdb.ConversionException, duckdb.OutOfRangeException)):
+        return SqlError(message, "Cast or filter the values that do not fit: TRY_CAST gives NULL instead of failing.")
+    return SqlError(message, "Change the query as DuckDB's message says.")
 
 
 def _oom(e: BaseException | None) -> QueryOutOfMemory:
     return QueryOutOfMemory(
         f"the query ran out of memory (limit {LIMITS.memory_bytes // MiB} MiB)"
-        + (f": {_short(str(e).splitlines()[0], 200)}" if e is not None and str(e) else ""),
+        + (f": {short(str(e).splitlines()[0], 200)}" if e is not None and str(e) else ""),
         "Aggregate or filter before building large values (lists, string_agg, repeat), and select fewer rows.",
     )
 
@@ -467,6 +518,7 @@ def run_sql(
     timeout_s: float = LIMITS.timeout_s,
     *,
     reply_bytes: int = LIMITS.reply_bytes,
+    client: str | None = None,
 ) -> SqlResult:
     """Run one read-only statement on the trace DB and return at most ``limit`` rows.
 
@@ -477,7 +529,9 @@ def run_sql(
             recorder's in-process server over a DB it is still writing).
         limit: row cap (1..100000); ``truncated`` says whether more rows existed.
         timeout_s: interrupt the query after this many seconds (raises :class:`QueryTimeout`).
-        reply_bytes: cap on the JSON of the rows (``truncated`` and ``note`` say when it was hit).
+        reply_bytes: cap on the JSON of the result, column names and types included (``truncated`` and ``note``
+            say when rows were left out for it).
+        client: who asks (an MCP session id), for the query workers' fair queue; None: this process.
     Raises:
         SqlError: refused statement, DuckDB error, timeout, out of memory. StoreError: unreadable DB.
     """
@@ -485,4 +539,4 @@ def run_sql(
         return execute(db, query, limit, timeout_s, reply_bytes=reply_bytes)
     from tracer.analysis.sqlpool import default_pool
 
-    return default_pool().run(db, query, limit, timeout_s, reply_bytes=reply_bytes)
+    return default_pool().run(db, query, limit, timeout_s, reply_bytes=reply_bytes, client=client)

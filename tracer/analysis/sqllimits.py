@@ -20,23 +20,26 @@ class SqlLimits:
             ``kill_grace_s`` later (inside one long scalar function) is killed and replaced.
         memory_bytes: how much a query worker's address space may grow above its idle size (RLIMIT_AS). A query
             that needs more fails with an out-of-memory error; the worker is then replaced.
-        duckdb_memory_bytes: DuckDB ``memory_limit`` (its buffer manager); larger sorts and joins spill to a
-            private temp directory of at most ``temp_bytes``.
+        duckdb_memory_bytes: DuckDB ``memory_limit`` (its buffer manager). Nothing spills to disk (a query
+            worker's DuckDB has no file system: issue 17), so a sort or join that needs more fails with an
+            out-of-memory error.
         threads: DuckDB threads per query worker.
         reply_bytes: cap on the JSON of the returned rows; more rows come back with ``truncated`` and a note.
         value_chars: longer text values (and blobs, in bytes) are cut to this many characters, with a note.
         query_chars: longer queries are refused before they are parsed.
+        queue_wait_s: how long a query waits for a free query worker before it is refused as busy: one query
+            ahead of it, stopped at ``timeout_s`` and killed ``kill_grace_s`` later, plus the start of a worker.
     """
 
     timeout_s: float = 10.0
     kill_grace_s: float = 1.0
     memory_bytes: int = 768 * MiB
     duckdb_memory_bytes: int = 384 * MiB
-    temp_bytes: int = 1024 * MiB
     threads: int = 2
     reply_bytes: int = 1 * MiB
     value_chars: int = 16_384
     query_chars: int = 100_000
+    queue_wait_s: float = 15.0
 
     def describe(self) -> str:
         """One line naming the limits, for help texts and tool descriptions."""

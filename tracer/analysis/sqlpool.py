@@ -8,9 +8,19 @@ process serving MCP takes every other tool down with it. A worker runs the query
 - an address-space limit (RLIMIT_AS): its idle size plus :attr:`SqlLimits.memory_bytes`. DuckDB turns a failed
   allocation into an out-of-memory error; a worker that grew by more than :data:`RETIRE_GROWTH_BYTES` (allocators
   keep freed memory) or hit the limit is replaced after it answers;
-- DuckDB ``memory_limit``, ``threads`` and ``max_temp_directory_size``, spilling into a private temp directory;
+- DuckDB ``memory_limit`` and ``threads``;
 - a wall clock: the worker interrupts DuckDB at ``timeout_s``; a worker still busy ``kill_grace_s`` later is
-  killed (SIGKILL) and replaced.
+  killed (SIGKILL) and replaced;
+- no file writes (issue 17): the DB is opened read-only, then DuckDB's local file system is disabled
+  (``disabled_filesystems``) and the configuration locked. The open file is still read, but no statement can
+  open another: ``COPY … TO`` the served DB or anywhere else, ``EXPORT``, ``read_csv`` all fail inside DuckDB,
+  whatever the statement check let through (``allowed_paths`` cannot do this: DuckDB always adds the DB, its
+  ``.wal`` and the temp directory to it). Nothing spills to disk either (no temp directory), so the disk cap is
+  zero bytes and ``memory_limit`` bounds each query.
+
+Queries wait for a worker in a fair queue (:mod:`tracer.analysis.sqlqueue`): one client (``client=``, an MCP
+session) holds at most ``size - 1`` workers, the next free worker goes to the waiting client running fewest
+queries, and a query that finds no worker within :attr:`SqlLimits.queue_wait_s` is refused as busy.
 
 :class:`SqlPool` keeps ``size`` workers started (``start``) so an ordinary query pays a pipe round trip, not a
 process start; a worker keeps its read-only connection open between queries, reopening it when the file changes
@@ -30,11 +40,9 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict
@@ -42,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracer.analysis.sqllimits import LIMITS, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
+from tracer.analysis.sqlqueue import LOCAL_CLIENT, FairShare
 from tracer.errors import StoreError, TracerError
 
 if TYPE_CHECKING:
@@ -54,6 +63,7 @@ STANDBY_AFTER_S = 0.2
 READY_S = 30.0  # a worker's start (Python + duckdb + pyarrow imports) on a loaded 2-core machine
 IDLE_CLOSE_S = 30.0
 RETIRE_GROWTH_BYTES = 256 << 20
+CLIENT_WAITING = 4  # queries one client may have waiting for a worker; more are refused at once
 _ERRORS: dict[str, type[TracerError]] = {
     c.__name__: c for c in (SqlError, QueryTimeout, QueryOutOfMemory, StoreError, TracerError)
 }
@@ -65,6 +75,11 @@ class _Gone(Exception):
     def __init__(self, before_request: bool = False) -> None:
         super().__init__()
         self.before_request = before_request
+        self.how = "ended"  # how the process ended, once known
+
+
+class _TooBig(_Gone):
+    """The worker's answer grew past what any answer within the reply cap can be (it is killed, not trusted)."""
 
 
 class _Late(Exception):
@@ -84,8 +99,7 @@ class _Worker:
     """One query worker process and its pipes; used by one thread at a time."""
 
     def __init__(self, limits: SqlLimits, preopen: str | None) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="tracer-sql-")
-        cfg = {**asdict(limits), "temp_dir": self.tmp, "preopen": preopen}
+        cfg = {**asdict(limits), "preopen": preopen}
         root = str(Path(__file__).resolve().parents[2])  # the worker imports this very tracer package
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         env["MALLOC_ARENA_MAX"] = "2"  # glibc reserves 64 MiB of address space per arena and thread otherwise
@@ -152,7 +166,7 @@ class _Worker:
                 raise _Gone
             self._buf += chunk
             if len(self._buf) > max_bytes:  # a worker never sends this much: treat it as broken
-                raise _Gone
+                raise _TooBig
         line, _, rest = bytes(self._buf).partition(b"\n")
         self._buf = bytearray(rest)
         try:
@@ -172,7 +186,7 @@ class _Worker:
         return signal.Signals(-rc).name if rc < 0 else f"exit {rc}"
 
     def kill(self) -> None:
-        """Kill the process (if alive), reap it, close the pipes and remove its temp directory."""
+        """Kill the process (if alive), reap it and close the pipes."""
         if self.proc.poll() is None:
             self.proc.kill()
         try:
@@ -185,7 +199,6 @@ class _Worker:
                     f.close()
             except OSError:
                 pass
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class SqlPool:
@@ -193,12 +206,15 @@ class SqlPool:
 
     Args:
         size: most workers alive at once (concurrent queries beyond it wait for one to finish).
-        limits: memory and thread limits of each worker, and the default timeout / reply cap per query.
+        limits: memory and thread limits of each worker, the default timeout / reply cap per query, and how
+            long a query waits for a worker.
     """
 
     def __init__(self, size: int = POOL_SIZE, limits: SqlLimits = LIMITS) -> None:
         self.size = size
         self.limits = limits
+        # one worker is always left for another client; a pool of one has nothing to leave
+        self._share = FairShare(per_client=max(1, size - 1), max_waiting=CLIENT_WAITING)
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
         self._cond = threading.Condition()
@@ -238,50 +254,70 @@ class SqlPool:
             self._idle.append(w)
         self._cond.notify_all()
 
-    def _acquire(self, deadline: float) -> _Worker:
+    def _acquire(self, deadline: float, client: str) -> _Worker:
+        """A worker for one query of ``client``, counted in its share until :meth:`_done`."""
         try:
-            return self._acquire_once(deadline)
+            return self._acquire_once(deadline, client)
         except _StartFailed:  # one that died while starting (killed, or out of memory): one fresh try
             pass
         try:
-            return self._acquire_once(deadline)
+            return self._acquire_once(deadline, client)
         except _StartFailed as e:
             raise SqlError(
                 f"a query worker failed to start ({e.how})",
                 "Retry; if it persists, run `python -m tracer.analysis.sqlpool` to see why.",
             ) from None
 
-    def _acquire_once(self, deadline: float) -> _Worker:
+    def _acquire_once(self, deadline: float, client: str) -> _Worker:
         with self._cond:
-            while True:
-                if self._closed:
-                    raise SqlError("the query pool is shut down", "The server is stopping; retry after restart.")
-                if self._idle:
-                    # a worker that is ready answers now; one still starting (a replacement) only if none is
-                    w = next((x for x in reversed(self._idle) if x.poll_ready()), self._idle[-1])
-                    self._idle.remove(w)
-                    break
-                if len(self._all) < self.size:
-                    w = _Worker(self.limits, self._preopen)
-                    self._all.add(w)
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise SqlError(
-                        f"all {self.size} query workers are busy with other queries",
-                        "Retry in a few seconds, or narrow the queries that are running.",
-                    )
-                self._cond.wait(left)
+            if self._closed:
+                raise SqlError("the query pool is shut down", "The server is stopping; retry after restart.")
+            ticket = self._share.enter(client)
+            try:
+                while True:
+                    if self._closed:
+                        raise SqlError("the query pool is shut down", "The server is stopping; retry after restart.")
+                    if self._share.next_up() is ticket and (self._idle or len(self._all) < self.size):
+                        if self._idle:
+                            # a worker that is ready answers now; one still starting (a replacement) only if none is
+                            w = next((x for x in reversed(self._idle) if x.poll_ready()), self._idle[-1])
+                            self._idle.remove(w)
+                        else:
+                            w = _Worker(self.limits, self._preopen)
+                            self._all.add(w)
+                        self._share.grant(ticket)
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise SqlError(
+                            f"no query worker came free within {self.limits.queue_wait_s:g} s: all {self.size} "
+                            "are busy with other queries",
+                            "Retry in a few seconds, or narrow the queries that are running.",
+                        )
+                    self._cond.wait(left)
+            except BaseException:
+                self._share.leave(ticket)
+                raise
+            finally:
+                self._cond.notify_all()  # whoever is next in line now, or can take another idle worker
         try:
             w.wait_ready(time.monotonic() + READY_S)
         except _Late:
             self._discard(w)
+            self._done(client)
             raise _StartFailed(f"no answer in {READY_S:g} s") from None
         except (_Gone, SqlError):
             how = w.signal_name()
             self._discard(w)
+            self._done(client)
             raise _StartFailed(how) from None
         return w
+
+    def _done(self, client: str) -> None:
+        """A query of ``client`` no longer holds a worker: the next in line may take one."""
+        with self._cond:
+            self._share.done(client)
+            self._cond.notify_all()
 
     def _release(self, w: _Worker) -> None:
         with self._cond:
@@ -290,7 +326,7 @@ class SqlPool:
                 self._all.discard(w)
             else:
                 self._idle.append(w)
-            self._cond.notify()
+            self._cond.notify_all()  # the waiter whose turn it is, not any one waiter
 
     def _standby(self) -> None:
         """Start a worker beyond ``size`` now: one that is busy past its interrupt will probably be killed, and
@@ -300,14 +336,14 @@ class SqlPool:
                 w = _Worker(self.limits, self._preopen)
                 self._all.add(w)
                 self._idle.append(w)
-                self._cond.notify()
+                self._cond.notify_all()
 
     def _discard(self, w: _Worker) -> None:
         w.kill()
         with self._cond:
             self._all.discard(w)
             self._fill()
-            self._cond.notify()
+            self._cond.notify_all()
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes."""
@@ -322,12 +358,16 @@ class SqlPool:
         timeout_s: float | None = None,
         *,
         reply_bytes: int | None = None,
+        client: str | None = None,
     ) -> SqlResult:
         """Run one read-only statement on the trace DB at ``db`` in a worker; see :func:`tracer.analysis.sql.run_sql`.
 
+        Args:
+            client: who asks (an MCP session id): the fair queue's unit. None: this process's own caller.
         Raises:
             SqlError: refused, DuckDB error, :class:`QueryTimeout` (interrupted or killed at the wall clock),
-                :class:`QueryOutOfMemory`, a worker that crashed, or every worker busy. StoreError: unreadable DB.
+                :class:`QueryOutOfMemory`, a worker that crashed, an answer over the reply cap, too many queries
+                of this client waiting, or no worker free within ``queue_wait_s``. StoreError: unreadable DB.
         """
         timeout_s = self.limits.timeout_s if timeout_s is None else float(timeout_s)
         reply_bytes = self.limits.reply_bytes if reply_bytes is None else int(reply_bytes)
@@ -341,37 +381,21 @@ class SqlPool:
         }
         # ASCII JSON escapes a character in at most 12 bytes; anything bigger is a broken worker
         max_bytes = 12 * reply_bytes + (1 << 20)
+        key = client or LOCAL_CLIENT
         for attempt in range(2):
-            w = self._acquire(time.monotonic() + timeout_s + self.limits.kill_grace_s + READY_S)
-            start = time.monotonic()
+            w = self._acquire(time.monotonic() + self.limits.queue_wait_s, key)
             try:
-                w.send(request)
-                try:  # DuckDB is interrupted at timeout_s: an answer normally comes by then
-                    reply = w.answer(start + timeout_s + STANDBY_AFTER_S, max_bytes)
-                except _Late:
-                    self._standby()
-                    reply = w.answer(start + timeout_s + self.limits.kill_grace_s, max_bytes)
-            except _Late:
-                self._discard(w)
-                raise QueryTimeout(
-                    f"query stopped after {timeout_s:g} s (its worker was killed: the time went into one long "
-                    "function call that DuckDB cannot interrupt)",
-                    "Narrow it: smaller inputs to string functions (levenshtein, repeat), WHERE, LIMIT.",
-                ) from None
+                reply = self._ask(w, request, timeout_s, max_bytes)
             except _Gone as e:
-                how = w.signal_name()
-                self._discard(w)
                 if e.before_request and attempt == 0:
                     continue  # it died while idle: the query never ran, give it to a fresh worker
                 raise QueryOutOfMemory(
-                    f"the query crashed its worker process ({how}), most likely out of memory "
+                    f"the query crashed its worker process ({e.how}), most likely out of memory "
                     f"(limit {self.limits.memory_bytes >> 20} MiB); the server is unaffected",
                     "Aggregate or filter before building large values (lists, string_agg, repeat).",
                 ) from None
-            if reply.get("retire"):
-                self._discard(w)
-            else:
-                self._release(w)
+            finally:
+                self._done(key)
             if "result" in reply:
                 from tracer.analysis.sql import SqlResult
 
@@ -380,6 +404,45 @@ class SqlPool:
             cls = _ERRORS.get(err.get("kind", ""), SqlError)
             raise cls(err.get("message", "the query failed"), err.get("hint", ""))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _ask(self, w: _Worker, request: dict[str, Any], timeout_s: float, max_bytes: int) -> dict[str, Any]:
+        """Send ``request`` to the acquired worker ``w`` and return its answer; ``w`` is back in the pool, or
+        killed and replaced, when this returns or raises.
+
+        Raises:
+            _Gone: the worker died (``how`` says of what). QueryTimeout, SqlError: killed at the wall clock, or
+                an answer over ``max_bytes``.
+        """
+        start = time.monotonic()
+        try:
+            w.send(request)
+            try:  # DuckDB is interrupted at timeout_s: an answer normally comes by then
+                reply = w.answer(start + timeout_s + STANDBY_AFTER_S, max_bytes)
+            except _Late:
+                self._standby()
+                reply = w.answer(start + timeout_s + self.limits.kill_grace_s, max_bytes)
+        except _Late:
+            self._discard(w)
+            raise QueryTimeout(
+                f"query stopped after {timeout_s:g} s (its worker was killed: the time went into one long "
+                "function call that DuckDB cannot interrupt)",
+                "Narrow it: smaller inputs to string functions (levenshtein, repeat), WHERE, LIMIT.",
+            ) from None
+        except _TooBig:  # not a crash, and not memory: say what it was
+            self._discard(w)
+            raise SqlError(
+                f"the query's answer passed {max_bytes:,} bytes, more than any reply within the cap, and was dropped",
+                "Select fewer or shorter columns (short names: expr AS a), or fewer rows.",
+            ) from None
+        except _Gone as e:
+            e.how = w.signal_name()
+            self._discard(w)
+            raise
+        if reply.get("retire"):
+            self._discard(w)
+        else:
+            self._release(w)
+        return reply
 
     def close(self) -> None:
         """Kill every worker; later :meth:`run` calls raise :class:`SqlError`."""
@@ -428,23 +491,51 @@ def _limit_address_space(extra: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def query_db_config(limits: SqlLimits) -> dict[str, str | bool | int]:
+    """The DuckDB settings of a query worker's connection, added to :data:`tracer.analysis.db.READ_CONFIG`."""
+    return {
+        "memory_limit": f"{limits.duckdb_memory_bytes >> 20}MiB",
+        "threads": int(limits.threads),
+        "temp_directory": "",  # no spilling: a query over memory_limit fails rather than writes to disk
+        # $HOME must not show in duckdb_settings(): nothing is read from or written to these (no file system)
+        "home_directory": "/nonexistent",
+        "secret_directory": "/nonexistent",
+        "lock_configuration": False,  # locked by open_query_db, once the file system is off
+    }
+
+
+def open_query_db(path: str | Path, config: dict[str, str | bool | int]) -> Any:
+    """Open the trace DB at ``path`` read-only for queries: validated, then unable to touch any other file.
+
+    The open file keeps being read; no statement can open another one (``COPY … TO``, ``EXPORT``, ``read_csv``,
+    ``ATTACH``) or undo this: the local file system is disabled and the configuration locked after the open
+    (the open itself goes through that file system).
+    """
+    from tracer.analysis.db import open_trace
+
+    conn = open_trace(path, config=config)
+    try:
+        conn.execute("SET disabled_filesystems = 'LocalFileSystem'")
+        conn.execute("SET lock_configuration = true")
+    except BaseException:  # never hand out a connection that could still write
+        conn.close()
+        raise
+    return conn
+
+
 class _Connections:
     """The worker's one cached read-only connection, reopened when the file is replaced or changed."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
-        self.duckdb_config = {
-            "memory_limit": f"{cfg['duckdb_memory_bytes'] >> 20}MiB",
-            "threads": int(cfg["threads"]),
-            "temp_directory": cfg["temp_dir"],
-            "max_temp_directory_size": f"{cfg['temp_bytes'] >> 20}MiB",
-        }
+        limits = SqlLimits(duckdb_memory_bytes=int(cfg["duckdb_memory_bytes"]), threads=int(cfg["threads"]))
+        self.duckdb_config = query_db_config(limits)
         self.key: tuple[Any, ...] | None = None
         self.conn: Any = None
         self.idle_rss: int | None = None
 
     def get(self, path: str) -> Any:
-        from tracer.db import check_file, open_trace
+        from tracer.analysis.db import check_file
 
         st = check_file(path).stat()
         key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -453,7 +544,7 @@ class _Connections:
         self.close()
         _limit_address_space(None)
         try:
-            self.conn = open_trace(path, config=self.duckdb_config)
+            self.conn = open_query_db(path, self.duckdb_config)
             self.key = key
             self.conn.execute("SELECT 1").to_arrow_table()  # start DuckDB's threads before measuring
         finally:
@@ -471,21 +562,39 @@ class _Connections:
         self.conn, self.key = None, None
 
 
-def _watch_parent(parent: int, temp_dir: str | None) -> None:
+def _watch_parent(parent: int) -> None:
     """Exit when the parent is gone (it was killed without closing the pool): never outlive the server."""
     while True:
         time.sleep(0.5)
         if os.getppid() != parent:
-            if temp_dir:
-                shutil.rmtree(temp_dir, ignore_errors=True)
             os._exit(0)
+
+
+def _redactor(db: str) -> list[tuple[str, str]]:
+    """(text, replacement) pairs that keep the server's directories out of a query's error message: the DB's
+    directory (as given and resolved) and the home directory. Values are never redacted: a trace holds paths of
+    its own (Python files) that may share these prefixes."""
+    pairs = []
+    for d in {os.path.dirname(os.path.abspath(db)), os.path.dirname(os.path.realpath(db))}:
+        if len(d) > 1:
+            pairs.append((d + os.sep, ""))
+    home = os.path.expanduser("~")
+    if len(home) > 1:
+        pairs.append((home + os.sep, "~" + os.sep))
+    return pairs
+
+
+def _redact(text: str, pairs: list[tuple[str, str]]) -> str:
+    for old, new in pairs:
+        text = text.replace(old, new)
+    return text
 
 
 def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
     import duckdb
 
+    from tracer.analysis.db import is_damaged
     from tracer.analysis.sql import execute
-    from tracer.db import is_damaged
 
     conns = _Connections(cfg)
     _limit_address_space(int(cfg["memory_bytes"]))
@@ -509,9 +618,11 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
         if not line:
             return
         retire = False
+        redact: list[tuple[str, str]] = []  # set once the DB is open: the errors after that are the query's
         try:
             req = json.loads(line)
             conn = conns.get(req["db"])
+            redact = _redactor(req["db"])
             res = execute(
                 conn,
                 req["query"],
@@ -522,7 +633,7 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
             )
             reply: dict[str, Any] = {"result": res.model_dump(mode="json")}
         except TracerError as e:
-            reply = {"error": {"kind": type(e).__name__, "message": e.message, "hint": e.hint}}
+            reply = {"error": {"kind": type(e).__name__, "message": _redact(e.message, redact), "hint": e.hint}}
             # DuckDB invalidates its instance after an internal or fatal error: start afresh
             retire = isinstance(e, QueryOutOfMemory) or any(s in e.message for s in ("INTERNAL Error", "FATAL"))
             if isinstance(e, StoreError):
@@ -548,10 +659,9 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
 
 def _worker_main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the terminal is for the parent; it kills us
-    cfg = json.loads(argv[0]) if argv else asdict(LIMITS) | {"temp_dir": tempfile.gettempdir(), "preopen": None}
+    cfg = json.loads(argv[0]) if argv else asdict(LIMITS) | {"preopen": None}
     cfg.setdefault("retire_growth", RETIRE_GROWTH_BYTES)
-    temp_dir = cfg["temp_dir"] if argv else None  # ours to remove only when the parent made it for us
-    threading.Thread(target=_watch_parent, args=(os.getppid(), temp_dir), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     # the protocol gets a private copy of stdout; fd 1 goes to /dev/null so nothing else can write into it
     out = os.fdopen(os.dup(1), "wb")
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -561,9 +671,6 @@ def _worker_main(argv: list[str]) -> int:
         _serve(cfg, sys.stdin.buffer, out)
     except BrokenPipeError:  # the parent closed our pipe: it is done with us
         pass
-    finally:
-        if temp_dir:
-            shutil.rmtree(temp_dir, ignore_errors=True)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Stacks come from the stored ``cuda_calls`` rows (a budgeted sample that always keeps the slow tail), so ``calls``
 counts stored rows; ``op_calls_total`` gives the exact count from ``op_stats``. Rows without a captured stack are
-grouped as ``(no stack captured)`` with an empty frame list.
+grouped as ``(no stack captured)`` with an empty frame list, and ``coverage`` says why calls have none
+(:mod:`tracer.analysis.stack_coverage`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
+from tracer.analysis.stack_coverage import StackCoverage, stack_coverage
 
 NO_STACK = "(no stack captured)"
 
@@ -59,6 +61,9 @@ class StacksResult(Record):
     stored_calls: Annotated[int, Field(description="calls with a stored row (the ones ranked here)")]
     distinct_stacks: int
     stacks: list[StackStat]
+    coverage: Annotated[
+        StackCoverage | None, Field(description="how many calls have a stack, and why the others have none")
+    ] = None
 
 
 def known_ops(conn: duckdb.DuckDBPyConnection) -> list[str]:
@@ -135,4 +140,5 @@ def top_stacks(conn: duckdb.DuckDBPyConnection, op: str, pid: int | None = None,
         stored_calls=int(stored),
         distinct_stacks=len(groups),
         stacks=out,
+        coverage=stack_coverage(conn, op, pid),
     )

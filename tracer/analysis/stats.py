@@ -16,12 +16,18 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
-from tracer.analysis.breakdown import PartTime, ThreadTimes, TracerCost, load_thread_times, parts_of, tracer_cost
+from tracer.analysis.breakdown.load import load_thread_times
+from tracer.analysis.breakdown.records import PartTime, parts_of
+from tracer.analysis.breakdown.thread_time import ThreadTimes
+from tracer.analysis.breakdown.tracer_cost import TracerCost, tracer_cost
 from tracer.analysis.chains import ChainContext, compute_chains
+from tracer.analysis.db import RecordingState, recording_state, session_row
+from tracer.analysis.processes import BusyThread, ProcessGroup, busy_threads, group_processes
 from tracer.analysis.recording import DATALOADER_COMM, RecordingInfo, load_recording, main_pid
 from tracer.analysis.taxonomy import part_name
-from tracer.db import RecordingState, recording_state
-from tracer.hist import merge, quantile
+from tracer.hist import OpHistogram
+
+TOP_PROCESS_GROUPS = 6  # process groups in the overview unless detail
 
 __all__ = ["DATALOADER_COMM", "main_pid", "op_stats", "process_stats", "trace_stats"]
 
@@ -76,7 +82,16 @@ class ProcessStat(Record):
     pid: int
     ppid: int | None
     comm: Annotated[str, Field(description="process name (DataLoader workers: pt_data_worker)")]
-    role: Annotated[str, Field(description="main (the traced target) | dataloader_worker | child | tracer")]
+    role: Annotated[
+        str,
+        Field(
+            description="main (the traced target) | rank (a rank's own process in a distributed job) | launcher "
+            "(started the ranks: torchrun's agent) | dataloader_worker | child | tracer"
+        ),
+    ]
+    rank: Annotated[
+        int | None, Field(description="its rank in a distributed job (a worker: its rank's), else null")
+    ] = None
     cuda_calls: Annotated[int, Field(description="CUDA calls (exact, from op_stats)")]
     context_switches: Annotated[int, Field(description="times its threads were switched out")]
     preemptions: Annotated[int, Field(description="of those, while still runnable (CPU taken away)")]
@@ -119,7 +134,23 @@ class TraceStats(Record):
     events_stored: Annotated[int, Field(description="individual call rows kept in cuda_calls")]
     events_lost: Annotated[int, Field(description="events dropped because a ring buffer was full")]
     ops: Annotated[list[OpStat], Field(description="per op, worst tail ratio first")]
-    processes: list[ProcessStat]
+    process_groups: Annotated[
+        list[ProcessGroup],
+        Field(
+            description="the traced processes grouped by (comm, parent, role, rank), main first; the top "
+            f"{TOP_PROCESS_GROUPS} unless detail (more_processes says what is left out)"
+        ),
+    ]
+    more_processes: Annotated[
+        str | None, Field(description="the groups left out, e.g. '12 more groups, 3,410 processes'; null if none")
+    ] = None
+    busy_threads: Annotated[
+        list[BusyThread],
+        Field(description="threads on CPU for >= 5% of the recording (of one core), CUDA or not, busiest first"),
+    ]
+    processes: Annotated[
+        list[ProcessStat], Field(description="one row per process: only with detail=True or a pid filter")
+    ]
     host: HostPeaks
     chains_by_severity: Annotated[dict[str, int], Field(description="causal chains found, by severity")]
     top_chain: Annotated[str | None, Field(description="summary of the worst chain, if any")]
@@ -149,10 +180,8 @@ def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list
     out = []
     for (op, layer), rs in groups.items():
         calls = sum(r[2] or 0 for r in rs)
-        mn = min(r[4] for r in rs if r[4] is not None) if any(r[4] is not None for r in rs) else 0
-        mx = max(r[5] or 0 for r in rs)
-        buckets = merge(r[8] for r in rs)
-        p50, p95, p99 = (quantile(buckets, q, mn, mx) for q in (0.5, 0.95, 0.99))
+        hist = OpHistogram.of((r[8], r[4], r[5]) for r in rs)
+        p50, p95, p99 = (hist.quantile(q) for q in (0.5, 0.95, 0.99))
         frac = min((r[7] if r[7] is not None else 1.0) for r in rs)
         out.append(
             OpStat(
@@ -164,7 +193,7 @@ def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list
                 p50_us=round(p50 / 1e3, 1),
                 p95_us=round(p95 / 1e3, 1),
                 p99_us=round(p99 / 1e3, 1),
-                max_us=round(mx / 1e3, 1),
+                max_us=round(hist.max_ns / 1e3, 1),
                 tail_ratio=round(p99 / p50, 1) if p50 > 0 else 0.0,
                 bytes=int(sum(r[6] or 0 for r in rs)),
                 sampled_fraction=float(frac),
@@ -175,30 +204,21 @@ def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list
     return out
 
 
+# the session's columns of Environment's names: a NULL (or a column an older recording lacks) reads "" or 0
+_ENVIRONMENT_TEXT = tuple("status host kernel cpu_model gpus driver python_version tracer_version target notes".split())
+_ENVIRONMENT_NUMBERS = ("duration_s", "cpu_cores", "mem_bytes")
+# DuckDB formats the start: a TIMESTAMPTZ reaching Python would need pytz
+_STARTED_AT = {"started_at": "strftime(started_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%SZ')"}
+
+
 def environment(conn: duckdb.DuckDBPyConnection) -> Environment:
-    r = conn.execute(
-        "SELECT strftime(started_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%SZ'), duration_s, status, host, kernel, "
-        "cpu_model, cpu_cores, mem_bytes, gpus, driver, python_version, tracer_version, target, overhead_pct, notes "
-        "FROM session ORDER BY session_id DESC LIMIT 1"
-    ).fetchone()
-    if r is None:
+    s = session_row(conn, (*_ENVIRONMENT_TEXT, *_ENVIRONMENT_NUMBERS, "overhead_pct"), _STARTED_AT)
+    if s is None:
         raise LookupError("session table is empty")
     return Environment(
-        started_at=r[0] or "",
-        duration_s=float(r[1] or 0.0),
-        status=r[2] or "",
-        host=r[3] or "",
-        kernel=r[4] or "",
-        cpu_model=r[5] or "",
-        cpu_cores=int(r[6] or 0),
-        mem_bytes=int(r[7] or 0),
-        gpus=r[8] or "",
-        driver=r[9] or "",
-        python_version=r[10] or "",
-        tracer_version=r[11] or "",
-        target=r[12] or "",
-        overhead_pct=r[13],
-        notes=r[14] or "",
+        **{k: s[k] or "" for k in (*_ENVIRONMENT_TEXT, "started_at")},
+        **{k: s[k] or 0 for k in _ENVIRONMENT_NUMBERS},
+        overhead_pct=s["overhead_pct"],
     )
 
 
@@ -230,6 +250,7 @@ def process_stats(
             ppid=r[1],
             comm=r[2] or "",
             role=info.process_role(r[0]),
+            rank=info.procs[r[0]].rank if r[0] in info.procs else None,
             cuda_calls=int(r[6]),
             context_switches=int(r[7]),
             preemptions=int(r[8]),
@@ -242,6 +263,22 @@ def process_stats(
         )
         for r in rows
     ]
+
+
+def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: RecordingInfo, detail: bool) -> dict:
+    """The processes part of the overview: groups (the top ones unless ``detail``), busy threads, and one row
+    per process with ``detail`` or a ``pid``."""
+    procs = process_stats(conn, pid=pid, info=info)
+    groups = group_processes(procs)
+    shown = groups if detail else groups[:TOP_PROCESS_GROUPS]
+    rest = groups[len(shown) :]
+    more = f"{len(rest):,} more groups, {sum(g.processes for g in rest):,} processes (detail=True)" if rest else None
+    return {
+        "process_groups": shown,
+        "more_processes": more,
+        "busy_threads": busy_threads(conn, info, pid),
+        "processes": procs if detail or pid is not None else [],
+    }
 
 
 def host_peaks(conn: duckdb.DuckDBPyConnection) -> HostPeaks:
@@ -284,20 +321,21 @@ def training_time(
     )
 
 
-def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> TraceStats:
-    """Return the overview of the trace (or of one process with ``pid``), including chain counts by severity."""
-    ev = conn.execute("SELECT events_traced, events_stored, events_lost FROM session LIMIT 1").fetchone() or (0, 0, 0)
+def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None, detail: bool = False) -> TraceStats:
+    """Return the overview of the trace (or of one process with ``pid``), including chain counts by severity;
+    processes grouped (the top groups), with every process and group when ``detail``."""
+    ev = session_row(conn, ("events_traced", "events_stored", "events_lost")) or {}
     ctx = ChainContext.load(conn, pid)  # one load of every thread's time, for the chains and the breakdown
     chains = compute_chains(conn, pid=pid, limit=1, ctx=ctx)
     training, cost = training_time(conn, pid, ctx.info, ctx.times)
     return TraceStats(
         environment=environment(conn),
         pid=pid,
-        events_traced=int(ev[0] or 0),
-        events_stored=int(ev[1] or 0),
-        events_lost=int(ev[2] or 0),
+        events_traced=int(ev.get("events_traced") or 0),
+        events_stored=int(ev.get("events_stored") or 0),
+        events_lost=int(ev.get("events_lost") or 0),
         ops=op_stats(conn, pid=pid),
-        processes=process_stats(conn, pid=pid, info=ctx.info),
+        **_processes(conn, pid, ctx.info, detail),
         host=host_peaks(conn),
         chains_by_severity=chains.by_severity,
         top_chain=chains.chains[0].summary if chains.chains else None,

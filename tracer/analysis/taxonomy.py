@@ -12,11 +12,22 @@ The breakdown's parts, in ``thread_breakdown`` column order: on CPU outside call
 from __future__ import annotations
 
 from probes.catalog import CALL_PARTS, OpClass, ProbeSpec, spec_of
+from tracer.vocabulary import CALL_PART_NAMES, PART_NAMES, RUNQ_PART_NAMES
 
-CALL_PART_NAMES: tuple[str, ...] = tuple(p.name.lower() for p in CALL_PARTS)
-RUNQ_PART_NAMES: tuple[str, ...] = ("runq_self", "runq_tree", "runq_other", "runq_tracer")
-# every part of thread_breakdown, in column order; column = f"{name}_ns"; they sum to wall_ns
-PART_NAMES: tuple[str, ...] = ("cpu", *CALL_PART_NAMES, *RUNQ_PART_NAMES, "blocked")
+# every part of thread_breakdown, in column order; column = f"{name}_ns"; they sum to wall_ns (named in the one
+# vocabulary, tracer/vocabulary.py, which the recorder writes them from too)
+__all__ = [
+    "CALL_PARTS",
+    "CALL_PART_NAMES",
+    "PART_NAMES",
+    "RUNQ_PART_NAMES",
+    "is_implicit_sync",
+    "part_case_sql",
+    "part_name",
+    "part_of",
+    "spec",
+    "waits_for_gpu",
+]
 
 
 def spec(op: str) -> ProbeSpec | None:

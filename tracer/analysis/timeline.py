@@ -1,9 +1,15 @@
 """When things happened: fixed time buckets over the whole trace, and every event around one instant.
 
 ``buckets`` answers "when do the stalls happen" (per bucket: stored calls per op part from the probe catalog, so
-synchronous copies count as syncs; sync p99, off-CPU, preemptions, page allocation). ``around`` reconstructs the
-microsecond timeline around a stall: CUDA calls, off-CPU intervals and process events of the traced tree within
-±window, time-ordered, with offsets from the instant.
+synchronous copies count as syncs; sync p99 and max, off-CPU, preemptions, page allocation). ``around``
+reconstructs the microsecond timeline around a stall: CUDA calls, off-CPU intervals and process events of the
+traced tree within ±window, time-ordered, with offsets from the instant.
+
+The sync p99 is the one percentile not taken from the exact in-kernel histogram: ``op_stats.hist`` is per process
+and op over the whole recording, and nothing finer is recorded (``thread_breakdown`` has a second's sync *time*,
+not its calls' latencies). So it is computed over the stored ``cuda_calls`` rows; once the recorder's row budget
+binds they are a sample that keeps every slow call and only 1 in N of the fast ones, and the p99 leans high. Its
+name says so (``sync_p99_us_sampled``); the exact per-op percentiles are in ``tracer stats``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ class Bucket(Record):
         Field(description="stored CUDA calls per part (launch/sync/alloc/free/copy/other; sync copies are sync)"),
     ]
     alloc_bytes: Annotated[int, Field(description="bytes requested by alloc calls")]
-    sync_p99_us: Annotated[float | None, Field(description="p99 of the calls that waited for the GPU, µs")]
+    sync_p99_us_sampled: Annotated[
+        float | None,
+        Field(
+            description="p99 of the stored calls that waited for the GPU, µs. Once its row budget binds, cuda_calls "
+            "keeps every slow call but only a sample of the fast ones, so this can lean high (no per-bucket "
+            "histogram is recorded; exact per-op percentiles over the whole recording: trace_stats)"
+        ),
+    ]
     sync_max_us: Annotated[float | None, Field(description="slowest sync in the bucket, µs")]
     off_cpu_ms: Annotated[float, Field(description="off-CPU time of traced threads (sched_stats, exact), ms")]
     context_switches: int
@@ -77,7 +90,7 @@ def buckets(conn: duckdb.DuckDBPyConnection, seconds: int = 10, pid: int | None 
             dict(
                 calls={},
                 alloc_bytes=0,
-                sync_p99_us=None,
+                sync_p99_us_sampled=None,
                 sync_max_us=None,
                 off_cpu_ms=0.0,
                 context_switches=0,
@@ -100,7 +113,7 @@ def buckets(conn: duckdb.DuckDBPyConnection, seconds: int = 10, pid: int | None 
         if cls == "alloc":
             s["alloc_bytes"] = int(by)
         if cls == "sync":
-            s["sync_p99_us"], s["sync_max_us"] = round(p99 / 1e3, 1), round(mx / 1e3, 1)
+            s["sync_p99_us_sampled"], s["sync_max_us"] = round(p99 / 1e3, 1), round(mx / 1e3, 1)
     for b, off, sw, pre, worst in conn.execute(
         """
             SELECT sec * 1000000000 // $w, sum(off_cpu_ns), sum(switches), sum(preemptions),
@@ -132,6 +145,7 @@ def around(
     """Return every CUDA call, off-CPU interval and process event overlapping ts ± window, in time order."""
     half = int(window_ms * 1e6)
     p = {"lo": ts_ns - half, "hi": ts_ns + half, "pid": pid, "limit": limit}
+    # events at the same instant in a fixed order (pid, tid, what): two runs, the CLI's and an MCP tool's, agree
     rows = conn.execute(
         """
         SELECT * FROM (
@@ -151,7 +165,7 @@ def around(
                            CASE WHEN exit_code IS NOT NULL THEN 'exit_code=' || exit_code END,
                            CASE WHEN filename IS NOT NULL THEN 'file=' || filename END)
           FROM process_events WHERE ts_ns BETWEEN $lo AND $hi AND ($pid IS NULL OR pid = $pid OR child = $pid)
-        ) ORDER BY ts_ns, source LIMIT $limit""",
+        ) ORDER BY ts_ns, source, pid, tid, what LIMIT $limit""",
         p,
     ).fetchall()
     return Around(

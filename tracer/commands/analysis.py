@@ -1,9 +1,9 @@
-"""`tracer stats|chains|stacks|sql|timeline|breakdown|compare|export` and `tracer mcp serve` (registered on the
-app by tracer.cli).
+"""`tracer stats|chains|stacks|sql|timeline|breakdown|ranks|steps|waits|compare-processes|compare|export` and
+`tracer mcp serve` (registered on the app by tracer.commands.cli).
 
-Each command opens the DB read-only (:func:`tracer.db.open_trace`), calls one analysis function and renders the
+Each command opens the DB read-only (:func:`tracer.analysis.db.open_trace`), calls one analysis function and renders the
 record: rich on stdout, or ``--json``. Errors are :class:`tracer.errors.TracerError`s, printed by
-``tracer.cli.main``.
+``tracer.commands.cli.main``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 
 from tracer.analysis.arguments import check_args
-from tracer.console import make_console
 from tracer.errors import UsageError
+from tracer.views.console import make_console
 
 DbOption = Annotated[Path, typer.Option("--db", help="Trace DB written by `tracer record`.")]
 PidOption = Annotated[int | None, typer.Option("--pid", help="Only this process (default: the whole tree).")]
@@ -37,7 +37,7 @@ def _open(db: Path) -> Iterator[Any]:
     """
     import duckdb
 
-    from tracer.db import open_trace, read_error, recording_state
+    from tracer.analysis.db import open_trace, read_error, recording_state
 
     conn = open_trace(db)
     failed = None
@@ -55,7 +55,7 @@ def _open(db: Path) -> Iterator[Any]:
 
 
 def _print(record, as_json: bool) -> None:
-    from tracer.render import print_record
+    from tracer.views.render import print_record
 
     print_record(record, out, as_json=as_json)
 
@@ -64,7 +64,11 @@ def stats(
     db: DbOption = DEFAULT_DB,
     pid: PidOption = None,
     show_all: Annotated[
-        bool, typer.Option("--all", help="One row per process (default: grouped by name and role, top groups).")
+        bool,
+        typer.Option(
+            "--all",
+            help="Every process, one row each (default: grouped by name, parent, role and rank; the top groups).",
+        ),
     ] = False,
     json: JsonOption = False,
 ) -> None:
@@ -74,11 +78,11 @@ def stats(
     Example: tracer stats --db trace.duckdb --pid 12004
     """
     from tracer.analysis.stats import trace_stats
-    from tracer.render import print_record
+    from tracer.views.render import print_record
 
     with _open(db) as conn:
         check_args(conn, pid=pid)
-        print_record(trace_stats(conn, pid=pid), out, as_json=json, show_all=show_all)
+        print_record(trace_stats(conn, pid=pid, detail=show_all), out, as_json=json, show_all=show_all)
 
 
 def chains(
@@ -198,7 +202,7 @@ def export(
             help="Most CUDA calls and off-CPU intervals to write, the longest kept first (about 250 bytes each); "
             "0: no limit. What is left out is said on stderr and in the file.",
         ),
-    ] = 1_000_000,  # tracer.export.DEFAULT_MAX_EVENTS (a test holds them equal; importing it here costs 0.5 s)
+    ] = 1_000_000,  # tracer.views.export.DEFAULT_MAX_EVENTS (a test holds them equal; importing it here costs 0.5 s)
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON on stdout.")] = False,
 ) -> None:
@@ -209,7 +213,7 @@ def export(
 
     Example: tracer export --db trace.duckdb -o trace.json --start 20 --end 40
     """
-    from tracer.export import FORMATS, export_trace
+    from tracer.views.export import FORMATS, export_trace
 
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", f"Use --format {' or '.join(FORMATS)}.")
@@ -268,6 +272,79 @@ def breakdown(
     with _open(db) as conn:
         check_args(conn, pid=pid, tid=tid, bucket_s=bucket)
         _print(time_breakdown(conn, pid=pid, tid=tid, bucket_s=bucket), json)
+
+
+def ranks(db: DbOption = DEFAULT_DB, json: JsonOption = False) -> None:
+    """Show each rank of a distributed job (torchrun, MPI, Slurm: read from the processes' environment) over the
+    steps they all ran: its training thread's time by phase (on CPU, asleep, waiting for a CPU, for the GPU, in
+    collectives, ...), per step, and the straggler rank the others wait for, with its slow phase.
+
+    Example: tracer ranks --db trace.duckdb   ·   tracer ranks --db trace.duckdb --json
+    """
+    from tracer.analysis.ranks.report import ranks_report
+
+    with _open(db) as conn:
+        _print(ranks_report(conn), json)
+
+
+TidOption = Annotated[
+    int | None, typer.Option("--tid", help="This thread (default: --pid's main CUDA thread, or the training thread).")
+]
+
+
+def steps(
+    db: DbOption = DEFAULT_DB,
+    pid: PidOption = None,
+    tid: TidOption = None,
+    detail: Annotated[bool, typer.Option("--detail", help="With --json: every step's ms too.")] = False,
+    json: JsonOption = False,
+) -> None:
+    """Show a thread's step times: steps ended by its waits for the GPU (the loop's period), the typical step,
+    the slow steps and their period ("every 40th step: +54 ms") with what they spent the extra time on.
+
+    Example: tracer steps --db trace.duckdb   ·   tracer steps --db trace.duckdb --tid 12006 --json --detail
+    """
+    from tracer.analysis.steps import step_series
+
+    with _open(db) as conn:
+        check_args(conn, pid=pid, tid=tid)
+        _print(step_series(conn, pid=pid, tid=tid, detail=detail), json)
+
+
+def waits(db: DbOption = DEFAULT_DB, pid: PidOption = None, tid: TidOption = None, json: JsonOption = False) -> None:
+    """Show how long a thread's waits were, by who ended them: per waker (a thread, a worker, an interrupt such
+    as [timer] or [block]) its exact wakeups and blocked time, the typical and longest wait, and a histogram.
+
+    Example: tracer waits --db trace.duckdb   ·   tracer waits --db trace.duckdb --tid 12006
+    """
+    from tracer.analysis.waits import waits as waits_of
+
+    with _open(db) as conn:
+        check_args(conn, pid=pid, tid=tid)
+        _print(waits_of(conn, pid=pid, tid=tid), json)
+
+
+def compare_processes(
+    pids: Annotated[
+        list[int] | None, typer.Option("--pid", help="A process to show; repeat it (default: every CUDA process).")
+    ] = None,
+    threads_of: Annotated[
+        int | None, typer.Option("--threads-of", help="Instead: the threads of this process, busiest first.")
+    ] = None,
+    db: DbOption = DEFAULT_DB,
+    json: JsonOption = False,
+) -> None:
+    """Show processes (by the thread that does their work) or the threads of one process side by side: one column
+    each, one row per measure (the breakdown's shares, steps, top waker and CPU holder).
+
+    Example: tracer compare-processes --db trace.duckdb   ·   tracer compare-processes --pid 4011 --pid 4012
+    """
+    from tracer.analysis.side_by_side import compare_processes as side_by_side
+
+    with _open(db) as conn:
+        for p in [*(pids or []), *([threads_of] if threads_of is not None else [])]:
+            check_args(conn, pid=p)
+        _print(side_by_side(conn, pids=pids or None, threads_of=threads_of), json)
 
 
 def compare(
@@ -334,7 +411,7 @@ def mcp_serve(
     http://127.0.0.1:8090/mcp)
     """
     from mcp_server.http import parse_listen, read_token, serve_http, serve_stdio
-    from tracer.db import open_trace
+    from tracer.analysis.db import open_trace
 
     if http and stdio:
         raise UsageError("--http and --stdio are exclusive", "Pick one transport.")
@@ -357,6 +434,6 @@ def mcp_serve(
 
 def register(app: typer.Typer) -> None:
     """Add the analysis commands and the `mcp` group to ``app``."""
-    for f in (stats, chains, stacks, sql, timeline, breakdown, compare, export):
+    for f in (stats, chains, stacks, sql, timeline, breakdown, ranks, steps, waits, compare_processes, compare, export):
         app.command()(f)
     app.add_typer(mcp_app, name="mcp")

@@ -1,4 +1,4 @@
-"""`tracer record`, `tracer doctor` and `tracer demo`: the commands that run BPF (registered by tracer.cli)."""
+"""`tracer record`, `tracer doctor` and `tracer demo`: the commands that run BPF (registered by tracer.commands.cli)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from tracer.console import make_console
+from tracer.views.console import make_console
 
 if TYPE_CHECKING:  # the recorder (bcc, numpy, pyarrow) is imported by the commands that record, not by the CLI
-    from tracer.record import RecordSummary
+    from tracer.recorder import RecordSummary
 
 err = make_console(stderr=True)
 out = make_console()
@@ -81,7 +81,7 @@ def _exit_now() -> None:
 def _absolute(p: Path) -> Path:
     """``p`` against the directory the command started in (program.start_cwd: the BPF compile may be running, in a
     thread, inside the kernel headers' directory)."""
-    from tracer.program import start_cwd
+    from tracer.recorder import start_cwd
 
     return p if p.is_absolute() else Path(start_cwd()) / p
 
@@ -105,6 +105,23 @@ def record(
         ),
     ] = 20_000,
     no_python: Annotated[bool, typer.Option("--no-python-stacks", help="Do not walk Python frames.")] = False,
+    sample_hz: Annotated[
+        int,
+        typer.Option(
+            "--sample-hz",
+            help="On-CPU samples per second of each job thread's CPU time, with their Python lines (cpu_samples; "
+            "`tracer flame --on-cpu`). Default 99.",
+        ),
+    ] = 99,
+    no_sampling: Annotated[bool, typer.Option("--no-sampling", help="Take no on-CPU samples.")] = False,
+    no_offcpu_stacks: Annotated[
+        bool,
+        typer.Option(
+            "--no-offcpu-stacks",
+            help="Do not capture where job threads block (offcpu_stacks; `tracer flame --off-cpu`); their blocked "
+            "time is still accounted, without a stack.",
+        ),
+    ] = False,
     overhead_budget: Annotated[
         float,
         typer.Option(
@@ -158,7 +175,7 @@ def record(
     (if the tracer is killed, a guardian process continues anything it had paused). One recording per file: an
     existing --db is refused unless --force.
     """
-    from tracer.record import Recorder, RecordOptions
+    from tracer.recorder import Recorder, RecordOptions
 
     command = list(ctx.args) or None
     opts = RecordOptions(
@@ -170,6 +187,8 @@ def record(
         force=force,
         max_events_per_s=max_events,
         python_stacks=not no_python,
+        sample_hz=0 if no_sampling else sample_hz,
+        offcpu_stacks=not no_offcpu_stacks,
         overhead_budget=overhead_budget,
         launch_probes=launch_probes,
         keep_command=keep_running,
@@ -184,9 +203,41 @@ def record(
         elif "waiting" in msg or msg.startswith("finishing"):
             err.print(msg, highlight=False)
 
+    _check_mcp_http(mcp_http, opts.mcp_token_file)
     err.print(f"recording into {db} … (Ctrl-C to stop)", highlight=False)
-    print_summary(Recorder(opts, on_status=status).run())
+    summary = Recorder(opts, on_status=status).run()
+    status("finishing: computing the causal chains…")
+    diagnose(summary)
+    print_summary(summary)
     _exit_now()
+
+
+def _check_mcp_http(spec: str | None, token_file: Path | None) -> None:
+    """Refuse a bad --mcp-http before anything is attached: an address that does not parse, or a non-loopback
+    one without a bearer token."""
+    if spec is None:
+        return
+    from mcp_server.http import is_loopback, parse_listen, read_token
+
+    host, _port = parse_listen(spec)
+    if not is_loopback(host) and not read_token(token_file, os.environ.get("TRACER_MCP_TOKEN")):
+        from tracer.errors import UsageError
+
+        raise UsageError(
+            f"--mcp-http on non-loopback address {host} needs a bearer token",
+            "Set TRACER_MCP_TOKEN or pass --mcp-token-file FILE, or bind to loopback with --mcp-http :PORT.",
+        )
+
+
+def diagnose(summary: RecordSummary) -> None:
+    """Write the causal chains into the finished recording (its ``causal_chains`` table), a step after the
+    recorder: a failure is a note on the summary, and the recording stays valid without its diagnosis."""
+    from tracer.analysis.chains import store_chains
+
+    try:
+        store_chains(summary.db)
+    except Exception as e:  # any analysis bug: the recording itself is complete
+        summary.notes.append(f"causal chain analysis failed: {e}")
 
 
 def doctor() -> None:
@@ -194,53 +245,24 @@ def doctor() -> None:
 
     Example: sudo tracer doctor
     """
-    from tracer.record import check_environment
+    from tracer.recorder import check_environment, checks, cuda_libraries, verify_program
 
     ok = True
-    checks: list[tuple[str, bool, str]] = []
-    checks.append(("running as root", os.geteuid() == 0, "run with sudo"))
-    try:
-        import bcc  # noqa: F401
-
-        checks.append(("bcc importable", True, ""))
-    except ImportError:
-        checks.append(("bcc importable", False, "run ./setup.sh"))
-    rel = os.uname().release
-    checks.append((f"kernel headers for {rel}", os.path.exists(f"/lib/modules/{rel}/build"), "run ./setup.sh"))
-    checks.append(
-        (
-            "kernel BTF (/sys/kernel/btf/vmlinux)",
-            os.path.exists("/sys/kernel/btf/vmlinux"),
-            "needed for Python frames and exit codes; use a kernel built with CONFIG_DEBUG_INFO_BTF",
-        )
-    )
-    for name, good, fix in checks:
+    for c in checks():
+        good = c.ok or not c.required
         ok &= good
-        err.print(f"  {'[green]ok[/]' if good else '[red]missing[/]'}  {name}" + ("" if good else f"  → {fix}"))
-    from tracer.record import UPROBE_MULTI_KERNEL, kernel_version
-
-    need = ".".join(map(str, UPROBE_MULTI_KERNEL))
-    checks_uprobe_multi = kernel_version() >= UPROBE_MULTI_KERNEL
-    ok &= checks_uprobe_multi
-    err.print(
-        f"  {'[green]ok[/]' if checks_uprobe_multi else '[red]missing[/]'}  uprobe_multi links (Linux {need}+)"
-        + ("" if checks_uprobe_multi else f"  → use a Linux {need} or newer kernel")
-    )
+        mark = "[green]ok[/]" if c.ok else "[red]missing[/]" if c.required else "[yellow]missing[/]"
+        err.print(f"  {mark}  {c.name}" + ("" if c.ok else f"  → {c.fix}"))
     if ok:
         check_environment()
-        from tracer.program import ProgramOptions, compile_program, load_programs
-
-        try:
-            b = compile_program(ProgramOptions(with_pyframes=True))
-            load_programs(b, True)
-            err.print("  [green]ok[/]  BPF program compiles, loads and verifies")
-        except Exception as e:
-            ok = False
-            err.print(f"  [red]failed[/]  BPF program load: {e}")
-    from tracer import targets
-
-    libs = targets.resolve_libraries(targets.usual_library_paths())
-    err.print(f"  CUDA libraries in the usual places: {', '.join(x.path for x in libs) or 'none'}")
+        problem = verify_program()
+        ok = problem is None
+        err.print(
+            "  [green]ok[/]  BPF program compiles, loads and verifies"
+            if ok
+            else f"  [red]failed[/]  BPF program load: {problem}"
+        )
+    err.print(f"  CUDA libraries in the usual places: {', '.join(cuda_libraries()) or 'none'}")
     raise typer.Exit(0 if ok else 3)
 
 
@@ -259,12 +281,12 @@ def demo(
     Example: sudo tracer demo
     """
     from tracer.analysis.chains import compute_chains
+    from tracer.analysis.db import open_trace
     from tracer.analysis.stacks import top_stacks
     from tracer.analysis.stats import trace_stats
-    from tracer.db import open_trace
     from tracer.errors import EnvironmentProblem
-    from tracer.record import Recorder, RecordOptions
-    from tracer.render import print_record
+    from tracer.recorder import Recorder, RecordOptions
+    from tracer.views.render import print_record
 
     lib = FIXTURES / "build" / "libcudart.so.12"
     if not lib.exists():
@@ -288,6 +310,7 @@ def demo(
     err.print(f"[bold]demo:[/] recording {' '.join(cmd[1:3])} for {seconds:.0f} s into {db}", highlight=False)
     opts = RecordOptions(db=db, command=cmd, force=True, libs=[str(lib), str(lib.with_name("libcuda.so.1"))])
     summary = Recorder(opts).run()
+    diagnose(summary)
     print_summary(summary, ops_table=False)
     with open_trace(db) as conn:
         out.rule("tracer stats")

@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import duckdb
 
 from tracer.analysis.chains import (
     allocation_churn,
+    blocking_io,
     cpu_contention,
     dataloader_starvation,
+    gil_contention,
     gpu_bound,
+    host_python,
     launch_bound,
     memory_pressure,
     process_churn,
+    straggler_rank,
     sync_stall,
 )
 from tracer.analysis.chains.context import ChainContext, Subject
@@ -41,6 +46,7 @@ from tracer.analysis.chains.model import (
     LaunchBoundEvidence,
     MemoryPressureEvidence,
     ProcessChurnEvidence,
+    StragglerRankEvidence,
     SyncStallEvidence,
 )
 
@@ -61,6 +67,7 @@ __all__ = [
     "LaunchBoundEvidence",
     "MemoryPressureEvidence",
     "ProcessChurnEvidence",
+    "StragglerRankEvidence",
     "Subject",
     "SyncStallEvidence",
     "compute_chains",
@@ -78,13 +85,18 @@ DETECTORS: tuple[Detector, ...] = (
     dataloader_starvation.detect,
     launch_bound.detect,
     gpu_bound.detect,
+    straggler_rank.detect,
+    gil_contention.detect,
+    blocking_io.detect,
+    host_python.detect,
 )
 
 
 def detect_all(ctx: ChainContext) -> list[CausalChain]:
-    """Run every detector; return all chains worst first (severity, then share of the thread's time)."""
-    chains = [c for d in DETECTORS for c in d(ctx)]
-    chains.sort(key=lambda c: (SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
+    """Run every detector; return all chains worst first (severity, then share of the thread's time). A chain
+    another one explains (a rank's waits for a straggler rank) comes after every chain that is a cause."""
+    chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
+    chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
     return chains
 
 
@@ -133,6 +145,7 @@ def write_chains(rw_conn: duckdb.DuckDBPyConnection, chains: Sequence[CausalChai
             "tid": c.tid,
             "basis": c.basis,
             "culprit": c.culprit.model_dump() if c.culprit else None,
+            "explained_by": c.explained_by,
             **c.evidence.model_dump(),
         }
         rw_conn.execute(
@@ -152,3 +165,14 @@ def write_chains(rw_conn: duckdb.DuckDBPyConnection, chains: Sequence[CausalChai
             ],
         )
     return len(chains)
+
+
+def store_chains(db: str | Path, limit: int = 100) -> int:
+    """Compute the chains of the finished recording ``db`` and write them into its ``causal_chains`` (the step
+    ``tracer record`` runs after the recorder has closed the file); return how many were written."""
+    with duckdb.connect(str(db)) as rw_conn:
+        found = compute_chains(rw_conn, limit=limit)
+        rw_conn.execute("BEGIN")
+        write_chains(rw_conn, found.chains)
+        rw_conn.execute("COMMIT")
+    return len(found.chains)

@@ -17,20 +17,15 @@ from typing import Any
 
 import duckdb
 
-from tracer.analysis.breakdown import (
-    FIELDS,
-    Holder,
-    ThreadTime,
-    ThreadTimes,
-    Waker,
-    holders_of,
-    load_thread_times,
-    wakers_of,
-)
+from tracer.analysis.breakdown.holders import Holder, Waker, holder_class, holders_of, wakers_of
+from tracer.analysis.breakdown.load import load_thread_times
+from tracer.analysis.breakdown.thread_time import FIELDS, ThreadTime, ThreadTimes
 from tracer.analysis.chains.model import CausalChain, Culprit, Evidence
+from tracer.analysis.code_site import code_site
+from tracer.analysis.ranks.table import rank_thread
 from tracer.analysis.recording import RecordingInfo, load_recording
 from tracer.analysis.taxonomy import part_name
-from tracer.hist import quantile
+from tracer.hist import OpHistogram
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -81,7 +76,7 @@ class Subject:
 
     time: ThreadTime
     training: bool  # the recording's training thread
-    launches: bool  # its process launches kernels (else chains are capped at MEDIUM)
+    launches: bool  # its process launches kernels, or is a rank (it trains); else chains are capped at MEDIUM
     start_ns: int
     end_ns: int
 
@@ -129,15 +124,15 @@ class ChainContext:
             "WHERE ($pid IS NULL OR pid = $pid)",
             {"pid": pid},
         ).fetchall():
-            b = [(h["lo_ns"], h["hi_ns"], h["count"]) for h in hist or []]
+            latency = OpHistogram.of([(hist, mn, mx)])
             ops[(p, op)] = OpLatency(
                 pid=p,
                 op=op,
                 layer=layer or "",
                 calls=int(calls or 0),
                 total_ns=int(total or 0),
-                p50_ns=quantile(b, 0.5, mn or 0, mx or 0),
-                p99_ns=quantile(b, 0.99, mn or 0, mx or 0),
+                p50_ns=latency.quantile(0.5),
+                p99_ns=latency.quantile(0.99),
                 bytes=int(by or 0),
             )
         ctx = cls(conn=conn, info=info, pid=pid, times=times, subjects=[], ops=ops)
@@ -147,13 +142,20 @@ class ChainContext:
     # -- subjects
     def _subjects(self) -> list[Subject]:
         training = self.times.training
+        # In a distributed job every rank trains: each rank's thread (its driver thread, else its main thread: a
+        # gloo job on the CPU makes no CUDA call) is a training thread, and its chains are not capped.
+        ranks = [t for pid in sorted(self.info.rank_pids) if (t := rank_thread(self.times, pid)) is not None]
+        rank_tids = {t.tid for t in ranks}
+        drivers = self.times.drivers
         out = []
-        for t in self.times.drivers:
+        driver_tids = {t.tid for t in drivers}
+        for t in [*drivers, *(r for r in ranks if r.tid not in driver_tids)]:
             if t.wall <= 0:
                 continue
             launches = any(o.part == "launch" and o.calls for o in self.ops_of(t.pid)) or t.ns("launch") > 0
             a, b = self._steps(t)
-            out.append(Subject(clip(t, a, b), t is training, launches, a, b))
+            is_rank = t.tid in rank_tids
+            out.append(Subject(clip(t, a, b), t is training or is_rank, launches or is_rank, a, b))
         return out
 
     def _steps(self, t: ThreadTime) -> tuple[int, int]:
@@ -200,10 +202,49 @@ class ChainContext:
         """Return who held the CPU while the subject waited, within its steps."""
         return holders_of(self.conn, self.info, s.time, limit=20, scale=self._in_steps(s))
 
+    def other_holders(self, threads: list[ThreadTime]) -> list[Holder]:
+        """Return the other tenants' processes that held the CPU while any of ``threads`` waited, each thread
+        within its own span, summed per holder: one query for all of them (a loader that respawns its workers
+        has hundreds of threads, and a query each was seconds on a fork-heavy recording)."""
+        acc: dict[int, list] = {}  # holder pid -> [comm, preemptions, runq ns]
+
+        def add(hp: int, comm: str | None, n: float, runq: float) -> None:
+            a = acc.setdefault(hp, [comm, 0.0, 0.0])
+            a[0] = min(a[0] or "", comm or "") or None  # one name per pid (pid 0 is swapper/N by CPU)
+            a[1] += n or 0
+            a[2] += runq or 0
+
+        if not self.info.has("preemptors", "tid"):  # an old recording: per thread, as holders_of reads it
+            for t in threads:
+                for h in holders_of(self.conn, self.info, t, limit=10**9)[0]:
+                    if h.holder == "other":
+                        add(h.pid, h.comm, h.preemptions, h.runq_ms * MS)
+        elif threads:
+            spans = {t.tid: (t.first_ns // S, max(t.end_ns - 1, t.first_ns) // S, t.pid) for t in threads}
+            flag = "bool_or(is_tracer)" if self.info.has("preemptors", "is_tracer") else "NULL"
+            for tid, hp, sec, comm, is_target, is_tracer, n, runq in self.conn.execute(
+                f"SELECT tid, pid, sec, min(comm), bool_or(is_target), {flag}, sum(preemptions), sum(runq_ns) "
+                "FROM preemptors SEMI JOIN (SELECT unnest($tids) AS t) ON tid = t GROUP BY tid, pid, sec",
+                {"tids": list(spans)},
+            ).fetchall():
+                a, b, pid = spans[tid]
+                if a <= sec <= b and holder_class(self.info, pid, hp, comm, is_target, is_tracer) == "other":
+                    add(hp, comm, n, runq)
+        out = [
+            Holder(pid=hp, comm=comm or "?", holder="other", preemptions=round(n), runq_ms=round(runq / MS, 3))
+            for hp, (comm, n, runq) in acc.items()
+            if runq > 0 or n >= 0.5
+        ]
+        return sorted(out, key=lambda h: (-h.runq_ms, h.pid))
+
     def wakers(self, s: Subject, limit: int | None = None) -> list[Waker]:
         """Return who woke the subject, within its steps: every waker unless ``limit`` (detectors sum them; a
         loader that respawns its workers each epoch has hundreds, and a top 50 lost most of its waits)."""
         return wakers_of(self.conn, self.info, s.time, limit=limit, scale=self._in_steps(s))
+
+    def in_steps(self, s: Subject) -> Callable[[int], float]:
+        """Return sec -> the share of that second inside the subject's steps (per-second rows are weighted by it)."""
+        return self._in_steps(s)
 
     def _in_steps(self, s: Subject) -> Callable[[int], float]:
         """Return sec -> the share of that second's accounted time that lies in the subject's steps: per-second
@@ -220,7 +261,15 @@ class ChainContext:
         return k
 
     def threads_of(self, pid: int) -> list[ThreadTime]:
-        return [t for t in self.times.threads if t.pid == pid]
+        """Return process ``pid``'s threads (indexed once: detectors ask per worker, and a loader that respawns
+        its workers has hundreds; a scan per call was a third of `tracer stats` on a fork-heavy recording)."""
+        by_pid = self.memo.get(("threads_by_pid",))
+        if by_pid is None:
+            by_pid = {}
+            for t in self.times.threads:
+                by_pid.setdefault(t.pid, []).append(t)
+            self.memo[("threads_by_pid",)] = by_pid
+        return list(by_pid.get(pid, ()))
 
     # -- code sites
     def code_site(self, pid: int, ops: Iterable[str], tid: int | None = None) -> str | None:
@@ -241,22 +290,10 @@ class ChainContext:
         return [(self.frame_of(sid), int(n), int(ns or 0), int(b)) for sid, n, ns, b in rows]
 
     def frame_of(self, stack_id: int) -> str | None:
-        """Return 'file:line function' of the stack's innermost Python frame in the user's own code.
-
-        Library frames (site-packages, the stdlib) are skipped. When no library frame sits above the C call,
-        the innermost file is the binding that made it (a ctypes wrapper such as FakeCuda.call): if a caller
-        in another file exists, that caller is the code site, not the wrapper."""
+        """Return 'file:line function' of the stack's innermost Python frame in the user's own code
+        (:func:`tracer.analysis.code_site.code_site`), once per stack."""
         if stack_id not in self._frames:
-            frames = self.conn.execute(
-                "SELECT file, line, function FROM stacks WHERE stack_id = ? AND kind = 'python' ORDER BY depth DESC",
-                [stack_id],
-            ).fetchall()
-            user = [f for f in frames if not _is_library(f[0])] or frames
-            if user and frames and user[0][0] == frames[0][0]:
-                callers = [f for f in user if f[0] != user[0][0]]
-                user = callers or user
-            f = user[0] if user else None
-            self._frames[stack_id] = f"{f[0]}:{f[1]} {f[2]}" if f else ""
+            self._frames[stack_id] = code_site(self.conn, stack_id) or ""
         return self._frames[stack_id] or None
 
     # -- building a chain
@@ -302,13 +339,6 @@ class ChainContext:
             evidence=evidence,
             recommendations=recommendations,
         )
-
-
-_LIBRARY_PARTS = ("site-packages", "dist-packages", "<frozen", "/lib/python3")
-
-
-def _is_library(path: str | None) -> bool:
-    return not path or any(p in path for p in _LIBRARY_PARTS)
 
 
 def clip(t: ThreadTime, start_ns: int, end_ns: int) -> ThreadTime:

@@ -11,12 +11,13 @@ behind other processes (``via_workers_ms``, from :func:`dataloader_starvation.lo
 
 from __future__ import annotations
 
-from tracer.analysis.breakdown import Holder
+from tracer.analysis.breakdown.holders import Holder
+from tracer.analysis.chains.applies import has_dataloader
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.dataloader_starvation import loader_wait
 from tracer.analysis.chains.memory_pressure import storm_threads
 from tracer.analysis.chains.model import CausalChain, CpuContentionEvidence, Culprit
-from tracer.analysis.recording import DATALOADER_COMM
+from tracer.analysis.recording import DATALOADER_COMM, most_alive_at_once
 
 CATEGORY = "cpu_contention"
 # Issue 10's scale: a fifth of the steps' time spent waiting for a CPU is the job's main problem.
@@ -30,7 +31,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     """Return up to two chains per subject: CPU held by other processes, CPU held by the job itself."""
     out = []
     cores = ctx.info.cpu_cores
-    workers = _most_workers_at_once(ctx)
+    workers = most_alive_at_once(
+        [p for p in ctx.info.procs.values() if p.comm == DATALOADER_COMM and p.role != "tracer"], ctx.info.duration_ns
+    )
     host = ctx.conn.execute("SELECT max(load1), max(cpu_busy_pct) FROM host_samples").fetchone() or (None, None)
     for s in ctx.subjects:
         t = s.time
@@ -76,20 +79,6 @@ def _merge(direct: list[Holder], via_workers: list[Holder]) -> list[Holder]:
             )
         )
     return sorted(acc.values(), key=lambda h: (-h.runq_ms, h.pid))
-
-
-def _most_workers_at_once(ctx: ChainContext) -> int:
-    """Return the most DataLoader worker processes alive at one time: num_workers, also for a loader that forks
-    new ones every epoch (hundreds over a recording)."""
-    edges = []
-    for p in ctx.info.procs.values():
-        if p.comm == DATALOADER_COMM and p.role != "tracer":
-            edges += [(p.first_ns, 1), (p.exit_ns if p.exit_ns is not None else ctx.info.duration_ns + 1, -1)]
-    alive = most = 0
-    for _, d in sorted(edges):  # at a tie, an exit (-1) sorts before a start: workers replaced, not added
-        alive += d
-        most = max(most, alive)
-    return most
 
 
 def _storm_cpu_share(ctx: ChainContext, s: Subject, storms: set[int]) -> float:
@@ -163,7 +152,8 @@ def _chain(
                 f"Threads of its own process ({', '.join(sorted({h.comm for h in holders if h.holder == 'self'}))}) "
                 "compete with the training thread: cap intra-op threads (torch.set_num_threads"
                 + (f"({max(cores - 1, 1)})" if cores else "")
-                + " or OMP_NUM_THREADS) and move host-side work into DataLoader workers."
+                + " or OMP_NUM_THREADS)"
+                + (" and move host-side work into DataLoader workers." if has_dataloader(ctx) else ".")
             )
         if not recs:
             recs.append("Reduce the job's own CPU demand next to the training thread (fewer workers or threads).")

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracer.analysis.breakdown import Holder, Waker, holders_of
+from tracer.analysis.breakdown.holders import Holder, Waker
+from tracer.analysis.chains.applies import helper_pids, is_dataloader_worker
 from tracer.analysis.chains.context import (
     HIGH_SHARE,
     LOW_SHARE,
@@ -30,6 +31,7 @@ from tracer.analysis.chains.context import (
 )
 from tracer.analysis.chains.model import CausalChain, Culprit, DataloaderStarvationEvidence, WorkerLoad
 from tracer.analysis.chains.process_churn import respawn_stalls, respawn_windows
+from tracer.analysis.recording import most_alive_at_once
 
 CATEGORY = "dataloader_starvation"
 HIGH = HIGH_SHARE
@@ -79,19 +81,23 @@ def loader_wait(ctx: ChainContext, s: Subject) -> LoaderWait:
     if not ctx.info.has_wakers:  # an older recording cannot tell a batch from a sleep
         return LoaderWait([], 0.0, 0.0, [])
     trainers = {x.pid for x in ctx.subjects if x.launches}
+    helpers = helper_pids(ctx, s.tid)  # commands it waited for to finish deliver no batches
     wakers = [
         w
         for w in ctx.wakers(s)
-        if w.holder == "tree" and w.pid not in trainers and ctx.info.process_role(w.pid) != "tracer"
+        if w.holder == "tree"
+        and w.pid not in trainers
+        and w.pid not in helpers
+        and ctx.info.process_role(w.pid) != "tracer"
     ]
     woken = sum((w.blocked_ms - w.in_call_ms) * MS for w in wakers)
     stalls = respawn_stalls(ctx, s)
     if stalls is None:  # no wakers in sched: the respawns' windows, whole seconds
-        woken -= _respawn_waits(ctx, s, respawn_windows(ctx, s.tid))
+        woken -= _respawn_waits(ctx, s, respawn_windows(ctx, s))
     else:  # each respawn's first batch, beyond a usual batch's wait, is process_churn's cost
         woken -= sum(min(st.batch_wait_ns, st.cost_ns) for st in stalls)
     working = foreign = 0.0
-    held: dict[int, Holder] = {}
+    clipped = []
     for pid in {w.pid for w in wakers}:
         for t in ctx.threads_of(pid):
             t = clip(t, s.start_ns, s.end_ns)
@@ -99,10 +105,8 @@ def loader_wait(ctx: ChainContext, s: Subject) -> LoaderWait:
                 continue
             working += t.wall - t.ns("blocked")
             foreign += t.ns("runq_other")
-            for h in holders_of(ctx.conn, ctx.info, t, limit=20)[0]:
-                if h.holder == "other":
-                    a = held.get(h.pid)
-                    held[h.pid] = h if a is None else a.model_copy(update={"runq_ms": a.runq_ms + h.runq_ms})
+            clipped.append(t)
+    held = {h.pid: h for h in ctx.other_holders(clipped)}
     foreign_ns = woken * foreign / working if woken > 0 and working > 0 else 0.0
     # each holder's part of the workers' queueing, as the subject's wait it caused through them
     total = sum(h.runq_ms for h in held.values())
@@ -152,7 +156,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                 )
             )
         all_workers = [p for p in ctx.info.descendants(s.pid) if p.pid not in trainers]
-        n_workers = len({p.pid for p in all_workers if p.exit_ns is None or p.exit_ns > s.start_ns}) or len(loads)
+        # the pool's size: the most alive at once (a loader that respawns its workers has forked hundreds)
+        live = [p for p in all_workers if p.exit_ns is None or p.exit_ns > s.start_ns]
+        n_workers = most_alive_at_once(live, ctx.info.duration_ns) or len(loads)
         walls = [x for p in by_pid for x in ctx.threads_of(p)]
         wall = sum(x.wall for x in walls)
         busy = sum(x.ns("cpu") for x in walls) / wall if wall else 0.0
@@ -160,11 +166,15 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         cores = ctx.info.cpu_cores
         top = loads[0]
         blocked = t.ns("blocked")
+        # DataLoader settings only for a DataLoader's workers; another producer (a multiprocessing queue) gets
+        # the same advice in its own terms
+        dl = any(is_dataloader_worker(ctx, p) for p in by_pid)
+        n_knob = "num_workers" if dl else "the number of worker processes"
         recs = []
         if busy + queued >= BUSY_WORKERS and queued > busy:
             recs.append(
                 f"The {n_workers} workers waited for a CPU {queued:.0%} of their time (on CPU {busy:.0%}): they "
-                "are short of cores, not slow. Give the job cores nothing else uses and keep num_workers below "
+                f"are short of cores, not slow. Give the job cores nothing else uses and keep {n_knob} below "
                 f"the cores left for them{f' (this host has {cores} CPUs)' if cores else ''}."
             )
         elif busy >= BUSY_WORKERS:
@@ -172,7 +182,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
             recs.append(
                 f"The {n_workers} workers were on CPU {busy:.0%} of their time and still too slow: "
                 + (
-                    f"raise num_workers to {more} (this host has {cores} CPUs)"
+                    f"raise {n_knob} to {more} (this host has {cores} CPUs)"
                     if cores and more > n_workers
                     else "the CPUs are all used: make each batch cheaper"
                 )
@@ -181,8 +191,13 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         else:
             recs.append(
                 f"The workers were on CPU only {busy:.0%} of their time while the training thread waited: the "
-                "hand-off is slow. Raise prefetch_factor, use pin_memory=True and persistent_workers=True, and check "
-                "the storage the dataset reads from."
+                + (
+                    "hand-off is slow. Raise prefetch_factor, use pin_memory=True and persistent_workers=True, and "
+                    "check the storage the dataset reads from."
+                    if dl
+                    else "hand-off is slow. Queue more items ahead (a deeper queue between the workers and the "
+                    "training loop) and check the storage they read from."
+                )
             )
         recs.append("Check the fix with tracer breakdown: the training thread's blocked share should fall.")
         out.append(
@@ -197,8 +212,10 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                 pids=list(by_pid),
                 summary=(
                     f"Thread {s.tid} (pid {s.pid}) blocked {woken / MS:,.0f} ms ({s.share(woken):.0%} of its steps' "
-                    f"time) until a data worker woke it: it was waiting for batches from {len(loads)} worker "
-                    f"process{'es' if len(loads) != 1 else ''} ({busy:.0%} of their time on CPU)"
+                    f"time) until a data worker woke it: it was waiting for batches from {n_workers} worker "
+                    f"process{'es' if n_workers != 1 else ''}"
+                    + (f" ({len(loads)} over the recording, re-forked)" if len(loads) > n_workers else "")
+                    + f" ({busy:.0%} of their time on CPU)"
                     + (
                         f"; {lw.foreign_ns / MS:,.0f} ms more, while the workers queued behind other processes, "
                         "is counted under cpu_contention."

@@ -9,6 +9,7 @@ calls, the launches, copies): without it the GPU would not wait.
 
 from __future__ import annotations
 
+from tracer.analysis.chains.applies import has_dataloader
 from tracer.analysis.chains.context import HIGH_SHARE, MEDIUM_SHARE, ChainContext, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, LaunchBoundEvidence
 from tracer.analysis.chains.sync_stall import sync_ops
@@ -87,8 +88,8 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                     + (f"; the launches come from {site}." if site else "."),
                     "Give the GPU more work per launch: a larger batch, fused ops (torch.compile), fewer tiny "
                     "elementwise kernels.",
-                    "Move Python work out of the step (logging, metric bookkeeping, data reshaping) or into the "
-                    "DataLoader workers.",
+                    "Move Python work out of the step (logging, metric bookkeeping, data reshaping)"
+                    + (" or into the DataLoader workers." if has_dataloader(ctx) else "."),
                 ],
             )
         )

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import statistics
 
-from tracer.analysis.breakdown import holder_class
+from tracer.analysis.breakdown.holders import holder_class
+from tracer.analysis.chains.applies import has_dataloader
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, MemoryPressureEvidence, StormThread
 
@@ -42,11 +43,29 @@ HOST_ALLOC_FLOOR = 512 << 20
 OFF_CPU_PARTS = ("runq_self", "runq_tree", "runq_other", "blocked")
 
 
+def _page_cache_bytes(ctx: ChainContext) -> dict[int, int]:
+    """Return tid -> bytes the thread added to the page cache (file writes and reads), where recorded."""
+    got = ctx.memo.get(("page_cache_bytes",))
+    if got is None:
+        got = {}
+        if ctx.info.has("thread_breakdown", "page_cache_bytes"):
+            got = dict(
+                ctx.conn.execute(
+                    "SELECT tid, sum(page_cache_bytes)::BIGINT FROM thread_breakdown GROUP BY tid "
+                    "HAVING sum(page_cache_bytes) > 0"
+                ).fetchall()
+            )
+        ctx.memo[("page_cache_bytes",)] = got
+    return got
+
+
 def storm_threads(ctx: ChainContext, pid: int) -> list[StormThread]:
-    """Return the threads of ``pid`` faulting in fresh memory at storm rate, most pages first."""
+    """Return the threads of ``pid`` faulting in fresh memory at storm rate, most pages first. Pages a thread
+    added to the page cache (a checkpoint's write()) are the file's, not fresh memory: left out (issue 18)."""
     out = []
+    cached = _page_cache_bytes(ctx)
     for t in ctx.threads_of(pid):
-        b = t.ns("page_alloc_bytes")
+        b = max(t.ns("page_alloc_bytes") - cached.get(t.tid, 0), 0)
         secs = t.span_ns / S
         rate = b / secs if secs > 0 else 0.0
         if b >= STORM_MIN_BYTES and rate >= STORM_BYTES_PER_S:
@@ -214,8 +233,9 @@ def _storm_chain(ctx: ChainContext, s: Subject, storms: list[StormThread], host:
             + ": allocate its buffers once and reuse them (a preallocated array or a bounded cache) instead of "
             "new bytearrays / mmaps per item."
         ),
-        "If it is a cache, cap it (LRU with a byte limit) and fill it in a separate process (DataLoader worker) "
-        "so its page faults and the GIL it holds do not stall the training thread.",
+        "If it is a cache, cap it (LRU with a byte limit) and fill it in a separate process"
+        + (" (a DataLoader worker)" if has_dataloader(ctx) else "")
+        + " so its page faults and the GIL it holds do not stall the training thread.",
     ]
     if reclaim:
         recs.append(
@@ -272,10 +292,17 @@ def _host_chain(ctx: ChainContext, s: Subject, host: _Host, storms: list[StormTh
         return None
     mem = ctx.info.mem_bytes
     avail = host.min_avail
+    dl = has_dataloader(ctx)
     recs = [
-        "Reduce host memory use: shrink DataLoader prefetch_factor / num_workers or the data staged in host memory"
+        "Reduce host memory use: "
+        + (
+            "shrink DataLoader prefetch_factor / num_workers or the data staged in host memory"
+            if dl
+            else "shrink the data staged in host memory (caches, per-step host copies)"
+        )
         + (f"; MemAvailable fell to {avail / GIB:.1f} GiB of {mem / GIB:.0f} GiB." if avail and mem else "."),
-        "Reuse pinned host buffers (pin_memory=True, allocated once) instead of allocating per step.",
+        "Reuse pinned host buffers (" + ("pin_memory=True, " if dl else "") + "allocated once) instead of "
+        "allocating per step.",
     ]
     if host.max_swap:
         recs.append(
@@ -347,8 +374,9 @@ def _oom_chain(ctx: ChainContext, s: Subject, oom: list[int], host: _Host) -> Ca
             oom_kills=oom,
         ),
         recommendations=[
-            "Lower the job's peak host memory: fewer DataLoader workers or a smaller prefetch_factor, smaller "
-            "host-side caches, and no per-step host copies of whole tensors.",
+            "Lower the job's peak host memory: "
+            + ("fewer DataLoader workers or a smaller prefetch_factor, " if has_dataloader(ctx) else "")
+            + "smaller host-side caches, and no per-step host copies of whole tensors.",
             "Check what else on the host uses memory (other jobs) and give the job a memory limit it fits in.",
         ],
     )

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from tracer.analysis import Record
-from tracer.analysis.breakdown import Holder
+from tracer.analysis.breakdown.holders import Holder
 
 SEVERITIES = ("HIGH", "MEDIUM", "LOW")
 CATEGORIES = (
@@ -23,6 +23,10 @@ CATEGORIES = (
     "dataloader_starvation",
     "launch_bound",
     "gpu_bound",
+    "straggler_rank",
+    "gil_contention",
+    "blocking_io",
+    "host_python",
 )
 
 
@@ -30,7 +34,11 @@ class Culprit(Record):
     """Who or what caused the lost time. Never the tracer."""
 
     kind: Annotated[
-        str, Field(description="process (another process) | thread (a thread of the job) | workers | code | host")
+        str,
+        Field(
+            description="process (another process) | thread (a thread of the job) | workers | code | host | rank "
+            "(another rank of a distributed job)"
+        ),
     ]
     pid: Annotated[
         int | None, Field(description="its process, when one is to blame (kind workers: the process forking them)")
@@ -38,7 +46,11 @@ class Culprit(Record):
     tid: Annotated[int | None, Field(description="its thread, when known")]
     comm: Annotated[str, Field(description="its name (process or thread)")]
     relation: Annotated[
-        str, Field(description="own_thread | own_process | own_workers | other_process | host, seen from the job")
+        str,
+        Field(
+            description="own_thread | own_process | own_workers | other_process | host | peer_rank, seen from the "
+            "affected thread"
+        ),
     ]
     code_site: Annotated[str | None, Field(description="'file:line function' of the Python code, where known")]
 
@@ -261,6 +273,125 @@ class GpuBoundEvidence(Record):
     avg_wait_ms: float
 
 
+class RankWaitTime(Record):
+    """A rank that waited in collectives for the straggler."""
+
+    rank: int
+    pid: int
+    tid: int
+    wait_ms: Annotated[float, Field(description="its time waiting in collectives over the common window, ms")]
+    extra_wait_ms: Annotated[float, Field(description="of which above the straggler's own collective wait, ms")]
+    extra_wait_ms_per_step: Annotated[float | None, Field(description="that per step; null without step marks")]
+
+
+class StragglerRankEvidence(Record):
+    """One rank of a distributed job is slower than the others, which wait for it in every collective."""
+
+    kind: Literal["straggler_rank"] = "straggler_rank"
+    rank: Annotated[int, Field(description="the straggler's rank")]
+    pid: int
+    tid: Annotated[int, Field(description="its training thread")]
+    host: str
+    world_size: int | None
+    job_id: str | None
+    phase: Annotated[str, Field(description="the phase it spends its extra time in (tracer ranks lists them)")]
+    phase_label: str
+    steps: Annotated[float | None, Field(description="steps in the common window (from the ranks' waits for the GPU)")]
+    step_ms: Annotated[float | None, Field(description="the job's step time in the window, ms")]
+    phase_excess_ms: Annotated[float, Field(description="its time in that phase above the others' median, ms")]
+    phase_excess_ms_per_step: float | None
+    excess_ms: Annotated[
+        dict[str, float], Field(description="its time above the others' median, per phase with any, ms")
+    ]
+    lost_ms: Annotated[float, Field(description="each other rank's extra collective wait (median), ms")]
+    lost_ms_per_step: float | None
+    job_lost_ms: Annotated[float, Field(description="the others' extra waits summed, ms of rank time")]
+    explained: Annotated[
+        float, Field(description="its excess over the others' extra wait: near 1 when its extra time is their wait")
+    ]
+    waiting: Annotated[list[RankWaitTime], Field(description="the ranks that waited for it")]
+    persistent: Annotated[bool, Field(description="slow in most of the window; else confined to start_s..end_s")]
+    window_start_s: Annotated[float, Field(description="start of the window every rank stepped in, s")]
+    window_end_s: float
+    straggler_stretch: Annotated[
+        str | None, Field(description="where in its step its extra time lies: between which two CUDA calls' lines")
+    ]
+    wait_stretch: Annotated[str | None, Field(description="where in their steps the others wait for it")]
+
+
+class LineTime(Record):
+    """A Python line and the time spent at it."""
+
+    site: Annotated[str | None, Field(description="'file:line function', null when no Python frame")]
+    ms: float
+    share: Annotated[float, Field(description="of the time this list covers, 0..1")]
+
+
+class GilHolder(Record):
+    """A thread of the same process that ran on CPU while the affected thread waited for the GIL."""
+
+    tid: int
+    name: Annotated[str, Field(description="its OS name, else 'thread TID (hottest function, file:line)'")]
+    cpu_ms: Annotated[float, Field(description="its sampled CPU time in the affected thread's steps, ms")]
+    hot_lines: Annotated[list[LineTime], Field(description="where that CPU time went, heaviest first")]
+
+
+class GilContentionEvidence(Record):
+    """The thread waited for CPython's interpreter lock (GIL) that other threads of its process held."""
+
+    kind: Literal["gil_contention"] = "gil_contention"
+    gil_wait_ms: Annotated[float, Field(description="time blocked taking the GIL (take_gil), ms")]
+    waits: Annotated[int, Field(description="blocked intervals taking the GIL")]
+    waited_at: Annotated[
+        list[LineTime], Field(description="the thread's lines that waited (it re-takes the lock there)")
+    ]
+    holders: Annotated[list[GilHolder], Field(description="threads on CPU meanwhile, most CPU first")]
+    woken_by: Annotated[
+        dict[str, float],
+        Field(description="who ended those waits, ms by waker ([timer]: the 5 ms switch interval ran out)"),
+    ]
+
+
+class IoSite(Record):
+    """A line of the thread that did blocking I/O."""
+
+    site: Annotated[str | None, Field(description="'file:line function'")]
+    ms: Annotated[float, Field(description="blocked there (and, for its function, in the kernel on CPU), ms")]
+    call: Annotated[str | None, Field(description="the libc call it waited in (write, fsync, open, ...)")]
+    state: Annotated[str, Field(description="D (uninterruptible) | S | cpu (kernel time on CPU doing the I/O)")]
+
+
+class BlockingIoEvidence(Record):
+    """The thread did file I/O itself: uninterruptible waits and file syncs, and the kernel work of the writes."""
+
+    kind: Literal["blocking_io"] = "blocking_io"
+    io_wait_ms: Annotated[float, Field(description="blocked in I/O (D state, fsync), ms")]
+    io_cpu_ms: Annotated[
+        float,
+        Field(description="sampled kernel CPU in the functions that did the I/O (copying into the page cache), ms"),
+    ]
+    waits: int
+    d_state_ms: float
+    sites: Annotated[list[IoSite], Field(description="the lines, heaviest first")]
+    page_cache_bytes: Annotated[int, Field(description="bytes the thread added to the page cache (its writes)")]
+    woken_by: Annotated[dict[str, float], Field(description="who ended the waits ([block]: disk completion), ms")]
+
+
+class HostPythonEvidence(Record):
+    """The GPU waited while the thread ran Python between a sync and its next launch."""
+
+    kind: Literal["host_python"] = "host_python"
+    cpu_ms: Annotated[float, Field(description="its on-CPU time outside CUDA calls in its steps, ms")]
+    sync_ms: Annotated[float, Field(description="its time waiting for the GPU, ms")]
+    gpu_idle_ms: Annotated[
+        float, Field(description="its own work between a sync's return and its next enqueue, over every sync, ms")
+    ]
+    idle_gap_us: Annotated[float, Field(description="that gap per sync (median), µs")]
+    steps: Annotated[int, Field(description="syncs (one per step)")]
+    hot_lines: Annotated[list[LineTime], Field(description="where its CPU time outside calls went (samples)")]
+    samples: Annotated[int, Field(description="on-CPU samples behind hot_lines")]
+
+
 Evidence = Annotated[
     CpuContentionEvidence
     | SyncStallEvidence
@@ -269,7 +400,11 @@ Evidence = Annotated[
     | MemoryPressureEvidence
     | DataloaderStarvationEvidence
     | LaunchBoundEvidence
-    | GpuBoundEvidence,
+    | GpuBoundEvidence
+    | StragglerRankEvidence
+    | GilContentionEvidence
+    | BlockingIoEvidence
+    | HostPythonEvidence,
     Field(discriminator="kind"),
 ]
 
@@ -295,6 +430,13 @@ class CausalChain(Record):
     summary: Annotated[str, Field(description="one-sentence diagnosis")]
     evidence: Evidence
     recommendations: Annotated[list[str], Field(description="fixes for this trace, most effective first")]
+    explained_by: Annotated[
+        str | None,
+        Field(
+            description="id of the chain whose cause this one's time is (a rank's waits for a straggler rank): not a "
+            "cause of its own; fix that one first"
+        ),
+    ] = None
 
 
 class ChainsResult(Record):

@@ -17,8 +17,10 @@ respawn above its usual per-second rate.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
+from tracer.analysis.chains.applies import helper_pids
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, ProcessChurnEvidence, WaveLoss
 from tracer.analysis.recording import DATALOADER_COMM
@@ -40,32 +42,58 @@ WAVE_WINDOW_NS = 2 * S
 _FORK_PARENT = "(CASE WHEN {e}pid = {e}child THEN {e}ppid ELSE {e}pid END)"
 
 
-def _waves(ctx: ChainContext) -> tuple[list[list[tuple]], int]:
+def _waves(ctx: ChainContext, parent: int) -> tuple[list[list[tuple]], int]:
+    """Return the fork waves of process ``parent`` and how many of their children exited (computed once per
+    parent: several detectors ask). Another parent's forks never join them: a shell's helper commands are not
+    the training process's workers."""
+    key = ("waves", parent)
+    if key not in ctx.memo:
+        forks_by_parent, exit_at = _forks(ctx)
+        ctx.memo[key] = _group_waves(forks_by_parent.get(parent, []), exit_at)
+    return ctx.memo[key]
+
+
+def _forks(ctx: ChainContext) -> tuple[dict[int, list[tuple]], dict[int, int]]:
+    """Return ({parent: its forks (ts, parent, child, child's comm), in time order}, {child: its exit time}),
+    the tracer's own processes left out; read once per context."""
+    if ("forks",) in ctx.memo:
+        return ctx.memo[("forks",)]
     parent_of = _FORK_PARENT.format(e="e.")
-    forks = ctx.conn.execute(
+    tracer = ctx.info.tracer_pids
+    by_parent: dict[int, list[tuple]] = {}
+    for f in ctx.conn.execute(
         f"SELECT e.ts_ns, {parent_of}, e.child, p.comm FROM process_events e LEFT JOIN processes p "
         f"ON p.pid = e.child WHERE e.kind = 'fork' AND ($pid IS NULL OR {parent_of} = $pid) ORDER BY e.ts_ns",
         {"pid": ctx.pid},
-    ).fetchall()
-    tracer = ctx.info.tracer_pids
-    forks = [f for f in forks if f[1] not in tracer and f[2] not in tracer]
-    if not forks:
-        return [], 0
-    # child pid -> its exit time: a fork after a worker of the current wave exited starts a new wave even
-    # within FORK_GAP_NS (short epochs re-fork the workers right after shutting the last ones down)
+    ).fetchall():
+        if f[1] not in tracer and f[2] not in tracer:
+            by_parent.setdefault(f[1], []).append(f)
+    # (a join, not list_contains over a list of every child: that is rows x children)
     exit_at = dict(
         ctx.conn.execute(
-            "SELECT pid, min(ts_ns) FROM process_events WHERE kind = 'exit' AND list_contains(?, pid) GROUP BY pid",
-            [[f[2] for f in forks]],
+            "SELECT e.pid, min(e.ts_ns) FROM process_events e SEMI JOIN (SELECT DISTINCT child FROM process_events "
+            "WHERE kind = 'fork') f ON f.child = e.pid WHERE e.kind = 'exit' GROUP BY e.pid"
         ).fetchall()
     )
+    ctx.memo[("forks",)] = by_parent, exit_at
+    return by_parent, exit_at
+
+
+def _group_waves(forks: list[tuple], exit_at: dict[int, int]) -> tuple[list[list[tuple]], int]:
+    """Group one parent's forks into waves: a fork more than FORK_GAP_NS after the last, or after a worker of
+    the current wave exited (short epochs re-fork the workers right after shutting the last ones down)."""
     waves: list[list[tuple]] = []
+    first_exit = None  # the earliest exit of a worker of the current wave: a respawn once a fork comes after it
     for f in forks:
-        respawn = waves and any(exit_at.get(w[2], f[0] + 1) <= f[0] for w in waves[-1])
+        respawn = first_exit is not None and first_exit <= f[0]
         if waves and f[0] - waves[-1][-1][0] <= FORK_GAP_NS and not respawn:
             waves[-1].append(f)
         else:
             waves.append([f])
+            first_exit = None
+        gone = exit_at.get(f[2])
+        if gone is not None and (first_exit is None or gone < first_exit):
+            first_exit = gone
     return waves, sum(1 for f in forks if f[2] in exit_at)
 
 
@@ -86,13 +114,13 @@ def wave_windows(ctx: ChainContext, tid: int, waves: list[list[tuple]]) -> list[
     return out
 
 
-def respawn_windows(ctx: ChainContext, tid: int) -> dict[int, tuple[int, int]]:
-    """Return {worker pid: its wave's window} for the workers of every respawn wave: the time in which thread
-    ``tid`` waiting for them is the respawn's cost (the fallback for a recording without wakers)."""
-    waves, n_exits = _waves(ctx)
+def respawn_windows(ctx: ChainContext, s: Subject) -> dict[int, tuple[int, int]]:
+    """Return {worker pid: its wave's window} for the workers of every respawn wave of the subject's process:
+    the time in which its thread waiting for them is the respawn's cost (the fallback without wakers)."""
+    waves, n_exits = _waves(ctx, s.pid)
     if len(waves) < 2 or n_exits == 0:
         return {}
-    return {p: (a, b) for a, b, pids in wave_windows(ctx, tid, waves) for p in pids}
+    return {p: (a, b) for a, b, pids in wave_windows(ctx, s.tid, waves) for p in pids}
 
 
 @dataclass(frozen=True)
@@ -113,7 +141,7 @@ def respawn_stalls(ctx: ChainContext, s: Subject) -> list[Stall] | None:
     if key in ctx.memo:
         return ctx.memo[key]
     out = None
-    waves, n_exits = _waves(ctx)
+    waves, n_exits = _waves(ctx, s.pid)
     if not ctx.info.has_wakers or not ctx.info.has("sched", "waker_pid"):
         pass
     elif len(waves) < 2 or n_exits == 0:
@@ -125,7 +153,10 @@ def respawn_stalls(ctx: ChainContext, s: Subject) -> list[Stall] | None:
 
 
 def _stalls(ctx: ChainContext, s: Subject, waves: list[list[tuple]]) -> list[Stall]:
-    respawned = {f[2]: i for i, w in enumerate(waves[1:]) for f in w if f[2]}
+    # a child the thread only waited for to finish (a start-up shell command) delivers no first batch: a wave
+    # of them is no respawn
+    helpers = helper_pids(ctx, s.tid)
+    respawned = {f[2]: i for i, w in enumerate(waves[1:]) for f in w if f[2] and f[2] not in helpers}
     # the thread's waits that a respawned worker ended (sched keeps every off-CPU interval >= 1 ms, and a first
     # batch takes longer than that)
     firsts: dict[int, tuple[int, int]] = {}
@@ -155,7 +186,8 @@ def _usual_batch_wait(ctx: ChainContext, s: Subject, first_waits: list[int]) -> 
     """Return the thread's mean blocked time per wakeup by a data worker (outside calls, within its steps),
     the respawns' first batches left out: what a batch costs it anyway."""
     trainers = {x.pid for x in ctx.subjects if x.launches}
-    workers = [w for w in ctx.wakers(s) if w.holder == "tree" and w.pid not in trainers]
+    helpers = helper_pids(ctx, s.tid)
+    workers = [w for w in ctx.wakers(s) if w.holder == "tree" and w.pid not in trainers and w.pid not in helpers]
     n = sum(w.wakeups for w in workers) - len(first_waits)
     blocked = sum((w.blocked_ms - w.in_call_ms) * MS for w in workers) - sum(first_waits)
     return max(blocked, 0.0) / n if n > 0 else 0.0
@@ -178,16 +210,23 @@ def _non_cuda(row: dict[str, int]) -> int:
 
 
 def detect(ctx: ChainContext) -> list[CausalChain]:
-    """Return one chain when workers were forked in two waves or more and some exited: the respawns."""
-    waves, n_exits = _waves(ctx)
-    if len(waves) < 2 or n_exits == 0:
-        return []  # one wave of long-lived workers is the healthy shape
-    forks = [f for w in waves for f in w]
-    parent = max({f[1] for f in forks}, key=lambda p: sum(1 for f in forks if f[1] == p))
-    subject = next((s for s in ctx.subjects if s.pid == parent), None) or ctx.training
-    if subject is None:
-        return []
-    return [_chain(ctx, subject, parent, waves, forks, n_exits)] if subject else []
+    """Return a chain per subject whose process forked its workers in two waves or more, some exiting: the
+    respawns. Waves of children that never fed the subject (no wait of its thread ended with a wave's first
+    batch: start-up helpers, a monitoring script's commands) are no churn; without wakers to tell, only
+    DataLoader workers are taken for the subject's workers."""
+    out = []
+    for s in ctx.subjects:
+        waves, n_exits = _waves(ctx, s.pid)
+        if len(waves) < 2 or n_exits == 0:
+            continue  # one wave of long-lived workers is the healthy shape
+        forks = [f for w in waves for f in w]
+        stalls = respawn_stalls(ctx, s)
+        if stalls is None and not any(f[3] == DATALOADER_COMM for f in forks):
+            continue
+        if stalls is not None and not any(st.cost_ns > 0 for st in stalls):
+            continue
+        out.append(_chain(ctx, s, s.pid, waves, forks, n_exits))
+    return out
 
 
 def _baseline(s: Subject, waves: list[list[tuple]], windows: list[tuple[int, int, int]]) -> float:
@@ -240,7 +279,9 @@ def _chain(
     cost = sum(w.lost_ms for w in losses) * MS
     respawns = len(waves) - 1
     per_wave = sorted(len(w) for w in waves)[len(waves) // 2]
-    comm = next((f[3] for f in forks if f[3]), "worker")
+    # the respawned children's usual name (the first fork may be a start-up helper: ctypes' `sh -c ldconfig`)
+    names = Counter(f[3] for w in waves[1:] for f in w if f[3])
+    comm = names.most_common(1)[0][0] if names else "worker"
     avg = cost / MS / respawns
     sev = grade(s.share(cost), HIGH, MEDIUM, LOW) or "LOW"
     is_dl = comm == DATALOADER_COMM
@@ -252,8 +293,12 @@ def _chain(
             else f"Reuse the {per_wave} {comm} worker processes instead of forking new ones every wave"
         )
         + f"; pid {parent} re-forked them {respawns} times.",
-        f"Each respawn cost thread {s.tid} ~{avg:,.0f} ms: with persistent workers the next epoch starts from "
-        "already-prefetched batches (prefetch_factor=2 or more).",
+        f"Each respawn cost thread {s.tid} ~{avg:,.0f} ms: "
+        + (
+            "with persistent workers the next epoch starts from already-prefetched batches (prefetch_factor=2 or more)."
+            if is_dl
+            else "a long-lived pool (multiprocessing.Pool, concurrent.futures) pays the start-up once."
+        ),
     ]
     return ctx.chain(
         s,

@@ -1,0 +1,236 @@
+"""How the analyses scale with a fork-heavy, long recording: each MCP tool and each CLI command timed on a
+synthetic recording of size N and of size 2N, and the ratio t(2N)/t(N) (about 2 when linear; 4 when quadratic).
+
+A recording of size k (k = 1, 2) holds, over ``k * DURATION_S`` seconds:
+- the calls of bench/synthetic.py's training process (``k * ROWS`` stored ``cuda_calls`` rows, their ``op_stats``,
+  ``sched`` and per-second time accounting);
+- ``k * PROCS`` short-lived helper processes (a monitoring loop's commands: ``bash`` forking ``true``), each with a
+  fork, an exec and an exit event, its ``processes`` and ``threads`` rows and one second of time accounting;
+- DataLoader workers re-forked every WAVE_S seconds by the training process (WORKERS per wave, so ``k *
+  DURATION_S / WAVE_S`` waves), each with a second of time accounting per second alive, waking the training thread
+  every second (``thread_wakers``) and queued behind a CPU hog (``preemptors``).
+
+The numbers are shaped like a recording, not checked against one: this bench times the analyses, it does not test
+their answers. Timings are medians of RUNS after a warm-up; each tool is timed as the MCP client sees it (through
+the server, in-process), each CLI command as `tracer CMD --db X` in-process with its output discarded.
+
+    .venv/bin/python -m bench.scaling [--quick] [--procs N] [--db-dir DIR]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from bench.common import base_parser, median, print_table, write_result
+from bench.synthetic import PID, S, generate_large
+
+PROCS, QUICK_PROCS = 100_000, 10_000
+ROWS, QUICK_ROWS = 2_500_000, 250_000
+DURATION_S, QUICK_DURATION_S = 1800, 180
+WAVE_S, WORKERS = 10, 4
+HELPER_PARENT = 2000  # the monitoring loop's shell
+HOG_PID = 4242
+RUNS, QUICK_RUNS = 3, 1
+# a tool or command whose time more than doubles (plus the noise of a shared 2-core VM) when the recording does
+LINEAR_RATIO = 2.6
+
+
+def generate(path: Path, k: int, procs: int, rows: int, duration_s: int) -> Path:
+    """Write the size-``k`` recording to ``path`` (see the module docstring); return it."""
+    seconds = k * duration_s
+    generate_large(path, k * rows, duration_s=seconds)
+    con = duckdb.connect(str(path))
+    try:
+        _helpers(con, k * procs, seconds)
+        _workers(con, seconds)
+        con.execute("UPDATE session SET target = 'python train.py'")
+    finally:
+        con.close()
+    return path
+
+
+def _helpers(con: duckdb.DuckDBPyConnection, n: int, seconds: int) -> None:
+    """``n`` helper processes forked by the shell, spread evenly, each living 2 ms."""
+    step = seconds * S // max(n, 1)
+    first = 100_000
+    con.execute(
+        "INSERT INTO processes BY NAME SELECT ? AS pid, ? AS ppid, 'bash' AS comm, 'bash monitor.sh' AS cmdline, "
+        "0 AS first_ns, NULL AS exit_ns, NULL AS exit_code, 'target' AS role",
+        [HELPER_PARENT, PID],
+    )
+    con.execute(f"""
+        CREATE TEMP TABLE h AS SELECT {first} + i AS pid, i * {step} AS t FROM range({n}) r(i)""")
+    con.execute(f"""
+        INSERT INTO processes BY NAME SELECT pid, {HELPER_PARENT} AS ppid, 'true' AS comm, '/bin/true' AS cmdline,
+               t AS first_ns, t + 2000000 AS exit_ns, 0 AS exit_code, 'target' AS role FROM h""")
+    con.execute("""
+        INSERT INTO threads BY NAME SELECT pid, pid AS tid, 'true' AS comm, t AS first_ns, t + 2000000 AS end_ns,
+               true AS exited, 0 AS cuda_calls FROM h""")
+    con.execute(f"""
+        INSERT INTO process_events BY NAME
+        SELECT t AS ts_ns, 'fork' AS kind, pid, {HELPER_PARENT} AS ppid, pid AS child, 'bash' AS comm FROM h
+        UNION ALL SELECT t + 500000, 'exec', pid, {HELPER_PARENT}, NULL, 'true' FROM h
+        UNION ALL SELECT t + 2000000, 'exit', pid, NULL, NULL, 'true' FROM h""")
+    con.execute(f"""
+        INSERT INTO thread_breakdown BY NAME SELECT t // {S} AS sec, pid, pid AS tid, 2000000 AS wall_ns,
+               1500000 AS cpu_ns, 500000 AS blocked_ns, 1.0 AS launch_sampled FROM h""")
+    con.execute("DROP TABLE h")
+
+
+def _workers(con: duckdb.DuckDBPyConnection, seconds: int) -> None:
+    """WORKERS DataLoader workers per wave, re-forked by the training process every WAVE_S seconds."""
+    waves = seconds // WAVE_S
+    con.execute(f"""
+        CREATE TEMP TABLE w AS SELECT 900000 + i AS pid, (i // {WORKERS}) * {WAVE_S * S} + (i % {WORKERS}) * 1000000
+               AS t, ((i // {WORKERS}) + 1) * {WAVE_S * S} - 1000000 AS x FROM range({waves * WORKERS}) r(i)""")
+    con.execute(f"""
+        INSERT INTO processes BY NAME SELECT pid, {PID} AS ppid, 'pt_data_worker' AS comm, 'python train.py' AS cmdline,
+               t AS first_ns, x AS exit_ns, 0 AS exit_code, 'target' AS role FROM w""")
+    con.execute("""
+        INSERT INTO threads BY NAME SELECT pid, pid AS tid, 'pt_data_worker' AS comm, t AS first_ns, x AS end_ns,
+               true AS exited, 0 AS cuda_calls FROM w""")
+    con.execute(f"""
+        INSERT INTO process_events BY NAME
+        SELECT t AS ts_ns, 'fork' AS kind, pid, {PID} AS ppid, pid AS child, 'python3' AS comm FROM w
+        UNION ALL SELECT x, 'exit', pid, NULL, NULL, 'pt_data_worker' FROM w""")
+    # a second of accounting per second alive: on CPU 600 ms, queued 300 ms behind the hog, blocked the rest
+    con.execute(f"""
+        CREATE TEMP TABLE ws AS SELECT pid, sec FROM w, unnest(range(t // {S}, x // {S} + 1)) u(sec)""")
+    con.execute(f"""
+        INSERT INTO thread_breakdown BY NAME SELECT sec, pid, pid AS tid, {S} AS wall_ns, 600000000 AS cpu_ns,
+               300000000 AS runq_other_ns, 100000000 AS blocked_ns, 1.0 AS launch_sampled FROM ws""")
+    con.execute(f"""
+        INSERT INTO preemptors BY NAME SELECT sec, pid AS tid, {HOG_PID} AS pid, 'stress-ng' AS comm,
+               false AS is_target, false AS is_tracer, 30 AS preemptions, 300000000 AS runq_ns FROM ws""")
+    con.execute(f"""
+        INSERT INTO thread_wakers BY NAME SELECT sec, {PID} AS pid, {PID} AS tid, false AS in_call,
+               pid AS waker_pid, pid AS waker_tid, 'pt_data_worker' AS waker_comm, 10 AS wakeups,
+               2000000 AS blocked_ns FROM ws""")
+    con.execute(f"""
+        INSERT INTO sched BY NAME SELECT sec * {S} + 500000000 AS ts_ns, 2000000 AS dur_ns, {PID} AS pid,
+               {PID} AS tid, 'python3' AS comm, 0 AS cpu, 'sleep' AS reason, 0 AS runq_ns, pid AS waker_pid,
+               pid AS waker_tid, 'pt_data_worker' AS waker_comm, false AS in_call FROM ws""")
+    con.execute("DROP TABLE ws")
+    con.execute("DROP TABLE w")
+
+
+def mcp_tools(db: Path) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each MCP tool with the arguments a client's first call would give it."""
+    return {
+        "get_trace_stats": ("get_trace_stats", {}),
+        "get_causal_chains": ("get_causal_chains", {}),
+        "get_time_breakdown": ("get_time_breakdown", {}),
+        "get_stacks": ("get_stacks", {"op": "cudaStreamSynchronize"}),
+        "run_sql": ("run_sql", {"query": "SELECT comm, count(*) FROM processes GROUP BY comm"}),
+        "compare_traces": ("compare_traces", {"before": db.name, "after": db.name}),
+    }
+
+
+CLI = {
+    "tracer stats": ["stats"],
+    "tracer chains": ["chains"],
+    "tracer breakdown": ["breakdown"],
+    "tracer stacks": ["stacks", "--op", "cudaStreamSynchronize"],
+    "tracer timeline": ["timeline"],
+}
+
+
+def _time(fn: Callable[[], Any], runs: int) -> float:
+    fn()  # warm-up: imports, DuckDB's caches
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return median(out)
+
+
+def measure(db: Path, runs: int) -> dict[str, float]:
+    """Return {tool or command: median ms} on ``db``."""
+    import anyio
+    from mcp import Client
+
+    from mcp_server.server import build_server
+    from tracer.commands.cli import main as cli_main
+
+    res: dict[str, float] = {}
+    for name, (tool, args) in mcp_tools(db).items():
+
+        def call(tool: str = tool, args: dict[str, Any] = args) -> None:
+            async def go() -> None:
+                async with Client(build_server(db)) as c:
+                    r = await c.call_tool(tool, args)
+                    if r.is_error:
+                        raise RuntimeError(f"{tool}: {r.content}")
+
+            anyio.run(go)
+
+        res[f"mcp {name}"] = _time(call, runs)
+    for name, argv in CLI.items():
+
+        def run(argv: list[str] = argv) -> None:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                if cli_main([*argv, "--db", str(db)]) not in (0, None):
+                    raise RuntimeError(f"tracer {' '.join(argv)} failed")
+
+        res[name] = _time(run, runs)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--procs", type=int, help=f"helper processes at size N (default {PROCS:,}; --quick {QUICK_PROCS:,})")
+    p.add_argument("--db-dir", type=Path, help="keep the generated recordings here")
+    a = p.parse_args(argv)
+    procs = a.procs or (QUICK_PROCS if a.quick else PROCS)
+    rows, seconds = (QUICK_ROWS, QUICK_DURATION_S) if a.quick else (ROWS, DURATION_S)
+    runs = QUICK_RUNS if a.quick else RUNS
+    with tempfile.TemporaryDirectory() as tmp:
+        d = a.db_dir or Path(tmp)
+        d.mkdir(parents=True, exist_ok=True)
+        sizes: dict[int, dict[str, float]] = {}
+        for k in (1, 2):
+            db = d / f"scaling-{k}n.duckdb"
+            t0 = time.perf_counter()
+            generate(db, k, procs, rows, seconds)
+            print(
+                f"size {k}N: {k * procs:,} helpers, {k * rows:,} calls, {k * seconds} s, built in "
+                f"{time.perf_counter() - t0:.1f} s",
+                file=sys.stderr,
+            )
+            sizes[k] = measure(db, runs)
+    table = [
+        [name, f"{sizes[1][name]:,.0f}", f"{sizes[2][name]:,.0f}", f"{sizes[2][name] / sizes[1][name]:.2f}"]
+        for name in sizes[1]
+    ]
+    print_table(table, ["tool / command", "N ms", "2N ms", "t(2N)/t(N)"])
+    worst = max(sizes[2][n] / sizes[1][n] for n in sizes[1])
+    write_result(
+        "scaling",
+        {
+            "procs_n": procs,
+            "rows_n": rows,
+            "seconds_n": seconds,
+            "ms_n": sizes[1],
+            "ms_2n": sizes[2],
+            "ratio": {n: round(sizes[2][n] / sizes[1][n], 3) for n in sizes[1]},
+            "worst_ratio": round(worst, 3),
+            "linear_ratio_target": LINEAR_RATIO,
+            "quick": a.quick,
+        },
+        a.out,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Session limits for streamable HTTP: one client flooding ``initialize`` must not lock the others out.
+
+The SDK keeps every session until it is deleted or idle for 30 minutes, up to 10,000, and then answers every new
+client 503 (issue 17: 9,993 initialize POSTs in 28 s did that, for half an hour, and grew the server by 380 MB).
+This ASGI middleware, in front of the SDK's app, keeps its own table of the sessions it has seen opened and:
+
+- caps the sessions of one client (its remote address: a token is one shared secret, so it names no client) at
+  ``per_client``, and all sessions at ``total``. Past a cap it does not refuse the new session: it ends an older
+  one, so a new client always gets in. The one ended is the least valuable: a session never used after its
+  ``initialize`` (what a flood opens) before one that was, one without a request in flight before one with (an
+  open event stream, a tool call), the least recently used first; past ``total``, from the client holding most.
+  A session is ended the way a client ends it, by a DELETE through the SDK, so no SDK internals are touched.
+- serves at most ``in_flight`` requests of one session at once; up to ``queued`` more wait for a turn with
+  their bodies unread (uvicorn stops reading a socket at 64 KiB), and any beyond get 429. With the SDK's body cap
+  (4 MiB) and no event store (nothing is kept for replay), that bounds what one session can make the server hold:
+  about 8 × 4 MiB + 64 × 64 KiB.
+- forgets sessions the SDK has ended: deleted by their client, answered 404 (gone), or idle past ``idle_s``,
+  the idle timeout the SDK is given too (:func:`mcp_server.http.build_app`).
+
+Clients behind one address (every local client on a loopback server, or everyone behind a proxy) share one
+``per_client`` budget: a flood of sessions used like a real client's cannot be told apart from one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PER_CLIENT = 16  # sessions one address may hold: a few assistants on one machine, each with a session or two
+TOTAL = 128  # sessions in all (~40 KB each when idle)
+IN_FLIGHT = 8  # requests of one session served at once (an event stream and parallel tool calls)
+QUEUED = 64  # more of them waiting for a turn, before 429
+IDLE_S = 300.0  # a session with no request for this long is ended (the SDK's default is 30 minutes)
+SESSION_HEADER = b"mcp-session-id"
+
+
+@dataclass
+class _Session:
+    sid: str
+    client: str
+    last: float  # monotonic time of its last request's start or end
+    used: bool = False  # has had a request after the one that opened it
+    in_flight: int = 0  # requests admitted or waiting
+    turns: anyio.Semaphore | None = None  # made on the first request (it needs the event loop)
+
+    def worth(self) -> tuple[bool, bool, float]:
+        """Sort key: the smallest is ended first."""
+        return (self.in_flight > 0, self.used, self.last)
+
+
+class SessionLimits:
+    """ASGI middleware over the SDK's streamable HTTP app (served at ``path``) enforcing the limits above."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        path: str = "/mcp",
+        *,
+        per_client: int = PER_CLIENT,
+        total: int = TOTAL,
+        in_flight: int = IN_FLIGHT,
+        queued: int = QUEUED,
+        idle_s: float = IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if min(per_client, total, in_flight) < 1 or queued < 0 or idle_s <= 0:
+            raise ValueError("session limits must be positive")
+        self.app = app
+        self.path = path
+        self.per_client = per_client
+        self.total = total
+        self.in_flight = in_flight
+        self.queued = queued
+        self.idle_s = idle_s
+        self._clock = clock
+        self._sessions: dict[str, _Session] = {}
+
+    def open_sessions(self, client: str | None = None) -> int:
+        """Sessions open (as far as this middleware knows), of ``client`` or of all."""
+        return sum(1 for s in self._sessions.values() if client is None or s.client == client)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") != self.path:
+            await self.app(scope, receive, send)
+            return
+        sid = _header(scope, SESSION_HEADER)
+        if sid is None:
+            if scope.get("method") == "POST":
+                await self._open(scope, receive, send)
+            else:  # the SDK refuses a GET or DELETE without a session: nothing to count
+                await self.app(scope, receive, send)
+            return
+        session = self._sessions.get(sid)
+        if session is None:  # unknown to us: the SDK answers (404 for an unknown or expired id)
+            await self.app(scope, receive, send)
+            return
+        if session.in_flight >= self.in_flight + self.queued:
+            await _refuse(send, 429, f"too many requests at once in this session (at most {self.in_flight} served)")
+            return
+        if session.turns is None:
+            session.turns = anyio.Semaphore(self.in_flight)
+        turns = session.turns
+        session.in_flight += 1
+        session.used = True
+        session.last = self._clock()
+        status = 0
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            async with turns:
+                await self.app(scope, receive, watch)
+        finally:
+            session.in_flight -= 1
+            session.last = self._clock()
+            # 404: the SDK no longer has it (ended, or idle past its timeout); a DELETE that succeeded ended it
+            if status == 404 or (scope.get("method") == "DELETE" and 200 <= status < 300):
+                self._sessions.pop(sid, None)
+
+    async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a request that may open a session; once it has, end older ones past the caps."""
+        client = (scope.get("client") or ("?", 0))[0]
+        opened: str | None = None
+
+        async def watch(message: Message) -> None:
+            nonlocal opened
+            if message["type"] == "http.response.start" and int(message["status"]) < 400:
+                sid = _header(message, SESSION_HEADER)
+                if sid is not None:
+                    # registered before the client can know the id, so its next request is counted
+                    self._sessions[sid] = _Session(sid, client, self._clock())
+                    opened = sid
+            await send(message)
+
+        await self.app(scope, receive, watch)
+        if opened is not None:
+            # shielded: the flood's own request being cancelled must not leave the table over its caps
+            with anyio.CancelScope(shield=True):
+                await self._enforce(scope, client, opened)
+
+    async def _enforce(self, scope: Scope, client: str, new: str) -> None:
+        self._forget_idle()
+        while True:
+            mine = [s for s in self._sessions.values() if s.client == client and s.sid != new]
+            if len(mine) >= self.per_client:
+                victims = mine
+            elif len(self._sessions) > self.total:
+                by_client: dict[str, list[_Session]] = {}
+                for s in self._sessions.values():
+                    if s.sid != new:
+                        by_client.setdefault(s.client, []).append(s)
+                if not by_client:
+                    return
+                victims = max(by_client.values(), key=len)
+            else:
+                return
+            victim = min(victims, key=_Session.worth)
+            self._sessions.pop(victim.sid, None)  # before the await: a concurrent opening must not pick it too
+            log.info("ending MCP session %s of %s: over the session limits", victim.sid[:8], victim.client)
+            await self._delete(scope, victim.sid)
+
+    def _forget_idle(self) -> None:
+        """Drop sessions idle past ``idle_s``: the SDK, given the same timeout, has ended them (its clock starts
+        when a request ends, as ours does, and ours is read after its)."""
+        cutoff = self._clock() - self.idle_s
+        for s in [s for s in self._sessions.values() if s.in_flight == 0 and s.last < cutoff]:
+            del self._sessions[s.sid]
+
+    async def _delete(self, like: Scope, sid: str) -> None:
+        """End session ``sid`` in the SDK with a DELETE, carrying the Host of ``like`` (a request the Host
+        check let through) so the SDK's own Host check accepts it."""
+        host = _header(like, b"host") or "127.0.0.1:80"
+        scope = {
+            **like,
+            "method": "DELETE",
+            "path": self.path,
+            "raw_path": self.path.encode(),
+            "query_string": b"",
+            "headers": [(b"host", host.encode("latin-1")), (SESSION_HEADER, sid.encode())],
+        }
+        sent = False
+
+        async def receive() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await anyio.sleep_forever()  # the SDK does not wait for a disconnect on DELETE
+            raise AssertionError("unreachable")
+
+        async def discard(_: Message) -> None:
+            return None
+
+        try:
+            with anyio.fail_after(5):
+                await self.app(scope, receive, discard)
+        except Exception:  # the session stays until the SDK's idle timeout ends it
+            log.warning("could not end MCP session %s", sid[:8], exc_info=True)
+
+
+def _header(scope_or_message: MutableMapping[str, Any], name: bytes) -> str | None:
+    for k, v in scope_or_message.get("headers") or []:
+        if k.lower() == name:
+            return bytes(v).decode("latin-1")
+    return None
+
+
+async def _refuse(send: Send, status: int, message: str) -> None:
+    """A JSON-RPC error (no id), as the SDK answers its own refusals, with Retry-After."""
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

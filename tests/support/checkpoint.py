@@ -1,0 +1,61 @@
+"""A short-step training loop that checkpoints every N steps, hand-built: the step series' and the waits' ground
+truth (issue 23's "every 40th step took 57 ms instead of 3.2 ms").
+
+Per step (STEP_NS = 3.2 ms, each step 0-40 µs longer by a seeded jitter): 4 launches, then Python work, then
+a 4-byte DtoH cudaMemcpy (``loss.item()``, checkpoint.py:31) that waits for the GPU, blocked inside it and woken
+by the GPU's interrupt (``[irq]``). Every EVERY-th step (steps 40, 80, ... 400 of 420; the first step is the
+interval after the first wait), right after the wait, the thread writes a checkpoint: CKPT_CPU_NS on CPU
+serialising, then CKPT_IO_NS blocked in fsync until the disk's completion interrupt (``[block]``) wakes it. Between
+checkpoints it also sleeps 1 ms in every 10th step (``time.sleep``, woken by ``[timer]``).
+"""
+
+from __future__ import annotations
+
+import random
+
+from tests.support.builder import MAIN_PID, MS, US, S, TraceBuilder
+
+STEPS = 421  # waits: 420 steps between them
+EVERY = 40
+STEP_NS = 3200 * US
+JITTER_NS = 40 * US
+CKPT_CPU_NS = 4 * MS
+CKPT_IO_NS = 50 * MS
+SLEEP_EVERY = 10
+SLEEP_NS = 1 * MS
+START_NS = 1 * S
+SYNC_STACK = [
+    ("python", "checkpoint.py", "<module>", "checkpoint.py", 60),
+    ("python", "checkpoint.py", "train_step", "checkpoint.py", 31),
+    ("cuda", "libcudart.so.12", "cudaMemcpy", None, None),
+]
+
+
+def checkpoint_loop(b: TraceBuilder) -> list[int]:
+    """Build the loop (module docstring) into ``b``; return the step numbers that checkpoint."""
+    rng = random.Random(40)
+    b.duration_s = 4.0
+    b.target = "python checkpoint.py"
+    b.process(MAIN_PID, "python3", ppid=1, cmdline="python checkpoint.py")
+    sync = b.stack(SYNC_STACK)
+    t = START_NS
+    ckpts = []
+    for i in range(STEPS):
+        # step i is the interval that ends with wait i; the checkpoint after wait i-1 opens it
+        if i and i % EVERY == 0:
+            ckpts.append(i)
+            t += CKPT_CPU_NS
+            b.off_cpu(t, CKPT_IO_NS, reason="io", waker_pid=0, waker_tid=0, waker_comm="[block]")
+            t += CKPT_IO_NS
+        a = t
+        for _ in range(4):
+            b.call(t, 8 * US, "cudaLaunchKernel", stream=7)
+            t += 20 * US
+        if i % SLEEP_EVERY == 5:
+            b.off_cpu(t + 100 * US, SLEEP_NS, reason="sleep", waker_pid=0, waker_tid=0, waker_comm="[timer]")
+        wait = 1200 * US
+        start = a + STEP_NS + rng.randrange(JITTER_NS) - wait
+        b.call(start, wait, "cudaMemcpy", bytes=4, kind="DtoH", stack_id=sync, off_cpu_ns=wait - 100 * US)
+        b.off_cpu(start + 50 * US, wait - 100 * US, reason="sleep", waker_pid=0, waker_tid=0, waker_comm="[irq]")
+        t = start + wait
+    return ckpts

@@ -1,0 +1,364 @@
+"""Issue 17, HTTP side: session exhaustion, the Host check before redirects, symlinks out of the served directory,
+and stopping within a second of SIGTERM.
+
+The session limits are tested twice: on :class:`mcp_server.sessions.SessionLimits` over a stand-in for the SDK's
+app (which sessions it ends, exactly), and end to end, with a flood of ``initialize`` POSTs against a real
+``serve_http`` subprocess (what the issue measured: 503 for everyone, +380 MB). Every test ends by checking that
+the server still answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from hostile_corpus import liveness
+from mcp import Client
+from tracedb import build
+
+from mcp_server.server import build_server
+from mcp_server.sessions import SessionLimits
+
+REPO = Path(__file__).resolve().parent.parent
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+PING = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+ACCEPT = {"accept": "application/json, text/event-stream"}
+SERVE = "import sys; from mcp_server.http import serve_http; serve_http(sys.argv[1], '127.0.0.1', int(sys.argv[2]))"
+FLOOD = 1500  # initialize POSTs: ~57 MB of sessions kept by an unlimited server (38 KB each, measured)
+RSS_GROWTH = 30 << 20
+
+
+# -- SessionLimits over a stand-in SDK -------------------------------------------------------------------------
+class FakeSdk:
+    """Answers like the SDK's streamable HTTP app: a POST without a session opens one (its id in the
+    ``mcp-session-id`` header), a request for a live session answers 200 (DELETE ends it), any other id 404.
+    A request with ``?hold`` waits for ``release``."""
+
+    def __init__(self) -> None:
+        self.alive: set[str] = set()
+        self.release = anyio.Event()
+        self.deleted: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        headers = dict(scope["headers"])
+        sid = headers.get(b"mcp-session-id", b"").decode() or None
+        out: list[tuple[bytes, bytes]] = []
+        if sid is None:
+            sid = uuid.uuid4().hex
+            self.alive.add(sid)
+            status, out = 200, [(b"mcp-session-id", sid.encode())]
+        elif sid not in self.alive:
+            status = 404
+        else:
+            status = 200
+            if scope["method"] == "DELETE":
+                self.alive.discard(sid)
+                self.deleted.append(sid)
+            elif scope.get("query_string") == b"hold":
+                await self.release.wait()
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def request(app: Any, client: str, method: str = "POST", sid: str | None = None, query: bytes = b"") -> Any:
+    """Send one request through ``app`` as ``client``; return (status, session id answered)."""
+
+    async def go() -> tuple[int, str | None]:
+        headers = [(b"host", b"127.0.0.1:8090")] + ([(b"mcp-session-id", sid.encode())] if sid else [])
+        scope = {"type": "http", "method": method, "path": "/mcp", "headers": headers, "client": (client, 5000)}
+        scope["query_string"] = query
+        got: dict[str, Any] = {}
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(m: dict[str, Any]) -> None:
+            if m["type"] == "http.response.start":
+                got["status"] = m["status"]
+                got["sid"] = dict(m["headers"]).get(b"mcp-session-id", b"").decode() or None
+
+        await app(scope, receive, send)
+        return got["status"], got["sid"]
+
+    return go()
+
+
+def run(coro: Any) -> Any:
+    async def main() -> Any:
+        return await coro
+
+    return anyio.run(main)
+
+
+def test_a_client_over_its_cap_loses_its_least_used_session_first():
+    sdk = FakeSdk()
+    app = SessionLimits(sdk, per_client=3, total=100)
+    s1, s2, s3 = (run(request(app, "10.0.0.1"))[1] for _ in range(3))
+    assert run(request(app, "10.0.0.1", sid=s2)) == (200, None)  # s2 is used; s1 and s3 only opened
+    _, s4 = run(request(app, "10.0.0.1"))
+    assert sdk.deleted == [s1]  # the oldest unused one
+    _, s5 = run(request(app, "10.0.0.1"))
+    assert sdk.deleted == [s1, s3] and sdk.alive == {s2, s4, s5}
+    assert run(request(app, "10.0.0.1", sid=s1))[0] == 404
+    # another address is not charged for this one's sessions
+    for _ in range(3):
+        run(request(app, "10.0.0.2"))
+    assert len(sdk.deleted) == 2 and app.open_sessions("10.0.0.2") == 3
+
+
+def test_past_the_total_the_biggest_holder_pays():
+    sdk = FakeSdk()
+    app = SessionLimits(sdk, per_client=3, total=4)
+    flood = [run(request(app, "10.0.0.1"))[1] for _ in range(3)]
+    _, mine = run(request(app, "10.0.0.2"))
+    _, mine2 = run(request(app, "10.0.0.2"))  # the 5th session: one of the flood's ends, not one of mine
+    assert sdk.deleted == [flood[0]] and {mine, mine2} <= sdk.alive and app.open_sessions() == 4
+
+
+def test_requests_of_one_session_take_turns_and_the_queue_is_bounded():
+    sdk = FakeSdk()
+    app = SessionLimits(sdk, in_flight=2, queued=1)
+
+    async def go() -> tuple[list[int], list[int]]:
+        _, sid = await request(app, "10.0.0.1")
+        first: list[int] = []  # the answers while two requests are held
+        later: list[int] = []
+
+        async def one(out: list[int], query: bytes = b"") -> None:
+            out.append((await request(app, "10.0.0.1", sid=sid, query=query))[0])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, later, b"hold")
+            tg.start_soon(one, later, b"hold")
+            await anyio.sleep(0.05)
+            tg.start_soon(one, later)  # the third waits for a turn...
+            await anyio.sleep(0.05)
+            await one(first)  # ...and a fourth finds the queue full
+            await anyio.sleep(0.05)
+            first.append(len(later))  # nothing answered yet: the third is still waiting
+            sdk.release.set()
+        return first, later
+
+    assert run(go()) == ([429, 0], [200, 200, 200])
+
+
+def test_ended_and_idle_sessions_are_forgotten():
+    now = [0.0]
+    sdk = FakeSdk()
+    app = SessionLimits(sdk, per_client=2, idle_s=300, clock=lambda: now[0])
+    _, a = run(request(app, "10.0.0.1"))
+    _, b = run(request(app, "10.0.0.1"))
+    assert run(request(app, "10.0.0.1", "DELETE", sid=a))[0] == 200 and app.open_sessions() == 1
+    sdk.alive.discard(b)  # the SDK ends b (idle): the next request for it answers 404, and b is forgotten
+    assert run(request(app, "10.0.0.1", sid=b))[0] == 404 and app.open_sessions() == 0
+    _, c = run(request(app, "10.0.0.1"))
+    now[0] = 301.0  # c idle past the timeout: the SDK has ended it, so it no longer counts
+    _, d = run(request(app, "10.0.0.1"))
+    _, e = run(request(app, "10.0.0.1"))
+    assert sdk.deleted == [a] and app.open_sessions() == 2 and {d, e} <= sdk.alive
+
+
+# -- a real server ------------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("limits") / "trace.duckdb"
+    build("healthy", p)
+    return p
+
+
+@contextmanager
+def server(db: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``serve_http`` on ``db`` in a subprocess; killed at the end if a test left it running."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(db), str(port)], cwd=REPO, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.1)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def rss(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split() if d.name.isdigit() else []
+        except OSError:
+            continue
+        if fields and int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def test_a_flood_of_sessions_leaves_room_for_other_clients(db: Path):
+    with server(db) as (proc, base):
+        url = f"{base}/mcp"
+        anyio.run(liveness, url)  # warm: workers started, the DB opened
+        idle = rss(proc.pid)
+
+        async def go() -> dict[str, Any]:
+            out: dict[str, Any] = {"codes": {}, "ids": [], "during": [], "other": None}
+            done = anyio.Event()
+            async with Client(url) as good:  # a well-behaved client, on the flood's own address
+                await good.call_tool("get_trace_stats", {})
+                async with httpx.AsyncClient(timeout=30) as flood:
+
+                    async def flooder(n: int) -> None:
+                        for _ in range(n):
+                            r = await flood.post(url, json=INIT, headers=ACCEPT)
+                            out["codes"][r.status_code] = out["codes"].get(r.status_code, 0) + 1
+                            out["ids"].append(r.headers.get("mcp-session-id"))
+
+                    async def meanwhile() -> None:
+                        other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")  # a second client
+                        async with httpx.AsyncClient(transport=other, timeout=30) as c:
+                            out["other"] = (await c.post(url, json=INIT, headers=ACCEPT)).status_code
+                        while not done.is_set():
+                            out["during"].append((await good.call_tool("run_sql", {"query": "select 1"})).is_error)
+                            await anyio.sleep(0.2)
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(meanwhile)
+                        async with anyio.create_task_group() as floods:
+                            for _ in range(16):
+                                floods.start_soon(flooder, FLOOD // 16)
+                        done.set()
+                    # the first sessions of the flood are gone; the good client's is not
+                    first = [
+                        await flood.post(url, json=PING, headers={**ACCEPT, "mcp-session-id": s})
+                        for s in out["ids"][:50]
+                    ]
+                    out["first_alive"] = sum(r.status_code == 200 for r in first)
+                out["after"] = (await good.call_tool("get_trace_stats", {})).is_error
+            return out
+
+        out = anyio.run(go)
+        grown = rss(proc.pid) - idle
+        assert out["codes"] == {200: FLOOD // 16 * 16}  # nobody was refused
+        assert out["other"] == 200
+        assert out["during"] and not any(out["during"]) and out["after"] is False
+        assert out["first_alive"] == 0
+        assert grown < RSS_GROWTH, grown >> 20
+        assert max(anyio.run(liveness, url).values()) < 2.0
+
+
+def test_host_is_checked_before_the_slash_redirect(db: Path):
+    with server(db) as (_, base):
+        evil = httpx.get(f"{base}/mcp/", headers={"host": "evil.com"})
+        assert evil.status_code == 421 and "location" not in evil.headers
+        evil = httpx.get(f"{base}/mcp/", headers={"origin": "http://evil.com"})
+        assert evil.status_code == 403 and "location" not in evil.headers
+        assert httpx.get(f"{base}/anything/", headers={"host": "evil.com"}).status_code == 421
+        ok = httpx.get(f"{base}/mcp/")
+        assert ok.status_code == 307 and ok.headers["location"] == f"{base}/mcp"
+        health = httpx.get(f"{base}/healthz", headers={"host": "evil.com"})  # answers everyone, names nothing
+        assert health.status_code == 200 and "db" not in health.json()
+        assert max(anyio.run(liveness, f"{base}/mcp").values()) < 2.0
+
+
+def test_sigterm_stops_within_a_second_with_a_query_in_flight(db: Path):
+    with server(db) as (proc, base):
+        anyio.run(liveness, f"{base}/mcp")
+        workers = children(proc.pid)
+        assert workers  # the query workers, which must go with it
+        started = threading.Event()
+
+        def slow_query() -> None:
+            async def go() -> None:
+                async with Client(f"{base}/mcp") as c:
+                    started.set()
+                    await c.call_tool("run_sql", {"query": "SELECT count(*) FROM range(100000000000)"})
+
+            try:
+                anyio.run(go)
+            except Exception:  # the server goes away under it
+                pass
+
+        threading.Thread(target=slow_query, daemon=True).start()
+        assert started.wait(30)
+        time.sleep(0.5)  # the query is running in a worker
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        stopped = time.monotonic() - t
+        assert stopped < 1.0, stopped
+        assert proc.returncode == -signal.SIGTERM
+        time.sleep(0.2)
+        assert not [w for w in workers if _alive(w)], "query workers outlived the server"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# -- compare_traces and symlinks ------------------------------------------------------------------------------
+def test_compare_traces_refuses_links_out_of_the_directory(tmp_path: Path, db: Path):
+    served, outside = tmp_path / "served", tmp_path / "outside"
+    served.mkdir()
+    outside.mkdir()
+    build("healthy", served / "a.duckdb")
+    (outside / "secret.duckdb").write_bytes(db.read_bytes())  # a readable trace DB, but not in the directory
+    (served / "abs.duckdb").symlink_to(outside / "secret.duckdb")
+    (served / "rel.duckdb").symlink_to(Path("..") / "outside" / "secret.duckdb")
+    (served / "notes.duckdb").symlink_to("notes.txt")  # in the directory, but not a recording's name
+    (served / "notes.txt").write_text("private")
+    (served / "same.duckdb").symlink_to("a.duckdb")
+
+    async def go() -> dict[str, Any]:
+        async with Client(build_server(served / "a.duckdb")) as c:
+            names = ("abs", "rel", "notes", "same")
+            out = {n: await c.call_tool("compare_traces", {"before": f"{n}.duckdb"}) for n in names}
+            out["stats"] = await c.call_tool("get_trace_stats", {})
+            return out
+
+    out = anyio.run(go)
+    for n in ("abs", "rel", "notes"):
+        text = out[n].content[0].text
+        assert out[n].is_error and "leads out of the served recording's directory" in text, text
+        assert "abs.duckdb" not in text.split("recordings here:")[1]  # not offered as a name either
+    assert not out["same"].is_error, out["same"].content[0].text  # a link within the directory is followed
+    assert not out["stats"].is_error

@@ -1,0 +1,73 @@
+"""tracer.analysis.processes: processes grouped by (comm, parent, role, rank) with totals, and the busy threads."""
+
+from __future__ import annotations
+
+import pytest
+from tracedb import MAIN_PID, build
+
+from tracer.analysis.db import open_trace
+from tracer.analysis.processes import BUSY_CORE_SHARE, group_processes
+from tracer.analysis.recording import load_recording
+from tracer.analysis.stats import ProcessStat, trace_stats
+
+
+def proc(pid, comm, role, ppid=1, calls=0, off=0.1, worst=1.0, exit_s=None, code=None, rank=None):
+    return ProcessStat(
+        pid=pid, ppid=ppid, comm=comm, role=role, rank=rank, cuda_calls=calls, context_switches=10, preemptions=3,
+        off_cpu_s=off, runq_s=off / 2, worst_stall_ms=worst, first_s=0.0, exit_s=exit_s, exit_code=code,
+    )  # fmt: skip
+
+
+def test_groups_by_comm_parent_role_and_rank_with_totals():
+    # GIVEN a main process, 184 workers it re-forked (one failed), the same name under another parent, two ranks
+    procs = (
+        [proc(100, "python3", "main", calls=22_825, off=17.2, worst=5831.0, exit_s=25.5, code=0)]
+        + [
+            proc(200 + i, "pt_data_worker", "dataloader_worker", ppid=100, off=0.25, worst=100.0 + i, exit_s=14.0,
+                 code=256 * (i == 7))
+            for i in range(184)
+        ]
+        + [proc(500, "pt_data_worker", "dataloader_worker", ppid=101)]
+        + [proc(600 + r, "python3", "rank", ppid=50, rank=r) for r in range(2)]
+    )  # fmt: skip
+    groups = group_processes(procs)
+    # THEN one row per (comm, parent, role, rank), in the order of their first process
+    assert [(g.comm, g.ppid, g.rank, g.processes) for g in groups] == [
+        ("python3", 1, None, 1),
+        ("pt_data_worker", 100, None, 184),
+        ("pt_data_worker", 101, None, 1),
+        ("python3", 50, 0, 1),
+        ("python3", 50, 1, 1),
+    ]
+    w = groups[1]
+    # AND the totals are the members' sums, the worst stall their max, exits and failures counted
+    assert w.context_switches == 184 * 10 and w.off_cpu_s == pytest.approx(184 * 0.25)
+    assert w.worst_stall_ms == 100.0 + 183 and (w.exited, w.failed) == (184, 1) and w.exit_s is None
+    assert (groups[0].exit_s, groups[0].exit_code) == (25.5, 0)
+
+
+def test_the_overview_lists_top_groups_and_busy_threads(tmp_path):
+    # GIVEN the process-churn scenario: a main process re-forking 4 workers 6 times
+    db = tmp_path / "t.duckdb"
+    build("process_churn", db)
+    with open_trace(db) as c:
+        info = load_recording(c)
+        short = trace_stats(c)
+        full = trace_stats(c, detail=True)
+        cpu = dict(
+            ((p, t), ns)
+            for p, t, ns in c.execute("SELECT pid, tid, sum(cpu_ns) FROM thread_breakdown GROUP BY pid, tid").fetchall()
+        )
+    # THEN the workers are one group of 24 and the per-process rows come only with detail
+    assert [(g.comm, g.processes) for g in short.process_groups if g.comm == "pt_data_worker"] == [
+        ("pt_data_worker", 24)
+    ]
+    assert short.processes == [] and len(full.processes) == sum(g.processes for g in full.process_groups)
+    # AND the threads on CPU for >= 5% of the recording are listed, busiest first, up to the cap, none other
+    busy = sorted(
+        ((ns, t, p) for (p, t), ns in cpu.items() if ns >= BUSY_CORE_SHARE * info.duration_ns),
+        key=lambda x: (-x[0], x[1]),
+    )
+    assert len(busy) > 5  # the cap applies here: 24 workers and the main thread are busy
+    assert [(b.pid, b.tid) for b in short.busy_threads] == [(p, t) for _, t, p in busy[:5]]
+    assert all(b.role == "dataloader_worker" or b.pid == MAIN_PID for b in short.busy_threads)

@@ -1,0 +1,156 @@
+"""``tracer breakdown``: where each CUDA thread's wall time went, training thread first (the parts, who held the
+CPU, who woke it, page faults, per time bucket), every thread of its process in brief, and the tracer's cost.
+
+Check: the parts of every second add up to its ``wall_ns`` by construction; what is checked is that the seconds
+cover the thread's span (``threads.end_ns - threads.first_ns``). ``check.gap_pct`` reports the difference.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from tracer.analysis.breakdown.holders import holders_of, wakers_of
+from tracer.analysis.breakdown.load import load_thread_times
+from tracer.analysis.breakdown.records import AddUp, Breakdown, ThreadBreakdown, ThreadSummary, TimeBucket, parts_of
+from tracer.analysis.breakdown.thread_time import MS, S, ThreadTime, add_row, zero_row
+from tracer.analysis.breakdown.tracer_cost import tracer_cost
+from tracer.analysis.recording import RecordingInfo, load_recording
+from tracer.analysis.taxonomy import CALL_PART_NAMES, PART_NAMES
+
+# auto bucket width: the smallest of these that gives at most MAX_BUCKETS buckets over the training thread
+BUCKET_CHOICES = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
+MAX_BUCKETS = 60
+
+
+def summary_of(t: ThreadTime) -> ThreadSummary:
+    return ThreadSummary(
+        pid=t.pid,
+        tid=t.tid,
+        comm=t.comm,
+        cuda_calls=t.cuda_calls,
+        wall_ms=round(t.wall / MS, 3),
+        cpu_ms=round(t.ns("cpu") / MS, 3),
+        in_calls_ms=round(t.ns(*CALL_PART_NAMES) / MS, 3),
+        runq_ms=round(t.runq_ns / MS, 3),
+        blocked_ms=round(t.ns("blocked") / MS, 3),
+        faults=t.ns("faults"),
+        page_alloc_bytes=t.ns("page_alloc_bytes"),
+        reclaim_ms=round(t.ns("reclaim") / MS, 3),
+    )
+
+
+def buckets_of(t: ThreadTime, bucket_s: int) -> list[TimeBucket]:
+    """Return the thread's per-second rows summed into ``bucket_s``-wide buckets."""
+    acc: dict[int, dict[str, int]] = {}
+    for sec, row in t.by_sec.items():
+        add_row(acc.setdefault(sec // bucket_s, zero_row()), row)
+    out = []
+    for b, row in sorted(acc.items()):
+        wall = row["wall"]
+        nz = [p for p in PART_NAMES if row[p]]
+        out.append(
+            TimeBucket(
+                start_s=float(b * bucket_s),
+                wall_ms=round(wall / MS, 3),
+                ms={p: round(row[p] / MS, 3) for p in nz},
+                share={p: round(row[p] / wall, 4) if wall else 0.0 for p in nz},
+                faults=row["faults"],
+                page_alloc_bytes=row["page_alloc_bytes"],
+            )
+        )
+    return out
+
+
+def check_of(t: ThreadTime) -> AddUp:
+    """Return the coverage check of an exact thread: its seconds' wall_ns against its span."""
+    span = t.span_ns
+    parts = sum(t.total.get(p, 0) for p in PART_NAMES)
+    gap = span - t.wall
+    return AddUp(
+        span_ms=round(span / MS, 3),
+        accounted_ms=round(t.wall / MS, 3),
+        gap_ms=round(gap / MS, 3),
+        gap_pct=round(100 * gap / span, 3) if span else 0.0,
+        parts_mismatch_ms=round((parts - t.wall) / MS, 3),
+    )
+
+
+def auto_bucket(span_ns: int) -> int:
+    """Return the smallest of BUCKET_CHOICES that splits ``span_ns`` into at most MAX_BUCKETS buckets."""
+    for b in BUCKET_CHOICES:
+        if span_ns <= b * S * MAX_BUCKETS:
+            return b
+    return BUCKET_CHOICES[-1]
+
+
+def time_breakdown(
+    conn: duckdb.DuckDBPyConnection, pid: int | None = None, tid: int | None = None, bucket_s: int = 0
+) -> Breakdown:
+    """Return where the CUDA threads' time went (of ``pid``, or only thread ``tid``), training thread first.
+
+    Args:
+        bucket_s: bucket width in seconds for the per-bucket rows; 0 picks one that gives at most MAX_BUCKETS.
+    """
+    info = load_recording(conn)
+    if tid is not None and pid is None:
+        pid = _pid_of_tid(conn, info, tid)
+    times = load_thread_times(conn, info, pid)
+    training = times.training
+    drivers = {t.tid for t in times.drivers}
+    # every CUDA thread; with tid, that thread even if it made no CUDA call (a thread faulting in memory)
+    shown = times.cuda_threads if tid is None else [t for t in times.threads if t.tid == tid]
+    shown.sort(key=lambda t: (t is not training, t.tid not in drivers, [-x for x in t.gpu_work_key]))
+    focus = shown[0] if shown else None
+    bucket = bucket_s if bucket_s > 0 else auto_bucket(focus.span_ns if focus else 0)
+    out = []
+    for t in shown:
+        hs, hnote = holders_of(conn, info, t)
+        out.append(
+            ThreadBreakdown(
+                pid=t.pid,
+                tid=t.tid,
+                comm=t.comm,
+                process_comm=info.comm(t.pid),
+                role=times.role_of(t),
+                cuda_calls=t.cuda_calls,
+                first_s=round(t.first_ns / S, 3),
+                end_s=round(t.end_ns / S, 3),
+                exited=t.exited,
+                wall_ms=round(t.wall / MS, 3),
+                parts=parts_of(t),
+                in_call_off_cpu_ms=round(t.ns("call_off_cpu") / MS, 3),
+                in_call_runq_ms=round(t.ns("call_runq") / MS, 3),
+                io_ms=round(t.ns("io") / MS, 3),
+                faults=t.ns("faults"),
+                page_alloc_bytes=t.ns("page_alloc_bytes"),
+                reclaim_ms=round(t.ns("reclaim") / MS, 3),
+                holders=hs,
+                holders_note=hnote,
+                wakers=wakers_of(conn, info, t),
+                check=check_of(t) if times.basis == "exact" else None,
+                buckets=buckets_of(t, bucket) if t is focus else [],
+            )
+        )
+    scope = pid if pid is not None else (training.pid if training else None)
+    siblings = [summary_of(t) for t in times.threads if t.pid == scope]
+    siblings.sort(key=lambda s: (-s.page_alloc_bytes, -s.faults, s.tid))
+    return Breakdown(
+        basis=times.basis,
+        note=times.note,
+        pid=pid,
+        tid=tid,
+        bucket_s=bucket,
+        training_tid=training.tid if training else None,
+        threads=out,
+        process_threads=siblings,
+        tracer=tracer_cost(conn, info, times.threads),
+    )
+
+
+def _pid_of_tid(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, tid: int) -> int | None:
+    for table in ("threads", "thread_breakdown", "cuda_calls"):
+        if info.has(table):
+            r = conn.execute(f"SELECT any_value(pid) FROM {table} WHERE tid = ?", [tid]).fetchone()
+            if r and r[0] is not None:
+                return int(r[0])
+    return None

@@ -1,0 +1,138 @@
+"""One thread's time, second by second: the model the breakdown, the chains and compare share.
+
+A :class:`ThreadTime` holds a thread's parts (:data:`tracer.analysis.taxonomy.PART_NAMES`, which add up to its
+``wall``), the extras counted beside them (:data:`EXTRA_NS`) and its memory counts (:data:`COUNTS`), in total and
+per second; :class:`ThreadTimes` holds every accounted thread of a recording and the basis they rest on (read by
+:func:`tracer.analysis.breakdown.load.load_thread_times`).
+
+The training thread is the thread with the most time issuing and waiting for GPU work (launch + sync), ties
+broken by CUDA calls then tid: it is the one whose time a job's step time is made of, and unlike a call count
+it is not inflated by cheap calls nor deflated when launch probes are duty-cycled. Each process that issues CUDA
+calls has such a *driver* thread; the training thread is the top one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tracer.analysis.taxonomy import CALL_PART_NAMES, PART_NAMES, RUNQ_PART_NAMES
+
+S = 1_000_000_000
+MS = 1_000_000
+# every per-second quantity of thread_breakdown kept per thread: the parts (they sum to wall) and the extras
+EXTRA_NS: tuple[str, ...] = ("io", "call_off_cpu", "call_runq", "reclaim")
+COUNTS: tuple[str, ...] = ("faults", "page_alloc_bytes")
+FIELDS: tuple[str, ...] = ("wall", *PART_NAMES, *EXTRA_NS, *COUNTS)
+
+Basis = Literal["exact", "estimated", "none"]
+
+
+def column_of(name: str) -> str:
+    """Return the ``thread_breakdown`` column of quantity ``name`` of :data:`FIELDS` (times are stored in ns)."""
+    return name if name in COUNTS else f"{name}_ns"
+
+
+@dataclass
+class ThreadTime:
+    """One thread's time: totals and per second, in ns (counts for faults/page_alloc_bytes), keyed by FIELDS."""
+
+    pid: int
+    tid: int
+    comm: str
+    first_ns: int
+    end_ns: int
+    exited: bool
+    cuda_calls: int
+    total: dict[str, int] = field(default_factory=dict)
+    by_sec: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def wall(self) -> int:
+        return self.total.get("wall", 0)
+
+    @property
+    def span_ns(self) -> int:
+        return max(self.end_ns - self.first_ns, 0)
+
+    def ns(self, *names: str) -> int:
+        """Return the sum of the named parts/extras in ns over the whole span."""
+        return sum(self.total.get(n, 0) for n in names)
+
+    def share(self, ns: float) -> float:
+        """Return ``ns`` as a share of the thread's accounted wall time (0 when it has none)."""
+        return ns / self.wall if self.wall > 0 else 0.0
+
+    @property
+    def host_ns(self) -> int:
+        """Time the thread was doing its own work, on CPU or inside non-waiting calls (not sync, queue, blocked)."""
+        return self.ns("cpu", *(p for p in CALL_PART_NAMES if p != "sync"))
+
+    @property
+    def runq_ns(self) -> int:
+        return self.ns(*RUNQ_PART_NAMES)
+
+    @property
+    def gpu_work_key(self) -> tuple[int, int, int]:
+        """Sort key of the training-thread rule: launch + sync time, then CUDA calls, then lowest tid."""
+        return (self.ns("launch", "sync"), self.cuda_calls, -self.tid)
+
+
+@dataclass
+class ThreadTimes:
+    """Every accounted thread of a recording (or of one pid), the driver threads and the basis."""
+
+    basis: Basis
+    note: str
+    threads: list[ThreadTime]
+
+    def by_tid(self, tid: int) -> ThreadTime | None:
+        return next((t for t in self.threads if t.tid == tid), None)
+
+    @property
+    def cuda_threads(self) -> list[ThreadTime]:
+        return [t for t in self.threads if t.cuda_calls > 0]
+
+    @property
+    def drivers(self) -> list[ThreadTime]:
+        """Per process, its CUDA thread with the most launch + sync time; best first."""
+        best: dict[int, ThreadTime] = {}
+        for t in self.cuda_threads:
+            if t.pid not in best or t.gpu_work_key > best[t.pid].gpu_work_key:
+                best[t.pid] = t
+        return sorted(best.values(), key=lambda t: t.gpu_work_key, reverse=True)
+
+    @property
+    def training(self) -> ThreadTime | None:
+        d = self.drivers
+        return d[0] if d else None
+
+    def role_of(self, t: ThreadTime) -> str:
+        """Return what thread ``t`` is (tracer.vocabulary.THREAD_ROLES): the training thread, another process's
+        driver thread, another CUDA thread, or a thread with no CUDA call."""
+        training = self.training
+        if training is not None and t.tid == training.tid:
+            return "training"
+        if any(d.tid == t.tid for d in self.drivers):
+            return "driver"
+        return "cuda" if t.cuda_calls else "thread"
+
+    def pick(self, pid: int | None = None, tid: int | None = None) -> ThreadTime | None:
+        """Return the thread a question is about: ``tid``; else ``pid``'s driver thread; else the training
+        thread (the tools that follow one thread, steps and waits, ask this)."""
+        if tid is not None:
+            return self.by_tid(tid)
+        if pid is not None:
+            return next((d for d in self.drivers if d.pid == pid), None)
+        return self.training
+
+
+def zero_row() -> dict[str, int]:
+    """Return a row of every quantity of :data:`FIELDS` at 0."""
+    return dict.fromkeys(FIELDS, 0)
+
+
+def add_row(into: dict[str, int], row: dict[str, int]) -> None:
+    """Add ``row``'s quantities to ``into`` (None counts as 0)."""
+    for k, v in row.items():
+        into[k] = into.get(k, 0) + int(v or 0)

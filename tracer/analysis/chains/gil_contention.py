@@ -1,0 +1,105 @@
+"""gil_contention: the thread waited for CPython's interpreter lock while other threads of its process ran Python.
+
+Every blocking switch-out of a thread has its stack (offcpu_stacks); the stacks that end in the interpreter's
+lock take (tracer.analysis.stack_time ``gil``) are waits for the GIL. A thread gives the lock up in every call
+that releases it (each CUDA call through ctypes or a C extension, every I/O call) and must take it back before
+it runs Python again; with a thread that runs Python without pause, each take waits up to the switch interval
+(5 ms). Cost: the blocked time in those waits, in the thread's steps. The culprits are the same process's other
+threads that were on CPU meanwhile, named by their hottest Python function and line (cpu_samples).
+"""
+
+from __future__ import annotations
+
+from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
+from tracer.analysis.chains.model import CausalChain, Culprit, GilContentionEvidence, GilHolder, LineTime
+from tracer.analysis.stack_time import StackTime, blocked_stacks, sampled_stacks, thread_name, top_lines
+
+CATEGORY = "gil_contention"
+HIGH = HIGH_SHARE
+MEDIUM = MEDIUM_SHARE
+LOW = LOW_SHARE
+MS = 1_000_000
+# a holder is named when it ran at least 5 % of the time the thread waited for the lock
+HOLDER_MIN_FRAC = 0.05
+
+
+def lines(stacks: list[StackTime], limit: int = 3) -> list[LineTime]:
+    total = sum(s.ns for s in stacks) or 1.0
+    return [
+        LineTime(site=x.site, ms=round(x.ns / MS, 1), share=round(x.ns / total, 3)) for x in top_lines(stacks, limit)
+    ]
+
+
+def detect(ctx: ChainContext) -> list[CausalChain]:
+    """Return a chain per subject that lost time waiting for the GIL."""
+    if not ctx.info.has("offcpu_stacks"):
+        return []
+    out = []
+    for s in ctx.subjects:
+        weight = ctx.in_steps(s)
+        gil = [b for b in blocked_stacks(ctx.conn, s.tid, weight) if b.kind == "gil"]
+        cost = sum(b.ns for b in gil)
+        sev = grade(s.share(cost), HIGH, MEDIUM, LOW)
+        if sev is None:
+            continue
+        holders: list[GilHolder] = []
+        if ctx.info.has("cpu_samples"):
+            others = {t.tid: t for t in ctx.threads_of(s.pid) if t.tid != s.tid}
+            by_tid = sampled_stacks(ctx.conn, others, weight)
+            pcomm = ctx.info.comm(s.pid)
+            for tid, st in sorted(by_tid.items(), key=lambda kv: -sum(x.ns for x in kv[1])):
+                cpu = sum(x.ns for x in st)
+                if cpu < HOLDER_MIN_FRAC * cost:
+                    break
+                name = thread_name(others[tid].comm, pcomm, tid, st)
+                holders.append(GilHolder(tid=tid, name=name, cpu_ms=round(cpu / MS, 1), hot_lines=lines(st)))
+        woken: dict[str, float] = {}
+        for b in gil:
+            for k, v in b.wakers.items():
+                woken[k] = woken.get(k, 0.0) + v
+        waited = lines(gil)
+        top = holders[0] if holders else None
+        hot = top.hot_lines[0].site if top and top.hot_lines else None
+        culprit = (
+            Culprit(kind="thread", pid=s.pid, tid=top.tid, comm=top.name, relation="own_process", code_site=hot)
+            if top
+            else None
+        )
+        who = f"{top.name}, on CPU {top.cpu_ms / 1e3:.2f} s meanwhile" if top else "other threads of its process"
+        out.append(
+            ctx.chain(
+                s,
+                category=CATEGORY,
+                severity=sev,
+                cost_ns=cost,
+                culprit=culprit,
+                summary=(
+                    f"Thread {s.tid} (pid {s.pid}) waited {cost / MS:,.0f} ms for the interpreter lock (GIL), "
+                    f"{s.share(cost):.0%} of its steps' time, held by {who}"
+                    + (f" at {hot}" if hot else "")
+                    + (f"; it waited at {waited[0].site}" if waited and waited[0].site else "")
+                    + "."
+                ),
+                evidence=GilContentionEvidence(
+                    gil_wait_ms=round(cost / MS, 1),
+                    waits=round(sum(b.intervals for b in gil)),
+                    waited_at=waited,
+                    holders=holders,
+                    woken_by={k: round(v / MS, 1) for k, v in sorted(woken.items(), key=lambda kv: -kv[1])},
+                ),
+                recommendations=[
+                    (
+                        f"Move the work of {top.name}" + (f" ({hot})" if hot else "")
+                        if top
+                        else "Move the Python work of the other threads"
+                    )
+                    + " out of the training process: a multiprocessing.Process or a DataLoader worker has its own "
+                    "interpreter lock.",
+                    "Run it less often (aggregate metrics every N steps, not continuously) or let it sleep between "
+                    "rounds, so the training thread gets the lock back at once after each CUDA call.",
+                    "Do it in code that releases the lock: numpy / torch operations on arrays instead of Python "
+                    "loops, or a C extension that drops the GIL (Py_BEGIN_ALLOW_THREADS).",
+                ],
+            )
+        )
+    return out

@@ -1,0 +1,295 @@
+"""Open a trace DB for reading, tell the user plainly when the file is not one we can read, and say how the
+recording in it ended.
+
+Every reader (CLI views, MCP tools, ``run_sql``'s query workers) goes through :func:`open_trace`. The connection
+is read-only and hardened once for the whole DuckDB instance (no file or network access from SQL, no extension
+install or load, no replacement scans of Python variables, configuration locked), because ``run_sql`` runs
+untrusted SQL on it and the tracer may run as root. DuckDB refuses to reopen one file with a different
+configuration in one process, so every read connection of a process uses the same configuration:
+:data:`READ_CONFIG`, plus the query limits in a query worker (its own process).
+
+Refusals raise :class:`tracer.errors.StoreError` (exit code 5): missing file, not a regular file (a FIFO would
+block the open forever), not a DuckDB file, damaged or truncated, a DuckDB file that is not a trace DB (no
+``meta`` app row), a newer schema, or a recording still being written by a live recorder. A recording whose
+recorder is gone (killed, crashed, or stopped by a full disk) opens with what it holds; :func:`recording_state`
+says how it ended.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import duckdb
+from pydantic import Field
+
+from tracer.analysis import Record
+from tracer.errors import StoreError
+from tracer.procfs import boot_id, process_start_ticks
+from tracer.schema import APP_ID, SCHEMA_VERSION
+
+READ_CONFIG: dict[str, str | bool | int] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "python_enable_replacements": False,
+    "lock_configuration": True,
+}
+
+LIVE_HINT = "Stop the recorder (Ctrl-C), or query it live through `tracer record --mcp-http`."
+_RECORD_HINT = "Pass a trace DB written by `tracer record`."
+_DAMAGED_HINT = (
+    "The file is damaged or truncated (a copy cut short, a full disk, or a file changed while it was read). "
+    "Use an intact copy, or record again: sudo tracer record -- python train.py"
+)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_file(path: str | Path) -> Path:
+    """Return ``path`` if it names a regular file (after symlinks); raise :class:`StoreError` otherwise.
+
+    Checked before DuckDB opens anything: opening a FIFO blocks until a writer appears, a device can be endless.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise StoreError(
+            f"no trace DB at {p}",
+            "Record one first: sudo tracer record -- python train.py (or pass --db PATH).",
+        ) from None
+    except OSError as e:
+        raise StoreError(f"cannot open {p}: {e.strerror}", "Check the path and its permissions.") from None
+    if not stat.S_ISREG(st.st_mode):
+        what = _kind(st.st_mode)
+        hint = "Pass the .duckdb file with --db PATH." if what == "a directory" else _RECORD_HINT
+        raise StoreError(f"{p} is {what}, not a trace DB file", hint)
+    return p
+
+
+def is_damaged(e: duckdb.Error) -> bool:
+    """True when DuckDB's error means the file's bytes are wrong (truncated, corrupt, changed while read)."""
+    msg = str(e).lower()
+    return isinstance(e, duckdb.IOException) or any(
+        s in msg for s in ("corrupt database", "could not read enough bytes", "checksum", "failed to deserialize")
+    )
+
+
+def read_error(name: str | Path, e: duckdb.Error) -> StoreError:
+    """Return the :class:`StoreError` to raise when reading trace DB ``name`` failed inside DuckDB."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    first = first.replace(f'file "{name}"', "the file").replace(f'"{name}"', "the file")
+    first = first.removeprefix("IO Error: ")[:200]
+    if is_damaged(e):
+        return StoreError(f"{name} cannot be read: {first}", _DAMAGED_HINT)
+    return StoreError(
+        f"reading {name} failed: {first}",
+        "The DB may come from another tracer version; run_sql can still query its tables (tracer sql).",
+    )
+
+
+def connect_read_only(
+    path: str | Path, config: Mapping[str, str | bool | int] | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Return a hardened read-only connection to ``path`` without checking what the file holds.
+
+    Args:
+        config: settings added to :data:`READ_CONFIG` (a query worker's memory_limit, threads, temp directory).
+    """
+    p = check_file(path)
+    try:
+        return duckdb.connect(str(p), read_only=True, config={**READ_CONFIG, **(config or {})})
+    except duckdb.Error as e:
+        msg = str(e)
+        low = msg.lower()
+        if "could not set lock" in low or "conflicting lock" in low:
+            raise StoreError(f"{p} is being written by another process (it holds the file lock)", LIVE_HINT) from None
+        if "not a valid duckdb database" in low or "magic" in low:
+            raise StoreError(f"{p} is not a DuckDB file", _RECORD_HINT) from None
+        if is_damaged(e):
+            raise read_error(p, e) from None
+        raise StoreError(f"cannot open {p}: {(msg.splitlines() or [''])[0][:300]}", _RECORD_HINT) from None
+
+
+class RecordingState(Record):
+    """How the recording in a trace DB ended, or that its recorder is still writing it."""
+
+    status: Annotated[
+        str,
+        Field(description="session.status: complete | interrupted | target_exited | failed | disk_full | recording"),
+    ]
+    live: Annotated[bool, Field(description="a recorder is writing this DB now (its pid lives, same boot)")]
+    finished: Annotated[
+        bool, Field(description="the recorder's final flush ran (exact aggregates, processes, chains written)")
+    ]
+    ended: Annotated[str, Field(description="how the recording ended, in one sentence")]
+    recorder_pid: Annotated[int | None, Field(description="pid of the recorder, when recorded")] = None
+    flushed_ns: Annotated[int | None, Field(description="ts_ns up to which rows were written (session.flushed_ns)")] = (
+        None
+    )
+
+
+_ENDED = {
+    "complete": "the recording finished (--duration reached)",
+    "interrupted": "the recording was stopped with Ctrl-C",
+    "target_exited": "the recording ended when the traced program exited",
+    "failed": "the recorder stopped on an error; the data written before it is here",
+    "disk_full": "the recording ended when the disk filled up; the data committed before that is here",
+    "snapshot": "a snapshot of a recording in progress (tracer record --mcp-http): it covers up to session.flushed_ns",
+}
+
+
+def recorder_alive(pid: int | None, start_ticks: int | None, boot: str | None) -> bool:
+    """True when the recorder identified by (pid, start ticks, boot id) is running now."""
+    if pid is None or start_ticks is None:
+        return False
+    if boot is not None and boot != boot_id():
+        return False
+    return process_start_ticks(pid) == start_ticks
+
+
+def session_row(
+    conn: duckdb.DuckDBPyConnection, columns: Sequence[str], expressions: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
+    """Return the recording's session row (the last one) as {name: value} for ``columns`` then ``expressions``,
+    in that order; None when the table has no row.
+
+    A column the file's schema lacks (written by an older recorder: a v1 file has no recorder identity) reads
+    None, as a NULL would, so callers need not check the schema version.
+
+    Args:
+        columns: session column names.
+        expressions: name -> SQL expression over the session's columns, computed by DuckDB in the same query
+            (``epoch_ns(started_at)``: its timestamp arithmetic, not Python's; a TIMESTAMPTZ itself would need
+            pytz to reach Python).
+    """
+    if not all(c.isidentifier() for c in columns):  # names from our code, spliced into the query's regex
+        raise ValueError(f"not session column names: {list(columns)}")
+    extra = "".join(f", {sql} AS {name}" for name, sql in (expressions or {}).items())
+    # COLUMNS(regex) selects those of the names this file's schema has, in one query; session_id is in every
+    # schema, so the match is never empty (DuckDB refuses an empty one)
+    cur = conn.execute(
+        f"SELECT COLUMNS('^({'|'.join(('session_id', *columns))})$'){extra} FROM session "
+        "ORDER BY session_id DESC LIMIT 1"
+    )
+    row = cur.fetchone()
+    if row is None:
+        return None
+    have = dict(zip((d[0] for d in cur.description or []), row, strict=True))
+    return {name: have.get(name) for name in (*columns, *(expressions or {}))}
+
+
+_STATE_COLUMNS = ("status", "recorder_pid", "recorder_start_ticks", "boot_id", "flushed_ns")
+
+
+def recording_state(conn: duckdb.DuckDBPyConnection) -> RecordingState:
+    """Return how the recording in the open trace DB ended (or that it is live), from its last session row.
+
+    Raises:
+        StoreError: no session row (the recording never started or was cut off before its first write).
+    """
+    s = session_row(conn, _STATE_COLUMNS)
+    if s is None:
+        raise StoreError(
+            "the DB has no session row: the recording never started or was cut off early",
+            "Record again: sudo tracer record -- python train.py",
+        )
+    status = str(s.get("status") or "")
+    pid, flushed = s.get("recorder_pid"), s.get("flushed_ns")
+    if status != "recording":
+        ended = _ENDED.get(status, f"the recording ended with status {status!r}")
+        return RecordingState(
+            status=status,
+            live=False,
+            finished=status not in ("failed", "disk_full", "snapshot"),
+            ended=ended,
+            recorder_pid=pid,
+            flushed_ns=flushed,
+        )
+    if recorder_alive(pid, s.get("recorder_start_ticks"), s.get("boot_id")):
+        return RecordingState(
+            status=status, live=True, finished=False, ended=f"still being recorded by pid {pid}", recorder_pid=pid
+        )
+    who = f"the recorder (pid {pid})" if pid is not None else "the recorder"
+    upto = (
+        f"the data up to its last flush (session.flushed_ns = {flushed:,} ns, {flushed / 1e9:.1f} s) is here"
+        if flushed is not None
+        else "the data it had written is here"
+    )
+    return RecordingState(
+        status=status,
+        live=False,
+        finished=False,
+        ended=f"{who} is gone: killed or crashed; {upto}",
+        recorder_pid=pid,
+        flushed_ns=flushed,
+    )
+
+
+def validate(conn: duckdb.DuckDBPyConnection, name: str = "the DB") -> RecordingState:
+    """Return the recording state if ``conn`` holds a trace DB of a schema we can read, not being recorded now.
+
+    Raises:
+        StoreError: not ours, newer or unknown schema, damaged, no session row, or a live recording.
+    """
+    try:
+        rows = conn.execute("SELECT key, value FROM meta WHERE key IN ('app', 'schema_version')").fetchall()
+    except duckdb.CatalogException:
+        raise StoreError(f"{name} is not a cuda-host-tracer trace DB (no meta table)", _RECORD_HINT) from None
+    except duckdb.Error as e:
+        raise read_error(name, e) from None
+    meta = dict(rows)
+    if meta.get("app") != APP_ID:
+        raise StoreError(f"{name} is not a cuda-host-tracer trace DB (meta app = {meta.get('app')!r})", _RECORD_HINT)
+    try:
+        version = int(meta.get("schema_version", "0"))
+    except ValueError:
+        version = 0
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{name} has schema version {version}; this tracer reads up to {SCHEMA_VERSION}",
+            "Upgrade cuda-host-tracer (pip install -U cuda-host-tracer).",
+        )
+    if version < 1:
+        raise StoreError(f"{name} has an unknown schema version {meta.get('schema_version')!r}", _RECORD_HINT)
+    try:
+        state = recording_state(conn)
+    except StoreError as e:
+        raise StoreError(f"{name}: {e.message}", e.hint) from None
+    except duckdb.Error as e:
+        raise read_error(name, e) from None
+    if state.live:
+        raise StoreError(f"{name} is still being recorded ({state.ended})", LIVE_HINT)
+    return state
+
+
+def open_trace(path: str | Path, *, config: Mapping[str, str | bool | int] | None = None) -> duckdb.DuckDBPyConnection:
+    """Return a validated, hardened read-only connection to the trace DB at ``path``.
+
+    Args:
+        config: settings added to :data:`READ_CONFIG` (see :func:`connect_read_only`).
+    Raises:
+        StoreError: missing, not a regular file, not a DuckDB file, damaged, not ours, newer schema, or still
+            being written.
+    """
+    conn = connect_read_only(path, config)
+    try:
+        validate(conn, str(path))
+    except BaseException:
+        conn.close()
+        raise
+    return conn

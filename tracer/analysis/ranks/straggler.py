@@ -1,0 +1,137 @@
+"""Which rank is slow, in which phase, who waits for it, and when: read from the ranks' table (:mod:`.table`).
+
+Ranks of a data-parallel job step in lockstep: a collective returns on every rank only once the last one has
+arrived, so every rank's step takes as long as the slowest one's, and the time the others spend waiting in the
+collective is the straggler's extra time. The straggler is therefore the rank that waits least in collectives
+(the fast ones wait for it; it waits for nobody). It is one when the other ranks each wait, per unit of common
+time, at least :data:`MIN_WAIT_SHARE` more than it does. Its slow phase is the phase (on CPU, asleep, disk I/O,
+waiting for a CPU, waiting for the GPU, ...) in which it spends the most time above the median of the other
+ranks; the excesses of all its phases should add up to about the others' extra wait, and ``explained`` says how
+much of it they do.
+
+When: a second of the common window is *hot* when the other ranks' median collective wait exceeds the
+straggler's by :data:`HOT_SECOND_FRAC` of the second; the straggler is *persistent* when the hot seconds cover at
+least :data:`PERSISTENT_FRAC` of the window, else confined to the range of its hot seconds.
+
+Noise: in a healthy job some rank always waits least, by a little, and on a busy host one rank can get less of
+the CPU for a moment. A straggler needs :data:`MIN_HOT_S` hot seconds (a slowdown that lasts, at the breakdown's
+one-second grain) and a window of at least :data:`MIN_WINDOW_NS` (the chains' shortest loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+
+from tracer.analysis.breakdown.thread_time import S
+from tracer.analysis.ranks.phases import COLLECTIVE, PHASES
+from tracer.analysis.ranks.table import RankTable, RankTime
+
+# The others must each wait >= 5 % of the window more than the straggler: below, ranks differ by jitter (the
+# chains' MEDIUM threshold, the smallest share a cause is worth naming at).
+MIN_WAIT_SHARE = 0.05
+# the straggler's own extra time must explain at least half of what the others wait: else the waits have another
+# cause (a slow link, an unequal split of the work the table cannot see)
+MIN_EXPLAINED = 0.5
+HOT_SECOND_FRAC = 0.10
+PERSISTENT_FRAC = 0.8
+MIN_WINDOW_NS = 1_000_000_000
+MIN_HOT_S = 2
+
+
+@dataclass(frozen=True)
+class RankWait:
+    """A rank that waited for the straggler: its collective wait and the part above the straggler's."""
+
+    rank: int
+    pid: int
+    tid: int
+    wait_ns: float
+    extra_ns: float
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The slow rank of a job and what it cost the others, over the table's common window."""
+
+    rank: int
+    pid: int
+    tid: int
+    phase: str  # of PHASES, never COLLECTIVE
+    excess_ns: dict[str, float]  # its time above the others' median, per phase (positive ones only)
+    waits: list[RankWait]
+    lost_ns: float  # the median extra wait of the others: time every rank lost per rank in the window
+    explained: float  # sum of its excesses / lost_ns
+    steps: float | None
+    start_ns: int  # the hot range
+    end_ns: int
+    persistent: bool
+
+    @property
+    def phase_excess_ns(self) -> float:
+        return self.excess_ns.get(self.phase, 0.0)
+
+    @property
+    def total_excess_ns(self) -> float:
+        return sum(self.excess_ns.values())
+
+
+def find_straggler(table: RankTable) -> Straggler | None:
+    """Return the table's straggler, or None when the ranks wait for each other about equally."""
+    window = table.window_ns
+    ranks = table.ranks
+    if window < MIN_WINDOW_NS or len(ranks) < 2:
+        return None
+    slow = min(ranks, key=lambda r: (r.total.get(COLLECTIVE, 0.0), r.rank))
+    others = [r for r in ranks if r is not slow]
+    mine = slow.total.get(COLLECTIVE, 0.0)
+    waits = [
+        RankWait(r.rank, r.pid, r.tid, r.total.get(COLLECTIVE, 0.0), r.total.get(COLLECTIVE, 0.0) - mine)
+        for r in others
+    ]
+    if min(w.extra_ns for w in waits) < MIN_WAIT_SHARE * window:
+        return None
+    excess = {}
+    for p in PHASES:
+        if p == COLLECTIVE:
+            continue
+        e = slow.total.get(p, 0.0) - median(r.total.get(p, 0.0) for r in others)
+        if e > 0:
+            excess[p] = e
+    lost = median(w.extra_ns for w in waits)
+    explained = sum(excess.values()) / lost if lost > 0 else 0.0
+    if not excess or explained < MIN_EXPLAINED:
+        return None
+    hot = _hot_range(table, slow, others)
+    if hot is None:
+        return None
+    a, b, persistent = hot
+    return Straggler(
+        rank=slow.rank,
+        pid=slow.pid,
+        tid=slow.tid,
+        phase=max(excess, key=lambda p: (excess[p], p)),
+        excess_ns=excess,
+        waits=waits,
+        lost_ns=lost,
+        explained=explained,
+        steps=table.steps(),
+        start_ns=a,
+        end_ns=b,
+        persistent=persistent,
+    )
+
+
+def _hot_range(table: RankTable, slow: RankTime, others: list[RankTime]) -> tuple[int, int, bool] | None:
+    hot, hot_wall, all_wall = [], 0.0, 0.0
+    for sec in sorted(slow.by_sec):
+        wall = sum(slow.by_sec[sec].values())  # its time in the window in that second (edge seconds: a part)
+        all_wall += wall
+        theirs = [r.by_sec[sec][COLLECTIVE] for r in others if sec in r.by_sec]
+        if wall > 0 and theirs and median(theirs) - slow.by_sec[sec][COLLECTIVE] >= HOT_SECOND_FRAC * wall:
+            hot.append(sec)
+            hot_wall += wall
+    if len(hot) < MIN_HOT_S:
+        return None
+    a, b = max(min(hot) * S, table.start_ns), min((max(hot) + 1) * S, table.end_ns)
+    return a, b, hot_wall >= PERSISTENT_FRAC * all_wall

@@ -1,0 +1,85 @@
+"""Who runs next in the query-worker pool: a per-client share and round robin between clients (issue 17).
+
+First come, first served let one client starve the rest: twenty parallel 9-second queries from one MCP session
+held both workers, and a ``select 1`` from another session waited 41 s, then failed as "busy". Here:
+
+- a client (an MCP session, a connection, or the one caller of ``tracer sql``) holds at most ``per_client``
+  workers at once (the pool's size less one), so a worker is always left for somebody else;
+- when a worker frees up, the waiting client with the fewest running queries gets it, the longest waiting first
+  among equals, not whoever sent the most;
+- a named client may have at most ``max_waiting`` queries waiting; more are refused at once instead of piling
+  up threads in the server (the process's own caller, :data:`LOCAL_CLIENT`, waits for as many as it sends).
+
+:class:`FairShare` only keeps the books. The pool calls it under its own lock and waits on its own condition.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from tracer.analysis.sqllimits import SqlError
+
+LOCAL_CLIENT = "local"  # the client of a caller that names none (tracer sql, tests)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One query waiting for a worker."""
+
+    client: str
+    seq: int = field(default=0)
+
+
+class FairShare:
+    """The waiting queries and how many workers each client holds; not thread-safe (the pool's lock guards it).
+
+    Args:
+        per_client: most workers one client may hold at once.
+        max_waiting: most queries of one client waiting at once; :meth:`enter` refuses more.
+    """
+
+    def __init__(self, per_client: int, max_waiting: int) -> None:
+        self.per_client = max(1, per_client)
+        self.max_waiting = max(0, max_waiting)
+        self.running: dict[str, int] = {}
+        self.waiting: list[Ticket] = []
+        self._seq = itertools.count()
+
+    def enter(self, client: str | None) -> Ticket:
+        """Queue a query of ``client``; raise :class:`SqlError` when that client already has too many waiting."""
+        key = client or LOCAL_CLIENT
+        queued = sum(1 for t in self.waiting if t.client == key)
+        if queued >= self.max_waiting and key != LOCAL_CLIENT:
+            raise SqlError(
+                f"{queued + self.running.get(key, 0)} queries of this client are already running or waiting",
+                f"Wait for their answers first: run_sql runs at most {self.per_client} of one client's queries at "
+                f"once and queues {self.max_waiting} more.",
+            )
+        ticket = Ticket(key, next(self._seq))
+        self.waiting.append(ticket)
+        return ticket
+
+    def next_up(self) -> Ticket | None:
+        """The waiting query that gets the next free worker: among clients under their share, the one running
+        fewest queries, the longest waiting first; None when every waiting client holds its share."""
+        allowed = [t for t in self.waiting if self.running.get(t.client, 0) < self.per_client]
+        return min(allowed, key=lambda t: (self.running.get(t.client, 0), t.seq), default=None)
+
+    def grant(self, ticket: Ticket) -> None:
+        """``ticket`` got a worker: it stops waiting and counts as running."""
+        self.waiting.remove(ticket)
+        self.running[ticket.client] = self.running.get(ticket.client, 0) + 1
+
+    def leave(self, ticket: Ticket) -> None:
+        """``ticket`` gave up waiting (its deadline passed, or the pool closed)."""
+        if ticket in self.waiting:
+            self.waiting.remove(ticket)
+
+    def done(self, client: str) -> None:
+        """A query of ``client`` that held a worker finished (answered, failed or was killed)."""
+        n = self.running.get(client, 0) - 1
+        if n > 0:
+            self.running[client] = n
+        else:
+            self.running.pop(client, None)

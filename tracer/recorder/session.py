@@ -1,0 +1,865 @@
+"""A recording session: start the probes, run the drain loop, write the DB, flush on every way out.
+
+The pieces (one module each): the BPF program and its links (program.py, links.py), the attached libraries and
+holds (attach.py), the process tree (proctree.py), the event-fed process maps (procmaps.py), stack and kernel-name
+resolution (stack_resolver.py), the overhead budget (budget.py), the guardian (guardian.py), a launched command
+(command.py), the column builders (columns.py), the rows only the end writes (finalize.py) and the store (store.py).
+This module only orders them in time.
+
+The loop: every DRAIN_S the ring buffers are drained in dependency order (mappings, lifecycle, code objects,
+kernel names, stacks, calls, off-CPU intervals) and the batches go to the store's writer thread. Every second:
+a host sample, the finished seconds of the per-second aggregates, the sampling and overhead budgets, and the
+status line. The run ends on Ctrl-C, ``--duration``, or when the whole target tree has exited; each path ends in
+:meth:`Recorder.finish`, which writes the exact aggregates and the session row and closes the DB.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import logging
+import os
+import resource
+import select
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from probes.catalog import CATALOG
+from tracer import __version__, procfs
+from tracer.errors import EnvironmentProblem, TargetError, UsageError
+from tracer.recorder import bpfmaps, columns, events, finalize, guardian, profile_columns, sampler, targets
+from tracer.recorder.attach import Attacher, runtime_launch_op_ids
+from tracer.recorder.budget import (
+    DUTY_CYCLED,
+    DutyCycler,
+    OverheadEstimator,
+    calls_by_pid_op,
+    clear_stale_launches,
+    trap_cost,
+)
+from tracer.recorder.command import LaunchedCommand
+from tracer.recorder.preflight import check_environment
+from tracer.recorder.procmaps import MapCache, Mapping, kernel_dev
+from tracer.recorder.proctree import ProcessTree
+from tracer.recorder.program import (
+    ProgramOptions,
+    compile_program,
+    configure_ops,
+    load_programs,
+    sample_every,
+    set_sample_every,
+    tracepoint_fds,
+)
+from tracer.recorder.ringbuf import DirectRing
+from tracer.recorder.stack_resolver import StackResolver
+from tracer.recorder.store import Store, check_db_path
+from tracer.recorder.sysinfo import ProcSampler, environment
+
+log = logging.getLogger(__name__)
+
+DRAIN_S = 0.2  # ring buffers are drained on this timer (bulk events do not wake the recorder, BPF_RB_NO_WAKEUP)
+# Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
+SCHED_KEEP_NS = 1_000_000
+SCHED_SAMPLE_EVERY = 16
+_RUNTIME_LAUNCH_OPS = np.array(sorted(runtime_launch_op_ids()))
+_CACHE_DIR = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cuda-host-tracer"
+)
+
+
+@dataclass
+class RecordOptions:
+    db: Path
+    pid: int | None = None
+    command: list[str] | None = None
+    duration: float | None = None
+    libs: list[str] = field(default_factory=list)
+    force: bool = False
+    max_events_per_s: int = 20_000  # stored cuda_calls rows per second before sampling kicks in
+    python_stacks: bool = True
+    overhead_budget: float = 2.0  # percent of one CPU the probes may cost the target; launches duty-cycled above it
+    launch_probes: str = "auto"  # auto | driver | both (tracer/recorder/attach.py)
+    sched_sample_every: int = SCHED_SAMPLE_EVERY
+    keep_command: bool = False  # at --duration, leave a launched command running instead of stopping it
+    mcp_http: str | None = None  # serve the recording in progress over MCP at [HOST]:PORT (tracer/live.py)
+    mcp_token_file: Path | None = None
+    sample_hz: int = sampler.DEFAULT_HZ  # on-CPU samples per second of CPU (cpu_samples); 0: no sampling
+    offcpu_stacks: bool = True  # capture where target threads block (offcpu_stacks)
+
+
+@dataclass
+class RecordSummary:
+    db: Path
+    status: str
+    duration_s: float
+    events_traced: int
+    events_stored: int
+    events_lost: int
+    processes: int
+    libraries: list[str]
+    ops: list[columns.OpSummary]
+    notes: list[str]
+    startup_s: float = 0.0
+    first_event_s: float | None = None
+    flush_s: float = 0.0
+    recorder_cpu_s: float = 0.0
+    recorder_peak_rss_bytes: int = 0
+    holds: int = 0
+    held_ms: float = 0.0
+    command_fate: str | None = None
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class Recorder:
+    """One recording into one DB. ``run()`` returns the summary; every exit path goes through ``finish()``.
+
+    Args:
+        on_status: called with a one-line status about once a second, and with messages worth showing.
+    """
+
+    def __init__(self, opts: RecordOptions, on_status: Callable[[str], None] | None = None) -> None:
+        self.opts = opts
+        self.on_status = on_status
+        self.notes: list[str] = []
+        self.stop_reason: str | None = None
+        self.command: LaunchedCommand | None = None
+        self._interrupted = False
+        self._since_start0 = procfs.seconds_since_start()  # process start -> now, at construction
+        self._mono0 = time.monotonic()
+        self.phases: dict[str, float] = {}
+        self.first_event_ns: int | None = None
+        self.py_version: str | None = None
+        self.pyrt: Any = None
+        self._py_pending: dict[int, int] = {}  # pid -> configure attempts while its interpreter is not found
+        self._exited_at: dict[int, float] = {}  # pid -> when its exit was seen (its map is dropped later)
+        self.stored_per_op = np.zeros(len(CATALOG), dtype=np.int64)
+        self._last_hits = np.zeros(len(CATALOG), dtype=np.int64)
+        self._last_tick = time.monotonic()
+        self._last_cpu = _cpu_s()
+        self._launch_tally = [0, 0]  # runtime launch events, of which nested (for --launch-probes auto)
+        self._calls_by_tid: dict[int, int] = {}
+        self._sampled_at = time.monotonic()
+        self._session_written = False
+        self.live: Any = None
+        self._live_failed = False
+
+    def _elapsed(self) -> float:
+        """Seconds since the `tracer record` process started."""
+        return self._since_start0 + (time.monotonic() - self._mono0)
+
+    # --- set-up -------------------------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        o = self.opts
+        if (o.pid is None) == (not o.command):
+            raise UsageError("give either --pid PID or a command after --", "e.g. sudo tracer record --pid 1234")
+        if o.duration is not None and o.duration <= 0:
+            raise UsageError("--duration must be positive")
+        if o.overhead_budget <= 0:
+            raise UsageError("--overhead-budget must be a positive percentage", "e.g. --overhead-budget 2")
+        if not 0 <= o.sample_hz <= sampler.MAX_HZ:
+            raise UsageError(f"--sample-hz must be 0..{sampler.MAX_HZ}", f"e.g. --sample-hz {sampler.DEFAULT_HZ}")
+        if o.launch_probes not in ("auto", "driver", "both"):
+            raise UsageError(f"unknown --launch-probes {o.launch_probes!r}", "use auto, driver or both")
+        check_db_path(o.db, o.force)
+        if o.pid is not None:
+            targets.check_pid(o.pid)
+        else:
+            assert o.command
+            if shutil.which(o.command[0]) is None:
+                raise TargetError(f"command not found: {o.command[0]}")
+        self.lib_args = [targets.check_library_arg(p) for p in o.libs]
+
+    def _configure_bpf(self) -> None:
+        b = self.bpf
+        configure_ops(b)
+        cfg = b["cfg"]
+        for idx, val in (
+            (events.C.CFG_START_NS, self.start_mono),
+            (events.C.CFG_SCHED_KEEP_NS, SCHED_KEEP_NS),
+            (events.C.CFG_SCHED_EVERY, self.opts.sched_sample_every),
+            (events.C.CFG_LIBGATE, 1),
+            (events.C.CFG_OFFCPU_STACKS, int(self.opts.offcpu_stacks)),
+        ):
+            cfg[ct.c_int(idx)] = ct.c_uint64(val)
+
+    def _set_gate(self, on: bool) -> None:
+        self.bpf["cfg"][ct.c_int(events.C.CFG_LIBGATE)] = ct.c_uint64(int(on))
+
+    def _add_tracer_pid(self, pid: int) -> None:
+        self.bpf["tracer_pids"][ct.c_uint32(pid)] = ct.c_uint8(1)
+
+    def _add_target(self, pid: int, ppid: int | None = None, first_ns: int = 0, python: bool = True) -> None:
+        """A process joins the traced tree. ``python``: configure its Python walker now (not for the launched
+        command's fork, which is a copy of the recorder until it execs)."""
+        self.bpf["targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
+        try:  # a launched command is forked by the recorder, so the kernel made it a tracer process at first
+            del self.bpf["tracer_pids"][ct.c_uint32(pid)]
+        except KeyError:
+            pass
+        self.tree.add_target(pid, ppid, first_ns)
+        self.maps.attach(pid)
+        if self.pyrt is not None and python:
+            self._pyrt_configure(pid)
+
+    def _pyrt_configure(self, pid: int) -> None:
+        target = None
+        try:
+            target = self.pyrt.configure(pid)
+        except Exception as e:  # a process we cannot walk still gets its calls traced
+            log.debug("python frames unavailable for %d: %s", pid, e)
+        # Right after exec a shared libpython is not mapped yet: try again when it is (its map event) or every
+        # second, a few times at most.
+        tries = self._py_pending.pop(pid, 0)
+        if target is None and tries < 10:
+            self._py_pending[pid] = tries + 1
+
+    # --- the run -------------------------------------------------------------------------------------------
+
+    def run(self) -> RecordSummary:
+        """Record until stopped; return the summary. Raises TracerError before anything is written."""
+        self._validate()
+        check_environment()
+        self.start_mono = time.monotonic_ns()
+        self.started_at = datetime.now(timezone.utc)
+        use_py = self.opts.python_stacks
+        t = time.monotonic()
+        try:
+            self.bpf = compile_program(ProgramOptions(with_pyframes=use_py))
+            self.progs = load_programs(self.bpf, use_py)
+        except Exception as e:
+            raise EnvironmentProblem(f"the BPF program failed to load: {e}", "run `tracer doctor`") from None
+        self.phases["compile_s"] = time.monotonic() - t
+        self._configure_bpf()
+        # The guardian first: from here on the probes may stop a process, and nothing may leave one stopped.
+        self.guardian = guardian.spawn(
+            self.bpf["held"].map_fd,
+            self.bpf["cfg"].map_fd,
+            events.C.CFG_LIBGATE,
+            keep_fds=list(self.bpf.tracepoint_fds.values()),  # their slow detach becomes the guardian's
+        )
+        self.tree = ProcessTree(self.start_mono)
+        for pid, comm in ((os.getpid(), "tracer"), (self.guardian.pid, "tracer-guardian")):
+            self._add_tracer_pid(pid)
+            self.tree.add_tracer(pid, comm)
+        if use_py:
+            from tracer.recorder.pyruntime import PyRuntimeManager
+
+            self.pyrt = PyRuntimeManager(self.bpf)
+        self.maps = MapCache()
+        native = self.bpf["native_stacks"]
+        self.resolver = StackResolver(
+            self.maps,
+            self.pyrt,
+            native_walk=lambda sid: [int(a) for a in native.walk(sid)],
+            put_stack=lambda sid, frames: self.store.put("stacks", columns.stack_columns(sid, frames)),
+            parent_of=lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
+        )
+        self.cycler = DutyCycler(
+            count_calls=lambda: calls_by_pid_op(self.bpf), on_closed=lambda t: clear_stale_launches(self.bpf, t)
+        )
+        self.attacher = Attacher(
+            self.bpf, self.progs, self.maps.resolver, self.cycler, self.opts.launch_probes, self.notes
+        )
+        self._open_rings()
+        self.sampler = ProcSampler()
+        self.store = Store(self.opts.db, force=self.opts.force, start_mono_ns=self.start_mono)
+        # From here on every way out (Ctrl-C, the target exiting, an error) goes through finish().
+        old_int = signal.signal(signal.SIGINT, self._on_signal)
+        old_term = signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            self._write_session_row("recording")
+            if self.opts.mcp_http is not None:
+                self._start_live()
+            t = time.monotonic()
+            self._attach_targets()
+            self._start_sampler()
+            self.phases["attach_s"] = time.monotonic() - t
+            self._read_host_counters()
+            self.phases["startup_s"] = self._elapsed()
+            if self.command is not None:
+                self.command.release()
+            self.trap, measured = trap_cost(_load_uprobe(self.bpf, "calib_probe"), _CACHE_DIR)
+            if measured:
+                log.info("trap cost %.1f us (+%.1f us return)", self.trap.entry_ns / 1e3, self.trap.return_ns / 1e3)
+            self.estimator = OverheadEstimator(self.trap, self.opts.overhead_budget)
+            self._loop()
+        finally:
+            # Ctrl-C from here on must not cut the flush short: the DB is written in full first.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            try:
+                summary = self.finish(self.stop_reason or "failed")
+            finally:
+                signal.signal(signal.SIGINT, old_int)
+                signal.signal(signal.SIGTERM, old_term)
+        return summary
+
+    def _start_live(self) -> None:
+        """The MCP server over snapshots of this recording (tracer/live.py)."""
+        from tracer.live import LiveServer
+
+        def snapshot(path: Path) -> None:
+            self._write_totals(time.monotonic_ns(), live=True)  # op_stats, processes, threads as of now
+            self._write_session_row("recording")  # flushed_ns: how far the snapshot goes
+            self.store.snapshot(path)
+
+        self.live = LiveServer(self.opts.mcp_http or "", self.opts.mcp_token_file, snapshot)
+        self.live.start()
+        self._status(f"serving this recording over MCP at http://{self.opts.mcp_http}/mcp (snapshots on demand)")
+
+    def _start_sampler(self) -> None:
+        """The on-CPU sampler (recorder/sampler.py); a kernel that refuses it leaves the recording without samples."""
+        self.sampler_events = sampler.Sampler(self.bpf, self.opts.sample_hz)
+        if not self.opts.sample_hz:
+            return
+        try:
+            self.sampler_events.start()
+        except Exception as e:
+            self.sampler_events.hz = 0
+            self.notes.append(f"no on-CPU samples: the kernel refused a cpu-clock perf event ({e})")
+
+    def _open_rings(self) -> None:
+        """Ring buffers, each into a buffer drained by the loop (the callbacks only copy bytes)."""
+        self.rb_maps = events.RawBuffer(events.MAP_DTYPE)
+        self.rb_proc = events.RawBuffer(events.PROC_DTYPE)
+        self.rb_codes = events.RawBuffer(events.CODE_DTYPE)
+        self.rb_knames = events.RawBuffer(events.KNAME_DTYPE)
+        # the two high-volume rings are read straight from their memory (tracer/recorder/ringbuf.py), the others by bcc
+        self.rb_calls = DirectRing(self.bpf["calls"], events.CALL_DTYPE)
+        self.rb_sched = DirectRing(self.bpf["sched_rb"], events.SCHED_DTYPE)
+        self.rb_stacks: list[bytes] = []
+        self.rb_ustacks: list[bytes] = []
+        b = self.bpf
+        b["maps_rb"].open_ring_buffer(self.rb_maps.callback)
+        b["proc_rb"].open_ring_buffer(self.rb_proc.callback)
+        b["knames_rb"].open_ring_buffer(self.rb_knames.callback)
+        # stacks before their user-stack copies: a copy that comes a drain early waits for its stack
+        b["stacks_rb"].open_ring_buffer(lambda _c, d, n: self.rb_stacks.append(ct.string_at(d, n)))
+        b["ustack_rb"].open_ring_buffer(lambda _c, d, n: self.rb_ustacks.append(ct.string_at(d, n)))
+        if self.pyrt is not None:
+            b["codes_rb"].open_ring_buffer(self.rb_codes.callback)
+        # woken only by a forced wakeup: a hold (maps_rb) or a burst filling a ring (calls); else DRAIN_S passes
+        self._wake = select.epoll()
+        for fd in (b["maps_rb"].map_fd, self.rb_calls.fileno(), self.rb_sched.fileno()):
+            self._wake.register(fd, select.EPOLLIN | select.EPOLLET)
+
+    def _attach_targets(self) -> None:
+        if self.opts.pid is not None:
+            for pid in targets.descendants(self.opts.pid):
+                self._add_target(pid)
+            self.root = self.opts.pid
+        else:
+            exe = shutil.which(self.opts.command[0]) if self.opts.command else None
+            if self.pyrt is not None and exe:
+                self.pyrt.register(os.path.realpath(exe))  # a python command then needs no hold at its exec
+            self.command = LaunchedCommand(self.opts.command or [])
+            self.root = self.command.start()
+            self._add_target(self.root, ppid=os.getpid(), python=False)
+        found = list(self.lib_args)
+        for pid in self.tree.alive():
+            libs, span = targets.mapped_cuda(pid)
+            found += libs
+            if span:  # where libcudart's text sits: driver launches from there are runtime launches
+                self.bpf["rt_ranges"][ct.c_uint32(pid)] = self.bpf["rt_ranges"].Leaf(*span)
+        for d in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")):
+            found += targets.resolve_libraries([str(p) for p in Path(d).glob("libcud*.so*")])
+        found += targets.resolve_libraries(targets.usual_library_paths())
+        self.attacher.attach(found)
+        if self.opts.pid is not None:
+            # children forked between the /proc scan and the fork tracepoint's first hit
+            for pid in targets.descendants(self.opts.pid):
+                if pid not in self.tree.procs:
+                    self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
+        if not any(targets.libraries_mapped(pid) for pid in self.tree.alive()):
+            self._status("no CUDA library loaded by the target yet; waiting for one to be loaded...")
+
+    def _loop(self) -> None:
+        self.cycler.start()
+        deadline = time.monotonic() + self.opts.duration if self.opts.duration else None
+        next_tick = time.monotonic() + 1.0
+        pending = self.bpf["calls_pending"]
+        while not self._interrupted:
+            # returns early only on a forced wakeup: a hold, or a burst filling the calls ring
+            self._wake.poll(DRAIN_S)
+            pending[ct.c_int(0)] = ct.c_uint64(0)
+            self._drain()
+            self._apply_sampling_budget()
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + 1.0
+                self._tick()
+            if deadline and now >= deadline:
+                self.stop_reason = "complete"
+                return
+            if self._tree_exited():
+                self.stop_reason = "target_exited"
+                return
+        self.stop_reason = "interrupted"
+
+    def _on_signal(self, _sig: int, _frame: Any) -> None:
+        self._interrupted = True
+
+    def _status(self, msg: str) -> None:
+        if self.on_status:
+            self.on_status(msg)
+
+    def _tree_exited(self) -> bool:
+        """Return True once every process of the traced tree has exited (a launched command is reaped here)."""
+        if self.command is not None and (status := self.command.reap()) is not None:
+            p = self.tree.procs.get(self.root)
+            if p and p.exit_code is None:
+                p.exit_code = status
+        return not any(targets.is_alive(pid) for pid in self.tree.alive())
+
+    # --- draining ------------------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Everything the ring buffers hold, in dependency order: lifecycle first (an exec'd process gets its
+        Python walker before the library open that holds it is released), then mappings.
+
+        The calls and off-CPU rings are read first, the others after: a call's stack, its code objects and the
+        mapping of its library were submitted before the call was, so reading them later finds every one of them
+        (read the other way round, a call submitted between the two reads would point at a stack not yet seen).
+        """
+        calls = self.rb_calls.drain()
+        sched = self.rb_sched.drain()
+        self.bpf.ring_buffer_consume()
+        self._handle_proc(self.rb_proc.drain())
+        self._handle_maps(self.rb_maps.drain())
+        # a full maps ring dropped mappings (it does not say whose): every process re-reads /proc at its next miss
+        self.maps.note_lost(self._lost(events.C.LOST_MAPS))
+        if self.pyrt is not None:
+            codes = self.rb_codes.drain()
+            if len(codes):
+                self.pyrt.add_code_events(codes)
+        kn = self.rb_knames.drain()
+        if len(kn):
+            found = self.resolver.add_knames(kn)
+            self.store.put(
+                "kernel_names",
+                {"pid": [r[0] for r in found], "func": [r[1] for r in found], "name": [r[2] for r in found]},
+            )
+        ustacks, self.rb_ustacks = self.rb_ustacks, []
+        stacks, self.rb_stacks = self.rb_stacks, []
+        if len(stacks) > 100:  # a first sight of many code paths: resolving them takes a moment
+            self._status(f"resolving {len(stacks)} new call stacks…")
+        self.resolver.add_ustacks(ustacks)
+        self.resolver.add_stacks(stacks)
+        self._handle_calls(calls)
+        if len(sched):
+            self.store.put("sched", columns.sched_columns(sched, self.start_mono))
+
+    def _handle_maps(self, ev: np.ndarray) -> None:
+        if len(ev) == 0:
+            return
+        opens = ev[ev["kind"] == events.C.MAP_LIB_OPEN]
+        for e in ev[ev["kind"] != events.C.MAP_LIB_OPEN]:
+            pid, dev, ino = int(e["pid"]), kernel_dev(int(e["dev"])), int(e["ino"])
+            names = events.map_names(e["names"], int(e["depth"]))
+            path = self.maps.resolver.resolve(dev, ino, names, pid) or ""
+            start, length, offset = int(e["start"]), int(e["len"]), int(e["pgoff"])
+            if int(e["kind"]) == events.C.MAP_EXE:
+                # a new image; its text was mapped by the kernel at start_code, which holds the file's first
+                # executable PT_LOAD
+                self.maps.on_exec(pid)
+                elf = self.resolver.symbolizer.elves.get(path) if path else None
+                offset = elf.text[0] if elf is not None and elf.text is not None else 0
+            shown = path.split(f"/proc/{pid}/root", 1)[-1] if path else "/" + "/".join(names)
+            self.maps.add(pid, Mapping(start, start + length, offset, shown, path, dev, ino))
+            is_exe = int(e["kind"]) == events.C.MAP_EXE
+            if self.pyrt is not None and self.pyrt.note_mapped(pid, dev, ino, start, int(e["pgoff"]), is_exe):
+                self._py_pending.pop(pid, None)  # configured in kernel, from its registered binary
+            if int(e["flags"]) & events.C.MAPF_HELD_PYTHON:
+                # an interpreter seen for the first time: held at exec (or at its libpython's mmap) until its layout
+                # is registered for the kernel, which configures every later process that maps it by itself
+                if self.pyrt is not None and path:
+                    self.pyrt.register(path, pid)
+                    self._pyrt_configure(pid)
+                self.attacher.release(pid)
+            elif self.pyrt is not None and pid in self._py_pending and "python" in os.path.basename(shown):
+                self._pyrt_configure(pid)  # its interpreter is mapped now
+        if len(opens):
+            self.attacher.handle_opens(opens, on_continue=self._before_continue)
+
+    def _before_continue(self, pid: int) -> None:
+        """A held process is about to run on: configure its Python walker while it cannot race us."""
+        if self.pyrt is not None and pid in self._py_pending:
+            self._pyrt_configure(pid)
+
+    def _handle_proc(self, ev: np.ndarray) -> None:
+        if len(ev) == 0:
+            return
+        ch = self.tree.apply(ev)
+        # execs first: a process that exec'd and then forked in this batch passes its new layout on
+        for pid in ch.execs:
+            if self.pyrt is not None:
+                self.pyrt.targets.pop(pid, None)  # a new image: the old layout is gone (BPF dropped its pycfg)
+                self._py_pending.pop(pid, None)
+                self._pyrt_configure(pid)
+        for parent, child in ch.forks:
+            self.maps.on_fork(parent, child)
+            if self.pyrt is not None:
+                self.pyrt.note_fork(parent, child)
+        for pid in ch.exits:
+            self._exited_at[pid] = time.monotonic()
+        cols = columns.proc_event_columns(ev, self.start_mono)
+        if len(cols["pid"]):
+            self.store.put("process_events", cols)
+
+    def _handle_calls(self, ev: np.ndarray) -> None:
+        if len(ev) == 0:
+            return
+        if self.first_event_ns is None:
+            self.first_event_ns = int(ev["ts_ns"].min())
+        ops = ev["op"].astype(np.int64)
+        self.stored_per_op += np.bincount(ops, minlength=len(CATALOG))[: len(CATALOG)]
+        rt = np.isin(ops, _RUNTIME_LAUNCH_OPS)
+        if rt.any():
+            self._launch_tally[0] += int(rt.sum())
+            self._launch_tally[1] += int((rt & ((ev["flags"] & events.C.CALL_F_NESTED) != 0)).sum())
+        kernels, notes = self.resolver.kernels(ev)
+        stack_ids = self.resolver.stack_ids(ev["stack_ref"], ops)
+        self.store.put("cuda_calls", columns.call_columns(ev, self.start_mono, kernels, notes, stack_ids))
+
+    # --- every second --------------------------------------------------------------------------------------
+
+    def _read_host_counters(self) -> np.ndarray:
+        hc = self.bpf["host_counters"]
+        vals = np.array([sum(hc[ct.c_int(i)]) for i in range(events.C.HC_COUNT)], dtype=np.int64)
+        delta = vals - getattr(self, "_last_counters", vals)
+        self._last_counters = vals
+        return delta
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        ts = time.monotonic_ns() - self.start_mono
+        s = self.sampler.sample()
+        d = self._read_host_counters()
+        cpu = _cpu_s()
+        tracer_ms = (cpu - self._last_cpu) * 1e3
+        self._last_cpu = cpu
+        self.store.put(
+            "host_samples",
+            {
+                "ts_ns": [ts],
+                "load1": [s.load1],
+                "cpu_busy_pct": [s.cpu_busy_pct],
+                "runnable": [s.runnable],
+                "mem_available_bytes": [s.mem_available_bytes],
+                "swap_used_bytes": [s.swap_used_bytes],
+                "page_alloc_bytes": [int(d[events.C.HC_PAGE_ALLOC])],
+                "target_page_alloc_bytes": [int(d[events.C.HC_TARGET_PAGE_ALLOC])],
+                "page_faults": [int(d[events.C.HC_TARGET_FAULTS])],
+                "ctx_switches": [int(d[events.C.HC_SWITCHES])],
+                "tracer_cpu_ms": [tracer_ms],
+            },
+        )
+        self._drain_aggregates(before_sec=ts // 1_000_000_000 - 1)
+        self._apply_overhead_budget(now - self._last_tick)
+        self._last_tick = now
+        self.attacher.release_stale(older_than_ns=2_000_000_000)
+        if self.live is not None:
+            self.live.refresh()
+            why = self.live.failure()
+            if why and not self._live_failed:
+                self._live_failed = True
+                self.notes.append(f"the live MCP server stopped: {why}")
+                self._status(f"the live MCP server stopped: {why}")
+        self.attacher.note_runtime_launches(*self._launch_tally, on_closed=lambda t: clear_stale_launches(self.bpf, t))
+        self._launch_tally = [0, 0]
+        for pid in list(self._py_pending):
+            self._pyrt_configure(pid)
+        for pid, at in list(self._exited_at.items()):
+            if now - at > 5.0:  # every event of it has been drained by now: drop its caches (respawned workers)
+                self.maps.forget(pid)
+                if self.pyrt is not None:
+                    self.pyrt.forget(pid)
+                del self._exited_at[pid]
+        stored = self.store.rows_written.get("cuda_calls", 0)
+        frac = self.cycler.fraction
+        self._status(
+            f"{ts / 1e9:4.0f}s  calls stored {stored:,}  lost {self._lost():,}  processes {len(self.tree.alive())}  "
+            f"holds {self.attacher.holds.count}  overhead ~{self.estimator.overhead_pct:.1f}%"
+            + (f" (launches sampled {frac:.0%})" if frac < 1 else "")
+        )
+
+    def _launch_sampled(self, sec: int) -> float:
+        t0 = self.start_mono + sec * 1_000_000_000
+        return self.cycler.live_share(t0, t0 + 1_000_000_000)
+
+    def _drain_aggregates(self, before_sec: int | None) -> None:
+        """Move the finished seconds of the per-second BPF aggregates to the DB (all of them when None)."""
+
+        def take(name: str, kdt: np.dtype, vdt: np.dtype) -> columns.Aggregates:
+            table = self.bpf[name]
+            keys, vals = bpfmaps.dump(table, kdt, vdt)
+            if before_sec is not None:
+                done = keys["sec"] <= before_sec
+                keys, vals = keys[done], vals[done]
+            bpfmaps.delete(table, keys)
+            return columns.Aggregates(keys, vals)
+
+        tb = take("tbreak", events.TB_KEY_DTYPE, events.TB_VAL_DTYPE)
+        if len(tb):
+            self.store.put("thread_breakdown", columns.breakdown_columns(tb, self._launch_sampled))
+            self.store.put("sched_stats", columns.sched_stats_columns(tb))
+            for tid, n in zip(tb.keys["tid"].tolist(), tb.vals["v"][:, events.C.TB_CALLS].tolist(), strict=True):
+                self._calls_by_tid[tid] = self._calls_by_tid.get(tid, 0) + int(n)
+        wk = take("wake_aggs", events.WAKE_KEY_DTYPE, events.WAKE_VAL_DTYPE)
+        if len(wk):
+            self.store.put("thread_wakers", columns.waker_columns(wk))
+        pr = take("preempt_aggs", events.PREEMPT_KEY_DTYPE, events.PREEMPT_VAL_DTYPE)
+        if len(pr):
+            self.store.put("preemptors", columns.preemptor_columns(pr))
+        # their stacks were sent when first seen, so the drain that ran before this one resolved them
+        off = take("offcpu_aggs", events.OFFCPU_KEY_DTYPE, events.OFFCPU_VAL_DTYPE)
+        if len(off):
+            ids = self.resolver.plain_stack_ids(off.keys["stack_ref"])
+            self.store.put("offcpu_stacks", profile_columns.offcpu_stack_columns(off, ids))
+        smp = take("sample_aggs", events.SAMPLE_KEY_DTYPE, events.SAMPLE_VAL_DTYPE)
+        if len(smp):
+            ids = self.resolver.plain_stack_ids(smp.keys["stack_ref"])
+            period = self.sampler_events.period_ns if hasattr(self, "sampler_events") else 0
+            self.store.put("cpu_samples", profile_columns.cpu_sample_columns(smp, ids, period))
+
+    def _apply_sampling_budget(self) -> None:
+        """Keep stored call rows under max_events_per_s by storing the busiest ops 1 in N (counts stay exact in
+        op_stats; slow calls are always kept). Checked at every drain, so a burst is sampled within a drain."""
+        now = time.monotonic()
+        elapsed = now - self._sampled_at
+        if elapsed < DRAIN_S / 2 and self.stored_per_op.sum() < self.opts.max_events_per_s * DRAIN_S:
+            return
+        rate = self.stored_per_op / max(elapsed, 1e-3)
+        self.stored_per_op[:] = 0
+        self._sampled_at = now
+        total = float(rate.sum())
+        if total <= self.opts.max_events_per_s:
+            return
+        for op in np.argsort(-rate):
+            if rate[op] == 0 or total <= self.opts.max_events_per_s:
+                break
+            set_sample_every(self.bpf, int(op), max(1, sample_every(self.bpf, int(op))) * 2)
+            total -= rate[op] / 2
+
+    def _apply_overhead_budget(self, seconds: float) -> None:
+        """Estimate the probes' cost from this interval's hits and set the launch probes' duty cycle."""
+        hc = self.bpf["op_hits"]
+        hits = np.array([sum(hc[ct.c_int(i)]) for i in range(len(CATALOG))], dtype=np.int64)
+        delta, self._last_hits = hits - self._last_hits, hits
+        now = time.monotonic_ns()
+        share = self.cycler.live_share(now - int(seconds * 1e9), now)
+        self.cycler.fraction = self.estimator.update(
+            int(delta[DUTY_CYCLED].sum()), int(delta[~DUTY_CYCLED].sum()), share, seconds
+        )
+
+    def _lost(self, kind: int | None = None) -> int:
+        """Ring-buffer drops: of one kind (events.C.LOST_*) or all."""
+        lost = self.bpf["lost"]
+        kinds = range(events.C.LOST_COUNT) if kind is None else (kind,)
+        return int(sum(lost[ct.c_int(i)].value for i in kinds))
+
+    # --- the end -------------------------------------------------------------------------------------------
+
+    @property
+    def command_fate(self) -> str | None:
+        """What became of a launched command (tracer/recorder/command.py), None for --pid."""
+        return self.command.fate if self.command is not None else None
+
+    def finish(self, status: str) -> RecordSummary:
+        """Stop holds and duty cycling, end a launched command, drain, write the exact aggregates, processes and
+        the session row, close the DB; return the summary.
+
+        Whatever fails on the way (a full disk: the store then refuses every write), nobody is left stopped, the
+        probes are detached and the guardian dismissed before the error goes up.
+
+        Raises:
+            StoreError: a write failed; what was written before it stays readable.
+        """
+        t_flush = time.monotonic()
+        if self.command is not None:
+            self.command.release()
+        self._set_gate(False)  # from now on nobody is stopped
+        if hasattr(self, "sampler_events"):
+            self.sampler_events.stop()
+        self.attacher.release_all()
+        self.cycler.stop()
+        if self.command is not None:
+            self.command.end(status, keep_running=self.opts.keep_command)
+        if self.live is not None:
+            self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
+        try:
+            self.attacher.close()  # no CUDA call is traced from here on; the rings stay readable for the flush
+            summary = self._flush(status, t_flush)
+        finally:
+            self.store.close()
+            self.attacher.close()
+            self._drop_tracepoints()
+            self.guardian.finish()
+        return summary
+
+    def _drop_tracepoints(self) -> None:
+        """Empty the target list, so the tracepoint programs do nothing more for the job, and close this process's
+        fds of the tracepoints: the guardian holds them too, so their detach (0.8 s of grace periods, one after
+        another) happens at its exit, after this process has returned the terminal (guardian.py)."""
+        try:
+            self.bpf["targets"].clear()
+        except Exception as e:  # the detach below matters more
+            log.debug("emptying the target list failed: %s", e)
+        for fd in tracepoint_fds(self.bpf):
+            os.close(fd)
+
+    def _flush(self, status: str, t_flush: float) -> RecordSummary:
+        """The final drain and the rows only the end can write."""
+        self._status("finishing: draining the last events and writing the exact aggregates…")
+        self._drain()
+        end_ns = time.monotonic_ns()
+        finalize.close_open_segments(self.bpf, self.tree, self.start_mono, end_ns)
+        self._drain_aggregates(before_sec=None)
+        for p in self.tree.targets():
+            if p.exit_ns is None and not targets.is_alive(p.pid) and status != "interrupted":
+                p.exit_ns = end_ns - self.start_mono
+        summary_ops = self._write_totals(end_ns, live=False)
+        self.store.sync()
+        traced = sum(o.calls for o in summary_ops)
+        stored = self.store.rows_written.get("cuda_calls", 0)
+        lost = self._lost(events.C.LOST_CALLS)  # session.events_lost counts call events, the unit of traced/stored
+        for kind, what in (
+            (events.C.LOST_CALLS, "call events"),
+            (events.C.LOST_STACKS, "stacks"),
+            (events.C.LOST_SCHED, "off-CPU intervals"),
+            (events.C.LOST_PROC, "lifecycle events"),
+            (events.C.LOST_CODES, "Python code objects (read again at their next stack)"),
+            (events.C.LOST_MAPS, "file mappings"),
+            (events.C.LOST_AGGS, "per-second aggregate entries (a map was full)"),
+        ):
+            n = self._lost(kind)
+            if n:
+                self.notes.append(
+                    f"{n} {what} lost to a full buffer (a burst faster than the recorder drains); counts in op_stats "
+                    "are still exact, only rows are missing"
+                )
+        if self.cycler.cycled:
+            self.notes.append(
+                f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
+                "counts are scaled per process (op_stats.sampled_fraction, error_pct)"
+            )
+        self.duration = (end_ns - self.start_mono) / 1e9
+        self.flush_s = time.monotonic() - t_flush
+        self._write_session_row(status, traced, stored, lost)
+        self.store.sync()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return RecordSummary(
+            self.opts.db,
+            status,
+            self.duration,
+            traced,
+            stored,
+            lost,
+            len(self.tree.targets()),
+            [lib.path for lib in self.attacher.attached.values()],
+            summary_ops,
+            self.notes,
+            startup_s=self.phases.get("startup_s", 0.0),
+            first_event_s=self._first_event_s(),
+            flush_s=self.flush_s,
+            recorder_cpu_s=_cpu_s(),
+            recorder_peak_rss_bytes=usage.ru_maxrss * 1024,
+            holds=self.attacher.holds.count,
+            held_ms=self.attacher.holds.held_ms,
+            command_fate=self.command_fate,
+        )
+
+    def _write_totals(self, end_ns: int, live: bool) -> list[columns.OpSummary]:
+        """op_stats, processes and threads as of ``end_ns`` (finalize.write_totals); return the per-op summary."""
+        return finalize.write_totals(
+            self.store, self.bpf, self.tree, self.cycler, self._calls_by_tid, self.start_mono, end_ns, live
+        )
+
+    def _first_event_s(self) -> float | None:
+        """Seconds from the start of `tracer record` to the first recorded CUDA call."""
+        if self.first_event_ns is None:
+            return None
+        return self._since_start0 + (self.first_event_ns / 1e9 - self._mono0)
+
+    def _write_session_row(self, status: str, traced: int = 0, stored: int = 0, lost: int = 0) -> None:
+        env = environment() if not hasattr(self, "_env") else self._env
+        self._env = env
+        if self.pyrt is not None and self.pyrt.targets:
+            versions = [t.version for t in self.pyrt.targets.values()]
+            self.py_version = ".".join(map(str, max(set(versions), key=versions.count)))
+        target = f"pid {self.opts.pid}" if self.opts.pid is not None else " ".join(self.opts.command or [])
+        libs = ", ".join(lib.path for lib in self.attacher.attached.values()) if hasattr(self, "attacher") else ""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        live = status == "recording"
+        first = self._first_event_s()
+        values: dict[str, Any] = {
+            "session_id": 1,
+            "started_at": self.started_at,
+            "start_mono_ns": self.start_mono,
+            "duration_s": getattr(self, "duration", 0.0),
+            "status": status,
+            "host": env.host,
+            "kernel": env.kernel,
+            "cpu_model": env.cpu_model,
+            "cpu_cores": env.cpu_cores,
+            "mem_bytes": env.mem_bytes,
+            "gpus": env.gpus,
+            "driver": env.driver,
+            "python_version": self.py_version or "",
+            "tracer_version": __version__,
+            "target": target,
+            "libraries": libs,
+            "events_traced": traced,
+            "events_stored": stored,
+            "events_lost": lost,
+            "overhead_pct": None if live else self.estimator.mean_pct if hasattr(self, "estimator") else None,
+            "notes": "\n".join(self.notes),
+            "recorder_pid": os.getpid(),
+            "recorder_start_ticks": procfs.process_start_ticks(os.getpid()),
+            "boot_id": procfs.boot_id(),
+            "recorder_cpu_s": None if live else round(_cpu_s(), 3),
+            "recorder_peak_rss_bytes": None if live else usage.ru_maxrss * 1024,
+            "startup_s": self.phases.get("startup_s"),
+            "compile_s": self.phases.get("compile_s"),
+            "attach_s": self.phases.get("attach_s"),
+            "first_event_s": round(first, 3) if first is not None else None,
+            "flush_s": None if live else round(getattr(self, "flush_s", 0.0), 3),
+            "holds": self.attacher.holds.count if hasattr(self, "attacher") else 0,
+            "held_ms": round(self.attacher.holds.held_ms, 3) if hasattr(self, "attacher") else 0.0,
+            "command_fate": self.command_fate,
+            "flushed_ns": time.monotonic_ns() - self.start_mono,
+            "sample_hz": self.sampler_events.hz if hasattr(self, "sampler_events") else 0,
+            "offcpu_stacks": self.opts.offcpu_stacks,
+        }
+        names = list(values)
+        if not self._session_written:
+            self.store.execute(
+                f"INSERT INTO session ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                [values[n] for n in names],
+            )
+            self._session_written = True
+        else:  # one statement: a full disk cannot leave the file without its session row
+            self.store.execute(
+                f"UPDATE session SET {', '.join(f'{n} = ?' for n in names)} WHERE session_id = 1",
+                [values[n] for n in names],
+            )
+
+
+def _load_uprobe(bpf: Any, name: str) -> int:
+    from bcc import BPF
+
+    from tracer.recorder.links import UPROBE_MULTI
+
+    return int(bpf.load_func(name, BPF.KPROBE, attach_type=UPROBE_MULTI).fd)

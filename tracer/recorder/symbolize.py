@@ -1,0 +1,381 @@
+"""Native addresses -> (module, build-id, function, file:line), and CUDA kernel pointers -> kernel names.
+
+Contract:
+
+* Addresses are located through :class:`tracer.recorder.procmaps.MapCache`, which the recorder keeps current from
+  mapping
+  events, so an address resolves after its process has exited.
+* ``ElfSymbols`` holds one file's function symbols (``.symtab``, local symbols included, else ``.dynsym``, else
+  the separate debug file under ``/usr/lib/debug/.build-id``) as sorted numpy arrays; ``lookup(vaddr)`` is a
+  bisect. Parsed files are cached by (device, inode, mtime) and by build-id.
+* C++ names are demangled with ``cxxfilt`` (libstdc++'s ``__cxa_demangle``), cached per name.
+* Unknown addresses become ``NativeFrame(function="?")`` with the module and offset filled in when known.
+* File:line comes from ``.debug_line`` only for files whose line table is small (``MAX_DEBUG_LINE_BYTES``):
+  decoding libpython's takes pyelftools seconds of CPU, which a recorder cannot spend.
+
+Stacks hold the interrupted ip first and return addresses after it. A return address points after the call
+instruction, which may already be the next function or the next line, so frames after the first are looked up at
+``addr - 1`` (``offset`` is still reported from ``addr``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from tracer.recorder.procmaps import MapCache, Mapping
+
+log = logging.getLogger(__name__)
+
+UNKNOWN = "?"
+# .debug_line of big libraries is not worth decoding in Python (libpython's: seconds of CPU; libtorch_cuda's:
+# hundreds of MB); above this many bytes file:line is left empty. Small C/C++ libraries are covered.
+MAX_DEBUG_LINE_BYTES = 256 << 10
+DEBUG_ROOT = "/usr/lib/debug"
+ELF64_SYM = np.dtype(
+    [
+        ("st_name", "<u4"),
+        ("st_info", "u1"),
+        ("st_other", "u1"),
+        ("st_shndx", "<u2"),
+        ("st_value", "<u8"),
+        ("st_size", "<u8"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class NativeFrame:
+    """One symbolised native frame. ``offset`` is from the function start, or from the module start when the
+    function is unknown; ``file``/``line`` are empty/0 without DWARF line info."""
+
+    module: str
+    function: str
+    offset: int
+    file: str
+    line: int
+    build_id: str | None
+    addr: int
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ELF files
+
+
+def _file_key(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def read_build_id(elf: ELFFile) -> str | None:
+    """The GNU build-id as hex, or None."""
+    for sec in elf.iter_sections():
+        if sec["sh_type"] != "SHT_NOTE":
+            continue
+        for note in sec.iter_notes():
+            if note["n_type"] == "NT_GNU_BUILD_ID":
+                return str(note["n_desc"])
+    return None
+
+
+class ElfSymbols:
+    """Function symbols and load segments of one ELF file; ``lookup`` by ELF virtual address."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.build_id: str | None = None
+        # PT_LOAD segments: (p_offset, p_vaddr, p_filesz); text: the first executable one's (p_offset, p_vaddr)
+        self.loads: list[tuple[int, int, int]] = []
+        self.text: tuple[int, int] | None = None
+        self._starts = np.zeros(0, dtype=np.uint64)
+        self._ends = np.zeros(0, dtype=np.uint64)
+        self._names: list[str] = []
+        self._symbols_loaded = False
+        self._lines: tuple[np.ndarray, list[tuple[str, int]]] | None = None
+        self._has_debug_line = False
+        # Cheap part only (headers and notes): mapping an address needs the PT_LOADs, and the symbol tables are
+        # read on the first lookup.
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            self.build_id = read_build_id(elf)
+            for seg in elf.iter_segments():
+                if seg["p_type"] != "PT_LOAD":
+                    continue
+                self.loads.append((seg["p_offset"], seg["p_vaddr"], seg["p_filesz"]))
+                if seg["p_flags"] & 1 and self.text is None:  # PF_X
+                    self.text = (seg["p_offset"], seg["p_vaddr"])
+            dl = elf.get_section_by_name(".debug_line")
+            self._has_debug_line = dl is not None and dl["sh_size"] <= MAX_DEBUG_LINE_BYTES
+
+    def _ensure_symbols(self) -> None:
+        if self._symbols_loaded:
+            return
+        self._symbols_loaded = True
+        with open(self.path, "rb") as f:
+            syms = self._read_symbols(ELFFile(f))
+        if not syms and self.build_id:
+            debug = os.path.join(DEBUG_ROOT, ".build-id", self.build_id[:2], self.build_id[2:] + ".debug")
+            if os.path.exists(debug):
+                with open(debug, "rb") as f:
+                    syms = self._read_symbols(ELFFile(f))
+        self._index(syms)
+
+    @staticmethod
+    def _read_symbols(elf: ELFFile) -> list[tuple[int, int, str]]:
+        # Elf64_Sym decoded with numpy: pyelftools' iter_symbols takes ~0.3 s for libpython's 15k symbols and
+        # minutes for libtorch's millions.
+        for name in (".symtab", ".dynsym"):
+            sec = elf.get_section_by_name(name)
+            if not isinstance(sec, SymbolTableSection) or sec["sh_entsize"] != ELF64_SYM.itemsize:
+                continue
+            syms = np.frombuffer(sec.data(), dtype=ELF64_SYM)
+            kind = syms["st_info"] & 0xF
+            keep = ((kind == 2) | (kind == 10)) & (syms["st_shndx"] != 0) & (syms["st_value"] != 0)
+            syms = syms[keep]
+            if not len(syms):
+                continue  # .symtab is a superset of .dynsym; try the next only if this one has no functions
+            strtab = elf.get_section(sec["sh_link"]).data()
+            out = []
+            for value, size, off in zip(
+                syms["st_value"].tolist(), syms["st_size"].tolist(), syms["st_name"].tolist(), strict=True
+            ):
+                end = strtab.find(b"\0", off)
+                out.append((value, size, strtab[off:end].decode("utf-8", "replace")))
+            return out
+        return []
+
+    def _index(self, syms: list[tuple[int, int, str]]) -> None:
+        # Sort by start; among aliases at one address prefer the sized, global-looking (shortest) name.
+        syms.sort(key=lambda s: (s[0], -s[1], s[2].startswith("_"), len(s[2])))
+        dedup: list[tuple[int, int, str]] = []
+        for s in syms:
+            if dedup and dedup[-1][0] == s[0]:
+                continue
+            dedup.append(s)
+        self._starts = np.array([s[0] for s in dedup], dtype=np.uint64)
+        self._ends = np.array([s[0] + s[1] for s in dedup], dtype=np.uint64)
+        self._names = [s[2] for s in dedup]
+
+    def __len__(self) -> int:
+        self._ensure_symbols()
+        return len(self._names)
+
+    def address_of(self, name: str) -> int | None:
+        """ELF vaddr of the function symbol with this raw (mangled) name, or None."""
+        self._ensure_symbols()
+        try:
+            return int(self._starts[self._names.index(name)])
+        except ValueError:
+            return None
+
+    def offset_to_vaddr(self, file_offset: int) -> int | None:
+        """ELF virtual address of a file offset, through the PT_LOAD segment that holds it."""
+        for off, vaddr, size in self.loads:
+            if off <= file_offset < off + max(size, 1):
+                return file_offset - off + vaddr
+        return None
+
+    def lookup(self, vaddr: int, *, exact: bool = False) -> tuple[str, int] | None:
+        """(raw symbol name, offset into it) for an ELF vaddr, or None.
+
+        A symbol with a size matches only inside it; a size-0 symbol (hand-written assembly) matches up to
+        the next symbol. With ``exact``, only a symbol starting at ``vaddr`` matches.
+        """
+        self._ensure_symbols()
+        i = int(np.searchsorted(self._starts, np.uint64(vaddr), side="right")) - 1
+        if i < 0:
+            return None
+        start = int(self._starts[i])
+        if exact:
+            return (self._names[i], 0) if start == vaddr else None
+        end = int(self._ends[i])
+        if end > start and vaddr >= end:
+            return None
+        return self._names[i], vaddr - start
+
+    def line_for(self, vaddr: int) -> tuple[str, int] | None:
+        """(file, line) from .debug_line, or None (no DWARF, or too big to decode here)."""
+        if not self._has_debug_line:
+            return None
+        if self._lines is None:
+            self._lines = self._read_lines()
+        addrs, rows = self._lines
+        i = int(np.searchsorted(addrs, np.uint64(vaddr), side="right")) - 1
+        if i < 0 or rows[i][1] == 0:
+            return None
+        return rows[i]
+
+    def _read_lines(self) -> tuple[np.ndarray, list[tuple[str, int]]]:
+        pairs: list[tuple[int, str, int]] = []
+        try:
+            with open(self.path, "rb") as f:
+                dwarf = ELFFile(f).get_dwarf_info()
+                for cu in dwarf.iter_CUs():
+                    lp = dwarf.line_program_for_CU(cu)
+                    if lp is None:
+                        continue
+                    files = lp["file_entry"]
+                    v5 = lp.header["version"] >= 5
+                    for entry in lp.get_entries():
+                        st = entry.state
+                        if st is None:
+                            continue
+                        if st.end_sequence:
+                            pairs.append((st.address, "", 0))
+                            continue
+                        idx = st.file if v5 else st.file - 1
+                        name = files[idx].name.decode() if 0 <= idx < len(files) else ""
+                        pairs.append((st.address, name, st.line))
+        except (ELFError, OSError, KeyError, IndexError) as e:
+            log.debug("no line table for %s: %s", self.path, e)
+        pairs.sort(key=lambda p: p[0])
+        return np.array([p[0] for p in pairs], dtype=np.uint64), [(p[1], p[2]) for p in pairs]
+
+
+class ElfCache:
+    """Parsed ELF files, keyed by (device, inode, mtime) and by build-id."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[int, int, int], ElfSymbols | None] = {}
+        self._by_build_id: dict[str, ElfSymbols] = {}
+        self._by_path: dict[str, ElfSymbols] = {}
+
+    def get(self, path: str, build_id: str | None = None) -> ElfSymbols | None:
+        """The parsed file: by build-id when known, else by path (must still exist). None if unreadable."""
+        if build_id and build_id in self._by_build_id:
+            return self._by_build_id[build_id]
+        key = _file_key(path)
+        if key is None:
+            elf = self._by_path.get(path)
+            return elf if elf is not None and (build_id is None or elf.build_id == build_id) else None
+        if key not in self._by_key:
+            try:
+                self._by_key[key] = ElfSymbols(path)
+            except (ELFError, OSError, struct.error, ValueError) as e:
+                log.debug("cannot read ELF %s: %s", path, e)
+                self._by_key[key] = None
+        elf = self._by_key[key]
+        if elf is None:
+            return None
+        if build_id and elf.build_id and elf.build_id != build_id:
+            return None  # the file on disk changed since the event
+        self._by_path[path] = elf
+        if elf.build_id:
+            self._by_build_id.setdefault(elf.build_id, elf)
+        return elf
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Demangling
+
+
+@functools.lru_cache(maxsize=65536)
+def demangle(name: str) -> str:
+    """The demangled C++ (Itanium ABI) name; other names unchanged."""
+    if not name.startswith("_Z"):
+        return name
+    base, at, version = name.partition("@")
+    try:
+        import cxxfilt
+
+        out = cxxfilt.demangle(base, external_only=False)
+    except Exception:  # cxxfilt.InvalidName, or libstdc++ not loadable
+        return name
+    return out + at + version if at else out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# BPF stack maps
+
+
+def stack_addrs(bpf_table: object, stack_id: int) -> list[int]:
+    """Addresses of one stack in a bcc ``BPF_STACK_TRACE`` table, innermost first; [] for a negative id."""
+    if stack_id < 0:
+        return []
+    try:
+        return [int(a) for a in bpf_table.walk(stack_id)]  # type: ignore[attr-defined]
+    except KeyError:
+        return []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The symbolizer
+
+
+class Symbolizer:
+    """Symbolises native addresses of traced processes and names CUDA kernels from their host stubs.
+
+    Keep one for the whole recording: it caches parsed ELF files and demangled names; the process maps come from
+    ``maps`` (a fresh :class:`MapCache` reads /proc for processes it does not know yet).
+    """
+
+    def __init__(self, maps: MapCache | None = None, elves: ElfCache | None = None) -> None:
+        self.maps = maps or MapCache()
+        self.elves = elves or ElfCache()
+
+    def symbolize(self, pid: int, addrs: Sequence[int], *, return_addresses: bool = True) -> list[NativeFrame]:
+        """One ``NativeFrame`` per address, innermost first.
+
+        Args:
+            return_addresses: addrs[1:] are return addresses (a BPF stack trace or an unwind), so their
+                symbol and line are looked up at addr - 1. Set False for a list of exact code addresses.
+        """
+        frames = []
+        for i, addr in enumerate(addrs):
+            adjust = 1 if return_addresses and i > 0 else 0
+            frames.append(self.frame(self.maps.find(pid, addr), addr, adjust))
+        return frames
+
+    def _vaddr(self, m: Mapping, addr: int) -> tuple[ElfSymbols | None, int | None]:
+        elf = self.elves.get(m.host_path) if m.host_path else None
+        return elf, (elf.offset_to_vaddr(addr - m.start + m.offset) if elf else None)
+
+    def frame(self, m: Mapping | None, addr: int, adjust: int = 0) -> NativeFrame:
+        """The frame of ``addr`` inside mapping ``m`` (None: an address outside every file)."""
+        if m is None:
+            return NativeFrame("", UNKNOWN, addr, "", 0, None, addr)
+        module = os.path.basename(m.path)
+        elf, vaddr = self._vaddr(m, addr)
+        file_offset = addr - m.start + m.offset
+        if elf is None or vaddr is None:
+            return NativeFrame(module, UNKNOWN, file_offset, "", 0, elf.build_id if elf else None, addr)
+        hit = elf.lookup(vaddr - adjust)
+        file, line = elf.line_for(vaddr - adjust) or ("", 0)
+        if hit is None:
+            return NativeFrame(module, UNKNOWN, file_offset, file, line, elf.build_id, addr)
+        name, off = hit
+        return NativeFrame(module, demangle(name), off + adjust, file, line, elf.build_id, addr)
+
+    def kernel_name(self, pid: int, func_ptr: int) -> tuple[str | None, str | None]:
+        """(demangled kernel name, None), or (None, why it cannot be named) for a launch's function pointer.
+
+        A symbol starting exactly at ``func_ptr`` (the host stub nvcc emits, which cudaLaunchKernel receives; a
+        local symbol in .symtab), else a sized function containing it. A pointer outside every file mapping is a
+        driver handle (CUfunction/CUkernel) whose naming call was not seen.
+        """
+        if not func_ptr:
+            return None, "no function pointer"
+        m = self.maps.find(pid, func_ptr)
+        if m is None:
+            return None, "a driver handle (CUfunction/CUkernel) whose naming call (cuModuleGetFunction) was not seen"
+        elf, vaddr = self._vaddr(m, func_ptr)
+        module = os.path.basename(m.path)
+        if elf is None or vaddr is None:
+            return None, f"{module} could not be read"
+        hit = elf.lookup(vaddr, exact=True) or elf.lookup(vaddr)
+        if hit is None:
+            bid = f" (build-id {elf.build_id}: names can come from its debuginfo)" if elf.build_id else ""
+            return None, f"{module} has no symbol at {vaddr:#x}: stripped{bid}"
+        return demangle(hit[0]), None

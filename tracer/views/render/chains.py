@@ -1,0 +1,103 @@
+"""Causal chains (``tracer chains``): one panel per chain with its cost, evidence and fixes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.padding import Padding
+from rich.panel import Panel
+from rich.text import Text
+
+from tracer.analysis.chains import CausalChain, ChainsResult
+from tracer.views.render.cells import SEVERITY_STYLE, us
+
+LIST_ITEMS = 8  # evidence lists show this many items, then how many there are in all
+ROW_ITEMS = 5  # evidence lists of records (preemptors, stalls) show this many, one a line
+
+
+def _few(items: Sequence[object], n: int = LIST_ITEMS) -> str:
+    """Return the first ``n`` items comma-joined, then how many there are in all when there are more."""
+    head = ", ".join(map(str, items[:n]))
+    return head if len(items) <= n else f"{head}, … ({len(items)} in all)"
+
+
+def _evidence_view(evidence: dict[str, Any]) -> list[RenderableType]:
+    """Return a chain's evidence as lines: the numbers share lines, each list gets its own (cut to a few items
+    and how many in all), and wrapped lines keep their indent."""
+    out: list[RenderableType] = []
+    scalars = [f"{k} {v}" for k, v in evidence.items() if not isinstance(v, (list, dict)) and v is not None]
+    if scalars:
+        out.append(Padding(Text("  ·  ".join(scalars)), (0, 0, 0, 2)))
+    for k, v in evidence.items():
+        if not isinstance(v, (list, dict)) or not v:
+            continue
+        if isinstance(v, dict):
+            v = [v]
+        if isinstance(v[0], dict):
+            out.append(Padding(Text(f"{k}:"), (0, 0, 0, 2)))
+            for d in v[:ROW_ITEMS]:
+                out.append(Padding(Text(", ".join(f"{a}={b}" for a, b in d.items())), (0, 0, 0, 4)))
+            if len(v) > ROW_ITEMS:
+                out.append(Padding(Text(f"… ({len(v)} in all)"), (0, 0, 0, 4)))
+        else:
+            out.append(Padding(Text(f"{k}: {_few(v)}"), (0, 0, 0, 2)))
+    return out
+
+
+def _cost_line(c: CausalChain) -> Text:
+    """Return "cost: N% of thread T's time · culprit: …" for a chain (its ranking key and who to act on)."""
+    t = Text()
+    t.append(f"cost {c.share:.1%} of thread {c.tid} ({c.thread_comm})'s steps", "bold")
+    if c.basis != "exact":
+        t.append(f" ({c.basis})", "dim")
+    u = c.culprit
+    if u is not None:
+        who = " ".join(
+            x for x in (u.comm, f"pid {u.pid}" if u.pid is not None else "", f"tid {u.tid}" if u.tid else "") if x
+        )
+        t.append(f"   culprit: {who} [{u.relation}]" + (f" at {u.code_site}" if u.code_site else ""))
+    return t
+
+
+def render_chains(res: ChainsResult) -> RenderableType:
+    if not res.chains:
+        return Text(
+            f"No causal chains found ({res.total} total). The traced calls' tails are explained by "
+            "nothing the host did."
+        )
+    parts: list[RenderableType] = [
+        Text(
+            f"{res.total} chains: " + ", ".join(f"{n} {k}" for k, n in res.by_severity.items() if n),
+            style="bold",
+        )
+    ]
+    for i, c in enumerate(res.chains, 1):
+        body: list[RenderableType] = [
+            Text(c.summary),
+            Text(
+                (f"op {c.op}: p50 {us(c.op_p50_us)}, p99 {us(c.op_p99_us)}   " if c.op else "")
+                + f"pids {_few(c.pids, 6)}"
+                f"   t = {c.start_ns / 1e9:.2f}-{c.end_ns / 1e9:.2f} s   impact {c.impact_ms:,.0f} ms",
+                "dim",
+            ),
+            _cost_line(c),
+            Text("evidence", "bold"),
+        ]
+        # a typed evidence record (pydantic) or a plain dict: the same key/value view
+        body += _evidence_view(c.evidence if isinstance(c.evidence, dict) else c.evidence.model_dump(exclude={"kind"}))
+        body.append(Text("fix", "bold"))
+        body += [Padding(Text(f"{j}. {r}"), (0, 0, 0, 2)) for j, r in enumerate(c.recommendations, 1)]
+        parts.append(
+            Panel(
+                Group(*body),
+                title=Text(f"#{i} {c.severity} {c.category}", style=SEVERITY_STYLE[c.severity]),
+                title_align="left",
+                subtitle=c.id,
+                subtitle_align="right",
+            )
+        )
+    if len(res.chains) < res.total:
+        parts.append(Text(f"and {res.total - len(res.chains)} more chains (tracer chains --limit N)", "dim"))
+    return Group(*parts)
