@@ -51,6 +51,9 @@ VARIANTS: dict[str, list[str]] = {
     "default": [],
     "budget_1": ["--overhead-budget", "1"],
     "no_python": ["--no-python-stacks"],
+    # issue 18: the stacks outside calls, off (the default has both on), and the sampler at the low end of 49-99 Hz
+    "no_outside_stacks": ["--no-sampling", "--no-offcpu-stacks"],
+    "sample_49": ["--sample-hz", "49"],
 }
 SUMMARY = re.compile(r"train: epochs=(\d+) steps=(\d+) launches=(\d+) .*?wall=([0-9.]+)s")
 

@@ -11,7 +11,11 @@ With ``--corpus`` it then sends the hostile-query corpus (``tests/hostile_corpus
 records, per attack: the outcome, how long it took, how long a plain ``run_sql("select 1")`` and
 ``get_trace_stats`` took right after, and the peak RSS of the server and its query workers above idle.
 
-    .venv/bin/python -m bench.sql_limits [--quick] [--baseline-src DIR] [--calls N] [--corpus]
+With ``--fairness N`` (issue 17) one client floods ``run_sql`` with N parallel queries that run to the 10 s limit,
+and 2 s later a second client sends ``select 1`` and ``get_trace_stats`` at once; it records how long each took
+(and the baseline tree's figures with ``--baseline-src``, which must read the generated DB).
+
+    .venv/bin/python -m bench.sql_limits [--quick] [--baseline-src DIR] [--calls N] [--corpus] [--fairness N]
 """
 
 from __future__ import annotations
@@ -225,12 +229,62 @@ def latency(db: Path, baseline: Path | None, calls: int, cli_runs: int) -> dict[
     return res
 
 
+SLOW_QUERY = "SELECT count(*) FROM range(1000000) a, range(1000000) b WHERE a.range + b.range = 7"
+
+
+async def _flooded(url: str, flood: int) -> dict[str, Any]:
+    """What a second client gets while a first floods run_sql with ``flood`` queries that run to the time limit."""
+    import anyio
+    from mcp import Client
+    from mcp.types import Implementation
+
+    out: dict[str, Any] = {}
+    answers: list[str] = []
+
+    async def one(c: Any) -> None:
+        r = await c.call_tool("run_sql", {"query": SLOW_QUERY})
+        answers.append(r.content[0].text[:80] if r.is_error else "ok")
+
+    async def flooder() -> None:
+        async with Client(url, read_timeout_seconds=120) as c, anyio.create_task_group() as tg:
+            for _ in range(flood):
+                tg.start_soon(one, c)
+
+    async def timed(c: Any, tool: str, args: dict[str, Any]) -> None:
+        t = time.perf_counter()
+        r = await c.call_tool(tool, args)
+        out[tool] = {"seconds": time.perf_counter() - t, "error": r.content[0].text[:160] if r.is_error else None}
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(flooder)
+        await anyio.sleep(2.0)  # the flood is running and queued
+        other = Implementation(name="another-assistant", version="1")
+        async with Client(url, read_timeout_seconds=120, client_info=other) as c, anyio.create_task_group() as both:
+            both.start_soon(timed, c, "run_sql", {"query": "SELECT 1"})
+            both.start_soon(timed, c, "get_trace_stats", {})
+        tg.cancel_scope.cancel()
+    out["flood_answers_by_then"] = sorted(set(answers))
+    return out
+
+
+def fairness(db: Path, baseline: Path | None, flood: int) -> dict[str, Any]:
+    """:func:`_flooded` on a fresh server of each tree."""
+    import anyio
+
+    res: dict[str, Any] = {"flood": flood, "slow_query": SLOW_QUERY}
+    for name, src in {"current": REPO, **({"baseline": baseline} if baseline else {})}.items():
+        with server(src, db) as (url, _):
+            res[name] = anyio.run(_flooded, url, flood)
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__)
     p.add_argument("--rows", type=int, default=None, help=f"cuda_calls rows to generate (default {ROWS:,})")
     p.add_argument("--calls", type=int, default=None, help=f"calls per query and tree (default {CALLS})")
     p.add_argument("--baseline-src", type=Path, default=None, help="source tree of the commit to compare with")
     p.add_argument("--corpus", action="store_true", help="also run the hostile-query corpus and record results")
+    p.add_argument("--fairness", type=int, default=0, metavar="N", help="also flood with N queries (issue 17)")
     args = p.parse_args(argv)
     rows = args.rows or (QUICK_ROWS if args.quick else ROWS)
     calls = args.calls or (QUICK_CALLS if args.quick else CALLS)
@@ -240,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         res.update(latency(db, args.baseline_src, calls, QUICK_CLI_RUNS if args.quick else CLI_RUNS))
         if args.corpus:
             res["corpus"] = run_corpus(db)
+        if args.fairness:
+            res["fairness"] = fairness(db, args.baseline_src, args.fairness)
     table = []
     for q_name, row in res["mcp_run_sql"].items():
         table.append(
@@ -259,6 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server + workers idle RSS: {res['server_idle_rss_bytes'] / 2**20:.0f} MiB")
     if "corpus" in res:
         print_corpus(res["corpus"])
+    for name in ("current", "baseline"):
+        f = res.get("fairness", {}).get(name)
+        if f:
+            took = ", ".join(
+                f"{k} {v['seconds']:.2f} s{' (' + v['error'] + ')' if v['error'] else ''}"
+                for k, v in f.items()
+                if k != "flood_answers_by_then"
+            )
+            print(f"second client during a flood of {res['fairness']['flood']} ({name}): {took}")
     print(f"wrote {write_result('sql_limits', res, args.out)}")
     return 0
 

@@ -42,6 +42,7 @@ from tracer.analysis.sqlpool import SqlPool, default_pool
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
 from tracer.analysis.stats import TraceStats, trace_stats
 from tracer.analysis.steps import StepSeries, step_series
+from tracer.analysis.thread_stacks import MODES, NoStacks, ThreadStacksResult, thread_stacks
 from tracer.analysis.waits import Waits, waits
 from tracer.errors import TracerError
 from tracer.schema import schema_markdown
@@ -74,7 +75,8 @@ Investigation order (each step says what its tool cannot see):
    ("[timer], 5.1 ms each"); compare_processes: processes or threads side by side. Cannot see steps of a loop
    that never waits for the GPU (it gets a per-second series) nor which code ran in a slow step.
 5. get_stacks(op): for the op a chain names, the code paths from the Python file:line to the CUDA call; coverage
-   says why calls have no stack. Cannot see code outside CUDA calls (CPU work, waits).
+   says why calls have no stack. Cannot see code outside CUDA calls (CPU work, waits): get_thread_stacks does,
+   on CPU (sampled) or blocked (exact, classified gil | lock | io | sleep | cuda | other), per thread.
 6. compare_traces(before=FILE): did a change work? This recording against another of the same workload
    (a .duckdb file next to it): steps/s, the training thread's parts, per-op deltas, chains gained or lost,
    each judged against the recordings' own noise.
@@ -362,6 +364,34 @@ def build_server(
                     f"unknown op {_echo(op)}; traced ops: {known}. Call get_stacks with one of those names."
                 ) from None
 
+    @mcp.tool(title="Where threads spend time outside CUDA calls", annotations=READ_ONLY)
+    def get_thread_stacks(
+        mode: Annotated[
+            str, Field(description="on-cpu: where CPU time went (samples); off-cpu: where threads blocked (exact).")
+        ] = "off-cpu",
+        pid: Annotated[int | None, Field(description="Only this process.")] = None,
+        tid: Annotated[int | None, Field(description="Only this thread (e.g. a chain's tid).")] = None,
+        limit: Annotated[int, Field(description="Most stacks to return (1-100).", ge=1, le=100)] = 10,
+    ) -> ThreadStacksResult:
+        """Stacks of the job's threads outside the moments of their CUDA calls, most time first: on CPU (perf
+        samples at session.sample_hz, every thread of the job) or blocked (every blocking switch, exact ns).
+
+        Per stack: thread (its OS name, else 'thread TID (hottest function, file:line)'), site (innermost user
+        Python line), ms, share of the thread's time in that mode, and frames outermost first. Off-CPU stacks
+        carry the sleep state (S | D) and what they wait in: gil (CPython's interpreter lock), lock
+        (threading.Lock, queues), io (disk, fsync), sleep, cuda (inside a call), other (pipes, sockets). Use it
+        for time the breakdown shows outside calls (cpu, blocked) and chains name by line (gil_contention,
+        blocking_io, host_python). Next: get_stacks(op) for code paths into a CUDA op.
+        """
+        if mode not in MODES:
+            raise ToolError(f"unknown mode {_echo(mode)}; use one of {', '.join(MODES)}.")
+        with conn() as c:
+            _check(c, pid=pid, tid=tid)
+            try:
+                return thread_stacks(c, mode, pid=pid, tid=tid, limit=limit)
+            except NoStacks as e:
+                raise ToolError(f"{e}: use get_time_breakdown and get_waits instead.") from None
+
     # run_sql's own threads: its calls block while they wait for a query worker, and on anyio's shared
     # 40-thread pool 45 of them made every other tool wait behind them (issue 17)
     sql_threads = anyio.CapacityLimiter(SQL_THREADS)
@@ -415,8 +445,8 @@ Use the cuda-host-tracer tools in this order, and before concluding, say what ea
 2. get_time_breakdown: where the training thread's time went, part by part (on CPU, launching, waiting for the
    GPU, waiting for a CPU and who held it, blocked and who woke it). It cannot see the GPU's own work nor which
    code ran on the CPU.
-3. get_causal_chains: the causes, ranked by the share of that time each cost, with culprits and fixes. It names
-   only causes it has a detector for: a large part of the breakdown that no chain explains is still to explain.
+3. get_causal_chains: the causes, ranked by the share of that time each cost, with culprits and fixes. It cannot
+   see a cause it has no detector for: a large part of the breakdown that no chain explains is still to explain.
    A distributed job: get_ranks for the straggler rank.
 4. get_step_series: the step times, the slow steps and their period ("every 40th step: +54 ms") and what the
    slow steps spent their extra time on; get_waits for the waits by waker and length; compare_processes for
@@ -435,12 +465,15 @@ time buckets, the microsecond timeline around a stall, per-PID scheduling, mallo
 
 Read the trace://schema resource for tables and columns. Timestamps are ns since session start
 (ts_ns // 10000000000 buckets by 10 s); durations are ns. Writes, several statements, file or network access,
-ATTACH, COPY, SET, PRAGMA and INSTALL/LOAD are refused; EXPLAIN [ANALYZE] only of a SELECT.
+ATTACH, COPY, SET, PRAGMA and INSTALL/LOAD are refused; EXPLAIN [ANALYZE] only of a SELECT; so are the server's
+settings and paths (duckdb_settings, current_setting, duckdb_databases) and query()/query_table().
 
 Limits per query: {SQL_TIMEOUT_S:g} s of wall clock (a query still running then is stopped, even inside one long
-function call); {LIMITS.memory_bytes >> 20} MiB of memory; about {SQL_ROWS_BYTES >> 10} KiB of rows per reply, \
-past which truncated is true and note says so (page with LIMIT/OFFSET, or aggregate); text values cut at \
-{LIMITS.value_chars:,} characters. A stopped query never affects the next call."""
+function call); {LIMITS.memory_bytes >> 20} MiB of memory; about {SQL_ROWS_BYTES >> 10} KiB of rows per reply \
+(column names count too), past which truncated is true and note says so (page with LIMIT/OFFSET, or aggregate); \
+text values cut at {LIMITS.value_chars:,} characters. A stopped query never affects the next call. Calls from one \
+client run one at a time (the other query worker stays free for other clients); a few more wait, beyond that they \
+are refused."""
 
 
 def sql_client(ctx: Context | None) -> str | None:

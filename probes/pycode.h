@@ -26,12 +26,13 @@ BPF_RINGBUF_OUTPUT(codes_rb, CODES_RB_PAGES);
 
 struct code_key {
     u32 pid;
-    u32 _pad;
+    u32 gen; /* the process's exec_gen (pyframes.h): its image */
     u64 code;
 };
-/* key: (tgid, code object address) read for that process; value: 1. LRU: 65536 code objects is far more than a
- * training job runs; an evicted one is read again. */
-BPF_TABLE("lru_hash", struct code_key, u8, seen_code, 65536);
+/* key: (tgid, its image, code object address) read for that process; value: the object's fingerprint when read
+ * (code_fingerprint). LRU: 65536 code objects is far more than a training job runs; an evicted one is read
+ * again. */
+BPF_TABLE("lru_hash", struct code_key, u64, seen_code, 65536);
 
 /* New code objects of the stack just captured, read by py_read_codes (tail call) on the same CPU. */
 struct code_pending {
@@ -42,6 +43,19 @@ struct code_pending {
     u64 codes[CODE_PENDING_MAX];
 };
 BPF_PERCPU_ARRAY(code_pending, struct code_pending, 1);
+
+/* What tells two code objects at one address apart: its file name object and first line. A code object dies and
+ * its address is reused (the "<string>" code site.py execs for a .pth line, then the main script's functions):
+ * with stacks captured from the first instruction on (off CPU, samples), a frame would otherwise keep the name
+ * of the dead object read at that address. Never 0. */
+static __always_inline u64 code_fingerprint(struct py_cfg *cfg, u64 code)
+{
+    u64 fn = 0;
+    s32 first = 0;
+    read_user(&fn, sizeof(fn), (void *)(code + cfg->co_filename));
+    read_user(&first, sizeof(first), (void *)(code + cfg->co_firstlineno));
+    return (fn ^ ((u64)(u32)first << 48)) | 1;
+}
 
 /* Queue the stack's code objects this process has not shown before (up to CODE_PENDING_MAX); return how many.
  * The count lives in the map value, not in a register: a register count makes the verifier track every (frame,
@@ -55,17 +69,25 @@ static __always_inline u32 queue_new_codes(struct stack_event *se, u32 tgid)
     p->pid = tgid;
     p->n = 0;
     p->done = 0;
-    u8 one = 1;
+    struct py_cfg *cfg = pycfg.lookup(&tgid);
+    if (!cfg)
+        return 0;
+    u32 *g = exec_gen.lookup(&tgid);
+    u32 gen = g ? *g : 0;
     for (int i = 0; i < MAX_PY_FRAMES; i++) {
         if (i >= se->n_py)
             break;
-        struct code_key k = {.pid = tgid, .code = se->frames[i].code};
-        if (!k.code || seen_code.lookup(&k))
+        struct code_key k = {.pid = tgid, .gen = gen, .code = se->frames[i].code};
+        if (!k.code)
+            continue;
+        u64 fp = code_fingerprint(cfg, k.code);
+        u64 *seen = seen_code.lookup(&k);
+        if (seen && *seen == fp)
             continue;
         u32 n = p->n;
         if (n >= CODE_PENDING_MAX)
             break;
-        seen_code.update(&k, &one);
+        seen_code.update(&k, &fp);
         p->codes[n & (CODE_PENDING_MAX - 1)] = k.code;
         p->n = n + 1;
     }
@@ -88,7 +110,8 @@ static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
 {
     struct code_event *e = codes_rb.ringbuf_reserve(sizeof(struct code_event));
     if (!e) {
-        struct code_key k = {.pid = tgid, .code = code};
+        u32 *g = exec_gen.lookup(&tgid);
+        struct code_key k = {.pid = tgid, .gen = g ? *g : 0, .code = code};
         seen_code.delete(&k); /* read it at the next capture instead */
         count_lost(LOST_CODES);
         return;

@@ -68,6 +68,11 @@ struct py_cfg {
 /* key: tgid; value: that process's interpreter layout; PYCFG_MAX_PROCS: one per traced Python process (workers
  * included). Written by user space on attach/exec, copied by pycfg_on_fork, deleted on exit and exec. */
 BPF_HASH(pycfg, u32, struct py_cfg, PYCFG_MAX_PROCS);
+/* key: tgid; value: how many times it exec'd while traced. Part of the key of the code objects a process has
+ * shown (pycode.h seen_code), so that an image's code objects are read again after an exec: the launched command
+ * is a copy of the recorder until it execs, and its new image reuses the old one's addresses (a frame then read
+ * as the recorder's "<string> <module>"). PYCFG_MAX_PROCS: one per traced Python process. */
+BPF_HASH(exec_gen, u32, u32, PYCFG_MAX_PROCS);
 
 /* The TSS lookup, glibc x86_64 (2.27-2.38): pthread_getspecific(key) reads
  * key < 32:  ((struct pthread *)fs)->specific_1stblock[key].data              = fs + spec1 + key*16 + 8
@@ -211,12 +216,16 @@ static __always_inline void pycfg_on_fork(u32 parent_tgid, u32 child_tgid)
 static __always_inline void pycfg_on_exit(u32 tgid)
 {
     pycfg.delete(&tgid);
+    exec_gen.delete(&tgid);
 }
 
 /* Exec: new image, new layout (or no Python); user space recomputes it. */
 static __always_inline void pycfg_on_exec(u32 tgid)
 {
     pycfg.delete(&tgid);
+    u32 *g = exec_gen.lookup(&tgid);
+    u32 next = g ? *g + 1 : 1;
+    exec_gen.update(&tgid, &next);
 }
 
 #endif /* CHT_PYFRAMES_H */

@@ -409,11 +409,20 @@ def evaluate(attack: Attack, result: Any, seconds: float) -> Outcome:
     )
 
 
-async def call(url: str, tool: str, args: dict[str, Any], timeout_s: float = 120.0) -> tuple[Any, float]:
-    """Call one tool through the real MCP SDK client in a fresh session; return (result, seconds of the call)."""
-    from mcp import Client
+async def call(
+    url: str, tool: str, args: dict[str, Any], timeout_s: float = 120.0, client: str | None = None
+) -> tuple[Any, float]:
+    """Call one tool through the real MCP SDK client in a fresh session; return (result, seconds of the call).
 
-    async with Client(url, read_timeout_seconds=timeout_s) as c:
+    Args:
+        client: the client software's name it declares (clientInfo); run_sql's fair queue tells sessionless
+            clients apart by it. None: the SDK's default, the same for every call.
+    """
+    from mcp import Client
+    from mcp.types import Implementation
+
+    info = Implementation(name=client, version="1") if client else None
+    async with Client(url, read_timeout_seconds=timeout_s, client_info=info) as c:
         t = time.perf_counter()
         r = await c.call_tool(tool, args)
         return r, time.perf_counter() - t

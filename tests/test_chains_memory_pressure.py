@@ -103,3 +103,26 @@ def test_lock_waits_ended_by_a_timer_count(tmp_path):
     # THEN the storm thread woke it half as often, and its lock waits are the same: the cost does not move
     assert ch.evidence.woken_by_culprit_ms == 6_000.0 and ch.evidence.lock_waits_ms == 12_000.0
     assert ch.share == pytest.approx(18_000 / 59_998.3, abs=1e-3)
+
+
+def test_a_file_writes_page_cache_is_not_a_fault_storm(tmp_path):
+    # GIVEN the fault storm's thread, except that its pages went to the page cache: a checkpoint's write() (issue 18:
+    # 3.7 GiB of a synchronous checkpoint's page cache read as HIGH memory_pressure)
+    b = builder("fault_storm")
+    b.write(tmp_path / "t.duckdb")
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as con:
+        con.execute("UPDATE thread_breakdown SET page_cache_bytes = page_alloc_bytes WHERE tid = ?", [STORM_TID])
+    # WHEN chains are computed; THEN no fault storm (its allocations are the file's)
+    with open_trace(tmp_path / "t.duckdb") as c:
+        chains = compute_chains(c, limit=100).chains
+    assert not [x for x in chains if x.category == CATEGORY and x.evidence.trigger == "fault_storm"]
+    # and with a third of them page cache, the storm is still one, of the other two thirds
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as con:
+        con.execute("UPDATE thread_breakdown SET page_cache_bytes = page_alloc_bytes // 3 WHERE tid = ?", [STORM_TID])
+    with open_trace(tmp_path / "t.duckdb") as c:
+        (ch,) = [x for x in compute_chains(c, limit=100).chains if x.category == CATEGORY]
+    mine = sum(m["page_alloc_bytes"] for m in b.memory if m["tid"] == STORM_TID)
+    assert ch.evidence.trigger == "fault_storm"
+    assert ch.evidence.storm_threads[0].page_alloc_bytes == pytest.approx(mine - mine // 3, rel=1e-3)

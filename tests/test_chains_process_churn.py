@@ -74,3 +74,16 @@ def test_the_baseline_leaves_out_edge_seconds_and_the_first_start():
     rows |= {6: (S, 200 * MS), 7: (S, 900 * MS)}
     got = _baseline(_subject(rows, 1_900 * MS, 9 * S), waves, [(7_200 * MS, 9_200 * MS, 1)])
     assert got == pytest.approx((500 + 500 + 200) / 3000)
+
+
+def test_time_in_calls_within_a_window_clips_the_edge_calls():
+    # GIVEN calls [10, 20), [30, 40), [50, 60) of one thread (sorted, non-overlapping)
+    import numpy as np
+
+    from tracer.analysis.chains.process_churn import _overlap
+
+    starts, ends = np.array([10, 30, 50]), np.array([20, 40, 60])
+    prefix = np.concatenate(([0], np.cumsum(ends - starts)))
+    # THEN a window counts only what lies inside it, whole or cut at either edge
+    cases = {(0, 100): 30, (15, 55): 5 + 10 + 5, (20, 30): 0, (32, 38): 6, (0, 10): 0, (60, 70): 0, (35, 52): 7}
+    assert {w: _overlap(starts, ends, prefix, *w) for w in cases} == cases

@@ -36,7 +36,7 @@ def test_stats_groups_the_respawned_workers(churn, capsys):
     rows = [line for line in out.splitlines() if line.startswith(("python3", "pt_data_worker"))]
     # process_churn: the main process and 6 epochs x 4 workers
     assert len(rows) == 2 and " 24 " in rows[1] and "20 exited" in rows[1]  # the last epoch's 4 outlive it
-    assert "25 processes grouped by (comm, role); one row each: tracer stats --all" in " ".join(out.split())
+    assert "processes grouped by (comm, parent, role, rank); one row each: tracer stats --all" in " ".join(out.split())
 
 
 def test_stats_all_has_a_row_per_process(churn, capsys):

@@ -36,6 +36,10 @@ STRUCTS = {
     "op_key": "op_key",
     "op_total": "op_total",
     "hist_key": "hist_key",
+    "offcpu_key": "offcpu_key",
+    "offcpu_val": "offcpu_val",
+    "sample_key": "sample_key",
+    "sample_val": "sample_val",
 }
 LAYOUT_PROGRAM = (
     '#include "common.h"\n'
@@ -59,6 +63,10 @@ FIXED = [
     ("op_key", events.OP_KEY_DTYPE),
     ("op_total", events.OP_TOTAL_DTYPE),
     ("hist_key", events.HIST_KEY_DTYPE),
+    ("offcpu_key", events.OFFCPU_KEY_DTYPE),
+    ("offcpu_val", events.OFFCPU_VAL_DTYPE),
+    ("sample_key", events.SAMPLE_KEY_DTYPE),
+    ("sample_val", events.SAMPLE_VAL_DTYPE),
 ]
 
 

@@ -13,14 +13,15 @@ import time
 import pytest
 
 from tests.support.need import need_module, need_root
+from tracer import procfs
 from tracer.recorder import guardian
 
 pytestmark = pytest.mark.bpf
 
 
 def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+    st = procfs.stat(pid)
+    return "?" if st is None else st.state
 
 
 def test_release_continues_every_held_process_and_empties_the_map() -> None:

@@ -27,6 +27,8 @@ import pytest
 from hostile_corpus import call
 from tracedb import build
 
+from tracer import procfs
+
 REPO = Path(__file__).resolve().parent.parent
 RECORDER = """
 import shutil, sys, time
@@ -52,22 +54,11 @@ def free_port() -> int:
 
 
 def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return procfs.is_alive(pid)
 
 
 def children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split() if d.name.isdigit() else []
-        except OSError:
-            continue
-        if fields and int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(d.name))
-    return out
+    return procfs.children(pid)
 
 
 def wait_gone(pid: int, timeout_s: float) -> float | None:

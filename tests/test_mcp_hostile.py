@@ -29,6 +29,9 @@ import pytest
 from hostile_corpus import ATTACKS, Attack, RssSampler, arguments, call, evaluate, liveness, tree_rss_bytes
 from tracedb import build
 
+from tests.support.serving import wait_healthy
+from tracer import procfs
+
 REPO = Path(__file__).resolve().parent.parent
 LIVE_S = 2.0  # the bound for the calls after an attack
 RSS_ABOVE_IDLE = 1 << 30
@@ -91,16 +94,7 @@ def serve(db: Path, listen: str, env: dict[str, str] | None = None) -> Iterator[
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
+        wait_healthy(proc, base)
         yield Server(proc, base)
     finally:
         workers = descendants(proc.pid)
@@ -120,10 +114,8 @@ def serve(db: Path, listen: str, env: dict[str, str] | None = None) -> Iterator[
 
 
 def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
+    st = procfs.stat(pid)
+    return "Z" if st is None else st.state
 
 
 @pytest.fixture(scope="module")
@@ -225,18 +217,18 @@ def test_request_body_limit(server: Server):
 
 
 def test_concurrent_slow_queries_then_answers(server: Server):
-    # two queries DuckDB cannot interrupt, at once: both workers busy, both killed, both replaced
+    # two queries DuckDB cannot interrupt, at once from two clients: both workers busy, both killed, both replaced
     levenshtein = {"query": "SELECT levenshtein(repeat('a', 100000), repeat('b', 100000))"}
 
     async def both() -> list[object]:
         results: list[object] = []
 
-        async def one() -> None:
-            results.append((await call(server.url, "run_sql", levenshtein))[0])
+        async def one(client: str) -> None:
+            results.append((await call(server.url, "run_sql", levenshtein, client=client))[0])
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(one)
-            tg.start_soon(one)
+            tg.start_soon(one, "assistant-1")
+            tg.start_soon(one, "assistant-2")
         return results
 
     results = anyio.run(both)

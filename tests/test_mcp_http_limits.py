@@ -31,6 +31,8 @@ from tracedb import build
 
 from mcp_server.server import build_server
 from mcp_server.sessions import SessionLimits
+from tests.support.serving import wait_healthy
+from tracer import procfs
 
 REPO = Path(__file__).resolve().parent.parent
 INIT = {
@@ -198,16 +200,7 @@ def server(db: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     proc = subprocess.Popen([sys.executable, "-c", SERVE, str(db), str(port)], cwd=REPO, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
+        wait_healthy(proc, base)
         yield proc, base
     finally:
         if proc.poll() is None:
@@ -220,15 +213,7 @@ def rss(pid: int) -> int:
 
 
 def children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split() if d.name.isdigit() else []
-        except OSError:
-            continue
-        if fields and int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(d.name))
-    return out
+    return procfs.children(pid)
 
 
 def test_a_flood_of_sessions_leaves_room_for_other_clients(db: Path):
@@ -329,10 +314,7 @@ def test_sigterm_stops_within_a_second_with_a_query_in_flight(db: Path):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return procfs.is_alive(pid)
 
 
 # -- compare_traces and symlinks ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from tracedb import MAIN_PID, SCENARIOS, build, builder
 
 from mcp_server.http import build_app, parse_listen
 from mcp_server.server import build_server
+from tests.support.serving import TOOLS
 from tracer.analysis.breakdown import time_breakdown
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.db import open_trace
@@ -30,19 +31,6 @@ from tracer.analysis.sql import run_sql
 from tracer.analysis.stacks import top_stacks
 from tracer.analysis.stats import trace_stats
 from tracer.errors import UsageError
-
-TOOLS = {
-    "get_trace_stats",
-    "get_causal_chains",
-    "get_time_breakdown",
-    "get_ranks",
-    "get_stacks",
-    "get_step_series",
-    "get_waits",
-    "compare_processes",
-    "run_sql",
-    "compare_traces",
-}
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """tracer.analysis.sqlpool: queries run in worker processes that are killed at the wall clock, fail cleanly at the
-memory limit, are replaced, and never outlive the process that started them (issue 11).
+memory limit, are replaced, and never outlive the process that started them (issue 11); a worker's DuckDB cannot
+write a file whatever statement reaches it, and clients share the workers fairly (issue 17).
 
 Time bounds here are liveness checks with generous margins (a killed query must not run for its natural 20+ s),
 not benchmarks.
@@ -7,6 +8,7 @@ not benchmarks.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -16,11 +18,17 @@ import threading
 import time
 from pathlib import Path
 
+import duckdb
 import pytest
 from tracedb import build
 
+from tracer import procfs
+from tracer.analysis.db import READ_CONFIG
 from tracer.analysis.sql import QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
+from tracer.analysis.sqllimits import MiB
 from tracer.analysis.sqlpool import SqlPool
+from tracer.analysis.sqlqueue import LOCAL_CLIENT, FairShare
+from tracer.analysis.sqlworker import open_query_db, query_db_config
 from tracer.errors import StoreError
 
 LEVENSHTEIN = "SELECT levenshtein(repeat('a', 100000), repeat('b', 100000))"  # ~20 s of one scalar call
@@ -41,12 +49,7 @@ def pool():
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state != "Z"
+    return procfs.is_alive(pid)
 
 
 def test_ordinary_query_and_worker_reuse(pool, db):
@@ -188,3 +191,160 @@ def test_custom_limits(db):
         assert r.truncated and r.rows[0][0] == "ababababab…[cut: 30 more characters]" and "2,000 bytes" in r.note
     finally:
         pool.close()
+
+
+# -- issue 17: no file writes from SQL, whatever the statement check lets through ------------------------------
+def _disk(p: Path) -> tuple[str, list[tuple[str, int]]]:
+    return hashlib.sha256(p.read_bytes()).hexdigest(), sorted((x.name, x.stat().st_size) for x in p.parent.iterdir())
+
+
+def _writes(p: Path) -> list[str]:
+    """Statements that write files or state, as a bypass of the statement check would send them."""
+    d = p.parent
+    return [
+        f"COPY (SELECT 'pwned' AS g) TO '{p}' (HEADER false, USE_TMP_FILE false)",
+        f"COPY (SELECT 'pwned' AS g) TO '{p}.wal' (HEADER false)",
+        f"COPY (SELECT repeat('x', 1000) FROM range(1000)) TO '{d}/fill.csv'",
+        f"EXPORT DATABASE '{d}/export'",
+        f"ATTACH '{d}/new.duckdb' AS pwn",
+        "INSERT INTO meta VALUES ('pwn', 'x')",
+        "CREATE TABLE pwn AS SELECT 1 AS a",
+        "CREATE PERSISTENT SECRET pwn (TYPE s3, KEY_ID 'a', SECRET 'b')",
+        "SET enable_external_access = true",
+        "SET disabled_filesystems = ''",
+        "INSTALL httpfs",
+        "CHECKPOINT",
+        "VACUUM",
+    ]
+
+
+def test_a_plain_read_only_connection_writes(tmp_path):
+    # the hole this hardening closes: read_only and enable_external_access=false still let COPY overwrite the DB
+    # (DuckDB allows its own files), which is what the regex-bypass did to a served recording
+    p = tmp_path / "t.duckdb"
+    build("healthy", p)
+    before = _disk(p)
+    with duckdb.connect(str(p), read_only=True, config=dict(READ_CONFIG)) as c:
+        c.execute(_writes(p)[0])
+    assert _disk(p) != before and p.stat().st_size < 100
+
+
+def test_worker_connection_cannot_write(tmp_path):
+    # GIVEN a query worker's connection on a trace DB, used with no statement check at all
+    p = tmp_path / "t.duckdb"
+    build("healthy", p)
+    before = _disk(p)
+    conn = open_query_db(p, query_db_config(SqlLimits()))
+    try:
+        # WHEN every kind of write is sent straight to DuckDB
+        for q in _writes(p):
+            try:
+                conn.execute(q)
+            except duckdb.Error:
+                pass
+        # THEN it still reads the DB
+        assert conn.execute("SELECT count(*) FROM session").fetchall() == [(1,)]
+    finally:
+        conn.close()
+    # AND the DB's bytes and its directory are as before: nothing written, nothing created
+    assert _disk(p) == before
+
+
+def test_no_spilling_to_disk(tmp_path, monkeypatch):
+    # GIVEN a worker connection with a small memory limit, temp files pointed at an empty directory
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    p = tmp_path / "t.duckdb"
+    build("healthy", p)
+    conn = open_query_db(p, query_db_config(SqlLimits(duckdb_memory_bytes=64 * MiB)))
+    try:
+        # WHEN a sort needs more than the limit  THEN it fails for memory: it never spills
+        with pytest.raises(duckdb.OutOfMemoryException):
+            conn.execute("SELECT sum(x) FROM (SELECT i AS x FROM range(20000000) t(i) ORDER BY random())").fetchall()
+    finally:
+        conn.close()
+    assert not any((tmp_path / "tmp").iterdir()) and sorted(x.name for x in tmp_path.iterdir()) == ["t.duckdb", "tmp"]
+
+
+def test_no_state_outlives_a_call(pool, db):
+    # a fresh cursor per call: what one statement sets is gone by the next call on the same worker
+    assert pool.run(db, "SELECT getvariable('pwn') AS v").rows == [[None]]
+    conn = open_query_db(db, query_db_config(SqlLimits()))
+    try:
+        from tracer.analysis.sql import execute
+
+        conn.execute("SET VARIABLE pwn = 'attacker'")  # on the worker's own connection, as a bypass would
+        assert conn.execute("SELECT getvariable('pwn')").fetchall() == [("attacker",)]
+        assert execute(conn, "SELECT getvariable('pwn') AS v").rows == [[None]]
+    finally:
+        conn.close()
+
+
+def test_oversized_answer_is_not_called_a_crash(pool, db):
+    # an answer past what the reply cap allows is dropped and said so, not reported as out of memory
+    w = pool._acquire(time.monotonic() + 30, "t")
+    try:
+        with pytest.raises(SqlError) as e:
+            req = {"db": str(db), "query": "SELECT repeat('x', 5000) AS s", "limit": 10, "timeout_s": 10.0}
+            pool._ask(w, {**req, "reply_bytes": 1 << 20, "value_chars": 16_384}, 10.0, max_bytes=1000)
+    finally:
+        pool._done("t")
+    assert "passed 1,000 bytes" in e.value.message and "crashed" not in e.value.message
+    assert not isinstance(e.value, QueryOutOfMemory)
+    assert pool.run(db, "SELECT 1").rows == [[1]]
+
+
+# -- issue 17: fairness between clients ------------------------------------------------------------------------
+def test_fair_share_round_robin_and_caps():
+    share = FairShare(per_client=2, max_waiting=3)
+    a = [share.enter("a") for _ in range(3)]
+    b = share.enter("b")
+    # a's oldest goes first; then b, which runs nothing, before a's second
+    assert share.next_up() is a[0]
+    share.grant(a[0])
+    assert share.next_up() is b
+    share.grant(b)
+    assert share.next_up() is a[1]
+    share.grant(a[1])
+    # a holds its share of two: its third waits even with workers free, until one of a's finishes
+    assert share.next_up() is None
+    share.done("a")
+    assert share.next_up() is a[2]
+
+
+def test_fair_share_bounds_the_queue_of_a_named_client():
+    share = FairShare(per_client=1, max_waiting=2)
+    share.enter("a"), share.enter("a")
+    with pytest.raises(SqlError, match="already running or waiting"):
+        share.enter("a")
+    share.enter("b")  # another client is not affected
+    for _ in range(5):  # the process's own caller (tracer sql, tests) waits for as many as it sends
+        share.enter(None)
+    assert sum(t.client == LOCAL_CLIENT for t in share.waiting) == 5
+
+
+def test_second_client_answers_while_one_saturates(pool, db):
+    # GIVEN client a sends two queries that run to their 2 s limit, at once
+    slow = "SELECT count(*) FROM range(1000000) a, range(1000000) b WHERE a.range + b.range = 7"
+    done: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    def run_a(i: int) -> None:
+        try:
+            pool.run(db, slow, timeout_s=2.0, client="a")
+        except QueryTimeout:
+            done[f"a{i}"] = time.monotonic() - t0
+
+    ths = [threading.Thread(target=run_a, args=(i,)) for i in range(2)]
+    for t in ths:
+        t.start()
+    time.sleep(0.5)
+    # WHEN client b asks for a trivial query
+    t = time.monotonic()
+    assert pool.run(db, "SELECT 1", client="b").rows == [[1]]
+    # THEN b answers at once: a holds one of the two workers, never both
+    assert time.monotonic() - t < 2.0
+    for th in ths:
+        th.join(30)
+    # AND a's queries ran one after the other
+    assert len(done) == 2 and max(done.values()) - min(done.values()) > 1.5, done

@@ -87,3 +87,12 @@ def environ(pid: int) -> dict[str, str] | None:
         if sep and key:
             out[key.decode(errors="replace")] = value.decode(errors="replace")
     return out
+
+
+def children(pid: int) -> list[int]:
+    """Return the living (not zombie) child processes of ``pid``, in pid order (one scan of /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := stat(entry)) is not None and st.ppid == pid and not st.zombie:
+            out.append(int(entry))
+    return sorted(out)

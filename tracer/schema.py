@@ -195,9 +195,14 @@ TABLES: tuple[Table, ...] = (
         ("pid", "INTEGER", "blocked thread's process id"),
         ("tid", "INTEGER", "blocked thread"),
         ("in_call", "BOOLEAN", "true when the thread was blocked inside a CUDA call"),
-        ("waker_pid", "INTEGER", "process of the waking task (0: an interrupt or the idle task)"),
+        ("waker_pid", "INTEGER", "process of the waking task (0: an interrupt, the idle task, or no waker seen)"),
         ("waker_tid", "INTEGER", "waking thread"),
-        ("waker_comm", "VARCHAR", "its name"),
+        (
+            "waker_comm",
+            "VARCHAR",
+            "its name; pid 0: the interrupt's kind [timer] [block] [net] [softirq] [irq], [idle], or [unseen] (the "
+            "thread became runnable with no wakeup the probes saw)",
+        ),
         ("wakeups", "BIGINT", "wakeups of the thread by that waker"),
         ("blocked_ns", "BIGINT", "blocked time that those wakeups ended"),
     ),
@@ -267,9 +272,19 @@ TABLES: tuple[Table, ...] = (
         ("runq_ns", "BIGINT", "of dur_ns, time runnable but waiting for a CPU"),
         ("preempted_by_pid", "INTEGER", "process that held the CPU until the thread got it back (NULL: no wait)"),
         ("preempted_by_comm", "VARCHAR", "its name"),
-        ("waker_pid", "INTEGER", "for a blocked interval, the process that woke the thread (NULL: preempted)"),
+        (
+            "waker_pid",
+            "INTEGER",
+            "for a blocked interval, the process that woke the thread (0: an interrupt; NULL: preempted, or no "
+            "waker seen)",
+        ),
         ("waker_tid", "INTEGER", "the waking thread"),
-        ("waker_comm", "VARCHAR", "its name"),
+        (
+            "waker_comm",
+            "VARCHAR",
+            "its name, or an interrupt's kind as in thread_wakers; [unseen] for a blocked interval whose wakeup the "
+            "probes did not see",
+        ),
         ("in_call", "BOOLEAN", "true when a CUDA call was in flight on the thread"),
     ),
     _t(
@@ -382,7 +397,7 @@ TABLES: tuple[Table, ...] = (
             "category",
             "VARCHAR",
             "cpu_contention | sync_stall | allocation_churn | process_churn | memory_pressure | dataloader_starvation "
-            "| launch_bound | gpu_bound | straggler_rank",
+            "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python",
         ),
         ("start_ns", "BIGINT", "start of the affected time range"),
         ("end_ns", "BIGINT", "end"),

@@ -24,14 +24,20 @@ WAKER_KINDS: dict[int, str] = {1: TIMER_WAKER, 2: SOFTIRQ_WAKER, 3: IRQ_WAKER, 4
 # pid 0 outside any handler the probes saw: the idle task (a recording made before handlers were told apart
 # names it swapper/N, by CPU)
 IDLE_WAKER = "[idle]"
-INTERRUPT_WAKERS: frozenset[str] = frozenset({*WAKER_KINDS.values(), IDLE_WAKER})
+# a blocked thread that became runnable with no wakeup the probes saw (a wakeup that raced its own switch-out):
+# thread_wakers had pid 0 with an empty name ("?" in the breakdown), sched a NULL waker
+UNSEEN_WAKER = "[unseen]"
+INTERRUPT_WAKERS: frozenset[str] = frozenset({*WAKER_KINDS.values(), IDLE_WAKER, UNSEEN_WAKER})
 
 
 def waker_name(pid: int | None, comm: str | None) -> str:
-    """Return the one name of a waker: its comm, or for pid 0 the interrupt kind (:data:`INTERRUPT_WAKERS`)."""
+    """Return the one name of a waker: a task's comm; for pid 0 (or none) the interrupt's kind, the idle task,
+    or :data:`UNSEEN_WAKER` when no waker was seen."""
     if pid:
         return comm or "?"
-    return comm if comm in INTERRUPT_WAKERS else IDLE_WAKER
+    if comm in INTERRUPT_WAKERS:
+        return comm
+    return IDLE_WAKER if comm else UNSEEN_WAKER
 
 
 # -- whose a task was, seen from the thread it kept waiting or woke ------------------------------------------------

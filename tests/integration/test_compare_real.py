@@ -100,43 +100,55 @@ def test_mcp_compare_traces_on_real_recordings(pair, tmp_path, capsys):
 
 
 # Issue 20's pair: 1 ms of host work and 1 ms of GPU work per step, 10 launches: ~4,000 launches/s once the host
-# stops waiting, which the default overhead budget duty-cycles (the issue saw sampled_fraction 0.22)
+# stops waiting, which the default overhead budget duty-cycles (the issue saw sampled_fraction 0.22). On a shared
+# host two runs of one loop can differ by 2x (measured: 320 and 632 steps/s, the first spending 54% of its time
+# waiting for other tenants' CPU), so each verdict is checked against the workload's own step counts, not against
+# the change the options were meant to make.
 FAST = ["--duration", "20", "--host-ms", "1", "--kernel-us", "1000", "--launches", "10", "--sync", "memcpy"]
 FAST_EVERY = 20
+CLEAR_CHANGE_PCT = 30  # a true change this large must be beyond noise
+SYNC_EVERY = {"before": 1, "after": FAST_EVERY, "rerun": FAST_EVERY}
 
 
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory):
     """Record the fast loop reading the loss every step, then every 20 steps twice, with the default budget."""
-    every = ["--sync-every", str(FAST_EVERY)]
-    variants = {"before": [], "after": every, "rerun": every}
+    variants = {name: ["--sync-every", str(every)] for name, every in SYNC_EVERY.items()}
     return record_loops(tmp_path_factory.mktemp("compare_fast"), FAST, variants, timeout=180)
 
 
-def _true_steps_per_s(counts, loop_s: float) -> float:
-    """The workload's own steps (its launches / 10, every launch counted by the stand-in library) per second of the
-    recorded loop (every step happens inside it)."""
-    return expected_ops(counts)["cudaLaunchKernel"] / 10 / loop_s
-
-
-def test_a_duty_cycled_fix_is_beyond_noise_and_near_the_truth(fast, capsys):
-    before, after = fast["before"][0], fast["after"][0]
-    # GIVEN the issue's pair recorded with the default overhead budget; WHEN compared
-    assert main(["compare", str(before), str(after), "--json"]) == 0
+def _agrees_with_the_truth(fast, before: str, after: str, capsys) -> dict:
+    """Compare two of the recordings; assert that steps/s is the workload's own on both sides (its launches / 10,
+    every launch counted by the stand-in library, over the recorded loop) within 15%, and that the verdict agrees
+    with the true change: beyond noise with its sign when it is CLEAR_CHANGE_PCT or more, never the wrong sign.
+    Return the comparison."""
+    assert main(["compare", str(fast[before][0]), str(fast[after][0]), "--json"]) == 0
     c = json.loads(capsys.readouterr().out)
     st = c["steps"]
+    truth = {}
+    for side, name in (("before", before), ("after", after)):
+        # a step of the comparison: 10 launches, or one wait when both sides wait as often (then 1 or 20 steps)
+        per_step = 10 if st["launches_per_step"] is not None else 10 * SYNC_EVERY[name]
+        truth[side] = expected_ops(fast[name][1])["cudaLaunchKernel"] / per_step / c[side]["loop_s"]
+        assert st[side]["steps_per_s"] == pytest.approx(truth[side], rel=0.15), (side, truth, st)
+    true_pct = 100 * (truth["after"] / truth["before"] - 1)
+    if abs(true_pct) >= CLEAR_CHANGE_PCT:
+        assert st["noise"]["verdict"] == "beyond_noise", (true_pct, st)
+    if st["noise"]["verdict"] == "beyond_noise":
+        assert (st["delta_pct"] > 0) == (true_pct > 0), (true_pct, st)
+    return c
+
+
+def test_a_duty_cycled_fix_is_counted_from_its_waits_and_judged_against_the_truth(fast, capsys):
+    # GIVEN the issue's pair recorded with the default overhead budget; WHEN compared
+    c = _agrees_with_the_truth(fast, "before", "after", capsys)
     # THEN AFTER's steps come from its exact copies, 20 steps each, whatever its launch probes saw
+    st = c["steps"]
     assert (st["after"]["counted_from"], st["after"]["steps_per_wait"]) == ("waits", FAST_EVERY), st["method"]
-    # AND both rates are within 15% of the workload's own, and the change is beyond noise
-    for side in ("before", "after"):
-        truth = _true_steps_per_s(fast[side][1], c[side]["loop_s"])
-        assert st[side]["steps_per_s"] == pytest.approx(truth, rel=0.15), (side, truth)
-    assert st["noise"]["verdict"] == "beyond_noise" and st["noise"]["ci_lo"] > 0, st
-    assert c["headline"][0].startswith("steps/s") and "beyond noise" in c["headline"][0]
+    assert c["headline"][0].startswith("steps/s")
 
 
-def test_two_duty_cycled_runs_of_the_fix_are_within_noise(fast, capsys):
-    # GIVEN two recordings of the fix, both duty-cycled; THEN steps/s is within noise
-    assert main(["compare", str(fast["after"][0]), str(fast["rerun"][0]), "--json"]) == 0
-    st = json.loads(capsys.readouterr().out)["steps"]
-    assert st["noise"]["verdict"] == "within_noise", st
+def test_two_duty_cycled_runs_of_the_fix_are_judged_against_the_truth(fast, capsys):
+    # GIVEN two recordings of the fix, both duty-cycled; THEN steps/s and its verdict follow the runs' own counts
+    c = _agrees_with_the_truth(fast, "after", "rerun", capsys)
+    assert (c["steps"]["before"]["counted_from"], c["steps"]["after"]["counted_from"]) == ("waits", "waits")

@@ -16,15 +16,13 @@ from pathlib import Path
 import duckdb
 from conftest import PY, ROOT, TRACER, workload
 
+from tracer import procfs
 from tracer.recorder.attach import HOLD_DELAY_ENV
 
 
 def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
+    st = procfs.stat(pid)
+    return None if st is None else st.state
 
 
 def _children(pid: int) -> list[int]:

@@ -18,6 +18,8 @@ import httpx
 import pytest
 from conftest import PY, ROOT, TRACER, workload
 
+from tracer import procfs
+
 if os.environ.get("CI") == "true" and os.geteuid() != 0:  # CI must run this, not skip it
     pytest.fail("CI=true: tests/integration/test_live_server.py needs root (eBPF)", pytrace=False)
 
@@ -34,22 +36,18 @@ def _listening(port: int) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return procfs.is_alive(pid)
 
 
 def _children(pid: int) -> dict[int, str]:
     """The living children of ``pid`` and their command lines."""
     out = {}
-    for d in Path("/proc").iterdir():
+    for child in procfs.children(pid):
         try:
-            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
+            out[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
             continue
-    return {p: c for p, c in out.items() if _alive(p)}
+    return out
 
 
 def test_the_live_server_dies_with_a_killed_recorder(tmp_path: Path) -> None:

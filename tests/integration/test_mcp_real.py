@@ -9,21 +9,9 @@ from _helpers import WORKLOADS, scenario
 from mcp import Client
 
 from mcp_server.server import build_server
+from tests.support.serving import TOOLS
 
 pytestmark = pytest.mark.bpf
-
-TOOLS = {
-    "get_trace_stats",
-    "get_causal_chains",
-    "get_time_breakdown",
-    "get_ranks",
-    "get_stacks",
-    "get_step_series",
-    "get_waits",
-    "compare_processes",
-    "run_sql",
-    "compare_traces",
-}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +40,7 @@ def test_four_tools_are_listed(train):
 
 def test_trace_stats_numbers_equal_sql(train):
     # GIVEN a real recording of train.py --workers 2 --epochs 3, WHEN get_trace_stats is called over MCP
-    r = _call(train.db, "get_trace_stats")
+    r = _call(train.db, "get_trace_stats", {"detail": True})
     assert not r.is_error, r.content
     st = r.structured_content
     # THEN per-op calls equal the exact op_stats sums
@@ -70,6 +58,12 @@ def test_trace_stats_numbers_equal_sql(train):
     assert len(workers) == 6
     assert {p for p, v in procs.items() if v["role"] == "dataloader_worker"} == workers
     assert procs[train.pid]["role"] == "main"
+    # AND by default (no detail) the workers are one group of 6 under the main process, and no per-process rows
+    brief = _call(train.db, "get_trace_stats").structured_content
+    assert brief["processes"] == [] and len(r.content[0].text) > len(_call(train.db, "get_trace_stats").content[0].text)
+    assert [(g["processes"], g["ppid"]) for g in brief["process_groups"] if g["comm"] == "pt_data_worker"] == [
+        (6, train.pid)
+    ]
     # and their scheduling numbers are the sched_stats sums
     for pid, sw, off in train.q("SELECT pid, sum(switches), sum(off_cpu_ns) FROM sched_stats GROUP BY pid"):
         assert procs[pid]["context_switches"] == sw

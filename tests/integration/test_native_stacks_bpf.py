@@ -50,7 +50,9 @@ int on_leaf(struct pt_regs *ctx)
     struct ustack_event *e = ustacks.ringbuf_reserve(sizeof(*e));
     if (!e)
         return 0;
-    copy_user_stack(ctx, e);
+    struct user_regs ur;
+    user_regs_of_ctx(ctx, &ur);
+    copy_user_stack(&ur, e);
     e->stack_ref = 0;
     e->pid = id >> 32;
     e->tid = (u32)id;

@@ -22,6 +22,7 @@ from _helpers import cached, tracer_json, workload
 from mcp import Client
 
 from mcp_server.server import build_server
+from tracer.vocabulary import INTERRUPT_WAKERS, RECORDED_ROLES
 
 pytestmark = pytest.mark.bpf
 
@@ -104,3 +105,20 @@ def test_waits_name_each_waker_once_and_add_up(run):
             assert x["waker"] in kinds and x["wakeups"] == exact[x["waker"]]
     # AND the cudaMemcpy's waits for the (stand-in) GPU are inside calls: every in-call ms is in in_call_ms
     assert sum(x["in_call_ms"] for x in w["wakers"]) <= w["in_call_off_cpu_ms"] + 1.0
+
+
+def test_the_tables_name_things_from_the_vocabulary(run):
+    rec, _ = run
+    # GIVEN a real recording  THEN every interrupt waker it wrote, in both tables, has a vocabulary name
+    with rec.conn() as c:
+        woke = {r[0] for r in c.execute("SELECT DISTINCT waker_comm FROM thread_wakers WHERE waker_pid = 0").fetchall()}
+        sched = {
+            r[0]
+            for r in c.execute(
+                "SELECT DISTINCT waker_comm FROM sched WHERE coalesce(waker_pid, 0) = 0 AND reason <> 'preempted'"
+            ).fetchall()
+        }
+        roles = {r[0] for r in c.execute("SELECT DISTINCT role FROM processes").fetchall()}
+    assert woke and woke <= INTERRUPT_WAKERS, woke
+    assert sched <= INTERRUPT_WAKERS, sched
+    assert roles <= set(RECORDED_ROLES), roles

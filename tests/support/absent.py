@@ -50,9 +50,7 @@ def without_dataloader(name: str) -> TraceBuilder:
     SCENARIOS[name](b)
     workers = {p["pid"] for p in b.processes if p["comm"] == DATALOADER_COMM}
     b.processes = [p for p in b.processes if p["pid"] not in workers]
-    b.process_events = [
-        e for e in b.process_events if e["pid"] not in workers and e.get("child") not in workers
-    ]
+    b.process_events = [e for e in b.process_events if e["pid"] not in workers and e.get("child") not in workers]
     b.sched = [
         r
         for r in b.sched

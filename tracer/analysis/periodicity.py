@@ -16,9 +16,9 @@ Pure functions over a list of durations, so the rule is tested without a recordi
   (from its first to its last spike) are spikes, MIN_PATTERN of them at least, and
   - it spans at least MIN_SPAN of the series: spikes every few steps for 150 ms in one corner of a run are not
     the loop's period;
-  - chance does not explain it: with q the share of all values that are spikes at least as large as its least
-    member, the binomial probability of that many hits among its positions is below ALPHA over the number of
-    (period, phase) pairs tried.
+  - chance does not explain it: with q the share of the values it spans that stand out at least as far as its
+    least member, the binomial probability of that many hits among its positions is below ALPHA over the number
+    of (period, phase) pairs tried (inside a burst, where most steps stand out, a "period" is chance).
   Candidate periods are the differences between spikes' indices, so irregular spikes in between do not hide it;
   of the patterns found, the one that adds most time in all wins, its values are set aside, and the search repeats
   (a loop can checkpoint every 40 steps and evaluate every 100).
@@ -26,7 +26,6 @@ Pure functions over a list of durations, so the rule is tested without a recordi
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from dataclasses import dataclass
@@ -106,11 +105,11 @@ def find_patterns(values: list[float], spread: Spread) -> list[Pattern]:
     first."""
     n = len(values)
     over = excess(values)
-    left = [i for i, e in enumerate(over) if e > spread.margin]
-    spikes = sorted(e for e in over if e > spread.margin)
+    every = [i for i, e in enumerate(over) if e > spread.margin]
+    left = list(every)
     out: list[Pattern] = []
     while len(out) < MAX_PATTERNS and len(left) >= MIN_PATTERN:
-        best = _best_pattern(n, left, over, spikes)
+        best = _best_pattern(n, every, set(left), over)
         if best is None:
             break
         out.append(best)
@@ -119,26 +118,33 @@ def find_patterns(values: list[float], spread: Spread) -> list[Pattern]:
     return out
 
 
-def _best_pattern(n: int, left: list[int], over: list[float], spikes: list[float]) -> Pattern | None:
-    kept = sorted(sorted(left, key=lambda i: -over[i])[:MAX_SPIKES])
+def _best_pattern(n: int, every: list[int], left: set[int], over: list[float]) -> Pattern | None:
+    """The pattern adding most time with at least MIN_PATTERN spikes not in an earlier pattern (``left``); a step
+    slow for two reasons (a checkpoint every 40 steps and an evaluation every 100: step 200) counts in both."""
+    kept = sorted(sorted(every, key=lambda i: -over[i])[:MAX_SPIKES])
     periods = {
-        b - a for x, a in enumerate(kept) for b in kept[x + 1 : x + 1 + NEIGHBOURS] if 2 <= b - a <= n // MIN_PATTERN
+        b - a
+        for x, a in enumerate(kept)
+        for b in kept[x + 1 : x + 1 + NEIGHBOURS]
+        if 2 <= b - a <= n // MIN_PATTERN and (a in left or b in left)
     }
     tried = sum(periods)  # (period, phase) pairs
     best: Pattern | None = None
     for p in sorted(periods):
         by_phase: dict[int, list[int]] = {}
-        for i in left:
+        for i in every:
             by_phase.setdefault(i % p, []).append(i)
         for r, members in by_phase.items():
-            if len(members) < MIN_PATTERN:
+            if sum(i in left for i in members) < MIN_PATTERN:
                 continue
             # the longest run of the phase's values that are mostly spikes: from a spike to a spike
             run = _densest_run(members, p)
-            if run is None or run[-1] - run[0] < MIN_SPAN * n:
+            if run is None or run[-1] - run[0] < MIN_SPAN * n or sum(i in left for i in run) < MIN_PATTERN:
                 continue
             expected = (run[-1] - run[0]) // p + 1
-            q = (len(spikes) - bisect.bisect_left(spikes, min(over[i] for i in run))) / n
+            # chance, from the values the run spans: inside a burst of contention spikes are common
+            floor = min(over[i] for i in run)
+            q = sum(over[j] >= floor for j in range(run[0], run[-1] + 1)) / (run[-1] - run[0] + 1)
             if _tail(expected, len(run), q) * tried > ALPHA:
                 continue
             pat = Pattern(p, r, tuple(run), expected, statistics.median(over[i] for i in run))

@@ -19,10 +19,9 @@ from functools import cached_property
 import duckdb
 
 from tracer.analysis.db import session_row
-from tracer.vocabulary import LAUNCHER_ROLE, RANK_ROLE
+from tracer.vocabulary import DATALOADER_COMM, LAUNCHER_ROLE, RANK_ROLE
 
 S = 1_000_000_000
-DATALOADER_COMM = "pt_data_worker"
 # The recorder's process name (the `tracer` console script): how a v1 recording, which has no role or
 # is_tracer column, names it in preemptors.
 TRACER_COMMS: frozenset[str] = frozenset({"tracer"})

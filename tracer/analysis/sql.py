@@ -22,9 +22,10 @@ Layers, each closing a hole the others leave (see the research notes, DuckDB §3
 Values round-trip exactly or come back as DuckDB's own text for them: timestamps as ISO strings, blobs as hex,
 decimals as numbers when the JSON number is the same decimal (else DuckDB's text), NaN and infinities as
 ``"nan"`` / ``"inf"`` / ``"-inf"``. A value Python cannot represent (``'infinity'::DATE``, a BC date, year 294247,
-nanoseconds) comes back as DuckDB's text (``'infinity'``, ``'0044-03-15 (BC)'``); TIME, TIMETZ, TIME_NS, BIT and
-INTERVAL values (Arrow drops the offset, wraps 24:00:00, renders bits as bytes, overflows long intervals) always
-do, and so does a nested value holding one; a UHUGEINT above 2^127 keeps its value.
+nanoseconds) comes back as DuckDB's text (``'infinity'``, ``'0044-03-15 (BC)'``); TIME, TIMETZ, TIME_NS, BIT,
+INTERVAL and GEOMETRY values (Arrow drops the offset, wraps 24:00:00, renders bits as bytes, overflows long
+intervals, gives geometry as WKB) always do, and so does a nested value holding one; a UHUGEINT above 2^127 keeps
+its value.
 """
 
 from __future__ import annotations
@@ -40,17 +41,16 @@ import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import Field
 
-from tracer.analysis import Record
 from tracer.analysis.db import LIVE_HINT, is_damaged, read_error
 from tracer.analysis.sqlcheck import ALLOWED_TEXT, SET_ADVICE, check_statement, find_refused_names, short, too_deep
 from tracer.analysis.sqllimits import LIMITS, MiB, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
+from tracer.analysis.sqlresult import SqlResult
 from tracer.errors import StoreError, TracerError
 
 MAX_LIMIT = 100_000
@@ -60,29 +60,6 @@ SLICE_ROWS = 64
 # Rows per Arrow batch read from DuckDB: a batch of 1 MB values is copied whole into Arrow, so keep it small
 # enough to fit the worker's memory twice over (300 rows of repeat('x', 1000000) ran out of memory at 301).
 READ_BATCH_ROWS = 64
-
-
-class SqlResult(Record):
-    """Rows of a read-only query."""
-
-    columns: list[str]
-    column_types: Annotated[list[str], Field(description="DuckDB type of each column")]
-    rows: Annotated[
-        list[list[Any]],
-        Field(
-            description="JSON-safe values: timestamps ISO, blobs hex, NaN -> null; values Python cannot hold "
-            "(infinity or BC dates) as DuckDB's text"
-        ),
-    ]
-    row_count: Annotated[int, Field(description="rows returned (<= limit)")]
-    truncated: Annotated[
-        bool, Field(description="true when the query had more rows than the limit or than fit in the reply")
-    ]
-    elapsed_ms: float
-    note: Annotated[
-        str | None,
-        Field(description="why rows are missing or values were shortened (reply-size cap); null when neither"),
-    ] = None
 
 
 # -- values ------------------------------------------------------------------------------------------------------

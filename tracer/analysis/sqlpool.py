@@ -6,8 +6,9 @@ functions (``len(range(200000000))``) allocate outside ``memory_limit``; and a q
 process serving MCP takes every other tool down with it. A worker runs the query under hard limits:
 
 - an address-space limit (RLIMIT_AS): its idle size plus :attr:`SqlLimits.memory_bytes`. DuckDB turns a failed
-  allocation into an out-of-memory error; a worker that grew by more than :data:`RETIRE_GROWTH_BYTES` (allocators
-  keep freed memory) or hit the limit is replaced after it answers;
+  allocation into an out-of-memory error; a worker that grew by more than
+  :data:`tracer.analysis.sqlworker.RETIRE_GROWTH_BYTES` (allocators keep freed memory) or hit the limit is
+  replaced after it answers;
 - DuckDB ``memory_limit`` and ``threads``;
 - a wall clock: the worker interrupts DuckDB at ``timeout_s``; a worker still busy ``kill_grace_s`` later is
   killed (SIGKILL) and replaced;
@@ -24,8 +25,9 @@ queries, and a query that finds no worker within :attr:`SqlLimits.queue_wait_s` 
 
 :class:`SqlPool` keeps ``size`` workers started (``start``) so an ordinary query pays a pipe round trip, not a
 process start; a worker keeps its read-only connection open between queries, reopening it when the file changes
-(inode, size or mtime) and closing it after :data:`IDLE_CLOSE_S` without queries (the read lock it holds would
-block a writer). ``tracer sql`` uses the same pool, unstarted: its one query spawns one worker.
+(inode, size or mtime) and closing it after ``IDLE_CLOSE_S`` without queries (the read lock it holds would block
+a writer). ``tracer sql`` uses the same pool, unstarted: its one query spawns one worker. The worker's side, a
+``python -m tracer.analysis.sqlworker`` process, is :mod:`tracer.analysis.sqlworker`.
 
 Protocol, one JSON object per line (worker stdin / a private copy of its stdout):
 ``{"ready": pid}`` once started; then per request ``{"db", "query", "limit", "timeout_s", "reply_bytes",
@@ -38,7 +40,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import resource
 import select
 import signal
 import subprocess
@@ -54,15 +55,13 @@ from tracer.analysis.sqlqueue import LOCAL_CLIENT, FairShare
 from tracer.errors import StoreError, TracerError
 
 if TYPE_CHECKING:
-    from tracer.analysis.sql import SqlResult
+    from tracer.analysis.sqlresult import SqlResult
 
 POOL_SIZE = 2  # one query may be killed while the other worker answers the next call at once
 # A query still running this long after its interrupt is stuck in one long function call: its replacement
 # worker starts then, so that it is ready when the query is killed (kill_grace_s after the interrupt).
 STANDBY_AFTER_S = 0.2
 READY_S = 30.0  # a worker's start (Python + duckdb + pyarrow imports) on a loaded 2-core machine
-IDLE_CLOSE_S = 30.0
-RETIRE_GROWTH_BYTES = 256 << 20
 CLIENT_WAITING = 4  # queries one client may have waiting for a worker; more are refused at once
 _ERRORS: dict[str, type[TracerError]] = {
     c.__name__: c for c in (SqlError, QueryTimeout, QueryOutOfMemory, StoreError, TracerError)
@@ -104,7 +103,7 @@ class _Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         env["MALLOC_ARENA_MAX"] = "2"  # glibc reserves 64 MiB of address space per arena and thread otherwise
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tracer.analysis.sqlpool", json.dumps(cfg)],
+            [sys.executable, "-m", "tracer.analysis.sqlworker", json.dumps(cfg)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -135,7 +134,7 @@ class _Worker:
         if "ready" not in msg:
             raise SqlError(
                 f"the query worker did not start: {msg.get('error', {}).get('message', msg)}",
-                "Check the installation: python -m tracer.analysis.sqlpool must import duckdb and pyarrow.",
+                "Check the installation: python -m tracer.analysis.sqlworker must import duckdb and pyarrow.",
             )
         self.ready = True
 
@@ -265,7 +264,7 @@ class SqlPool:
         except _StartFailed as e:
             raise SqlError(
                 f"a query worker failed to start ({e.how})",
-                "Retry; if it persists, run `python -m tracer.analysis.sqlpool` to see why.",
+                "Retry; if it persists, run `python -m tracer.analysis.sqlworker` to see why.",
             ) from None
 
     def _acquire_once(self, deadline: float, client: str) -> _Worker:
@@ -397,7 +396,7 @@ class SqlPool:
             finally:
                 self._done(key)
             if "result" in reply:
-                from tracer.analysis.sql import SqlResult
+                from tracer.analysis.sqlresult import SqlResult
 
                 return SqlResult.model_validate(reply["result"])
             err = reply.get("error") or {}
@@ -468,211 +467,3 @@ def default_pool() -> SqlPool:
             _default = SqlPool()
             atexit.register(_default.close)
         return _default
-
-
-# -- the worker's side -------------------------------------------------------------------------------------------
-def _statm() -> tuple[int, int]:
-    """(address space, resident) bytes of this process."""
-    vm, rss = Path("/proc/self/statm").read_text().split()[:2]
-    page = os.sysconf("SC_PAGE_SIZE")
-    return int(vm) * page, int(rss) * page
-
-
-def _limit_address_space(extra: int | None) -> None:
-    """Set the soft RLIMIT_AS to the current size plus ``extra`` bytes (None: unlimited).
-
-    Only the soft limit moves, so the worker can lift it to open a DB (DuckDB reserves address space at open)
-    and lower it again; SQL cannot call setrlimit.
-    """
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    soft = resource.RLIM_INFINITY if extra is None else _statm()[0] + extra
-    if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
-        soft = hard
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-def query_db_config(limits: SqlLimits) -> dict[str, str | bool | int]:
-    """The DuckDB settings of a query worker's connection, added to :data:`tracer.analysis.db.READ_CONFIG`."""
-    return {
-        "memory_limit": f"{limits.duckdb_memory_bytes >> 20}MiB",
-        "threads": int(limits.threads),
-        "temp_directory": "",  # no spilling: a query over memory_limit fails rather than writes to disk
-        # $HOME must not show in duckdb_settings(): nothing is read from or written to these (no file system)
-        "home_directory": "/nonexistent",
-        "secret_directory": "/nonexistent",
-        "lock_configuration": False,  # locked by open_query_db, once the file system is off
-    }
-
-
-def open_query_db(path: str | Path, config: dict[str, str | bool | int]) -> Any:
-    """Open the trace DB at ``path`` read-only for queries: validated, then unable to touch any other file.
-
-    The open file keeps being read; no statement can open another one (``COPY … TO``, ``EXPORT``, ``read_csv``,
-    ``ATTACH``) or undo this: the local file system is disabled and the configuration locked after the open
-    (the open itself goes through that file system).
-    """
-    from tracer.analysis.db import open_trace
-
-    conn = open_trace(path, config=config)
-    try:
-        conn.execute("SET disabled_filesystems = 'LocalFileSystem'")
-        conn.execute("SET lock_configuration = true")
-    except BaseException:  # never hand out a connection that could still write
-        conn.close()
-        raise
-    return conn
-
-
-class _Connections:
-    """The worker's one cached read-only connection, reopened when the file is replaced or changed."""
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg = cfg
-        limits = SqlLimits(duckdb_memory_bytes=int(cfg["duckdb_memory_bytes"]), threads=int(cfg["threads"]))
-        self.duckdb_config = query_db_config(limits)
-        self.key: tuple[Any, ...] | None = None
-        self.conn: Any = None
-        self.idle_rss: int | None = None
-
-    def get(self, path: str) -> Any:
-        from tracer.analysis.db import check_file
-
-        st = check_file(path).stat()
-        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if self.conn is not None and key == self.key:
-            return self.conn
-        self.close()
-        _limit_address_space(None)
-        try:
-            self.conn = open_query_db(path, self.duckdb_config)
-            self.key = key
-            self.conn.execute("SELECT 1").to_arrow_table()  # start DuckDB's threads before measuring
-        finally:
-            _limit_address_space(int(self.cfg["memory_bytes"]))
-        if self.idle_rss is None:
-            self.idle_rss = _statm()[1]
-        return self.conn
-
-    def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # an invalidated instance may refuse even this
-                pass
-        self.conn, self.key = None, None
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit when the parent is gone (it was killed without closing the pool): never outlive the server."""
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(0)
-
-
-def _redactor(db: str) -> list[tuple[str, str]]:
-    """(text, replacement) pairs that keep the server's directories out of a query's error message: the DB's
-    directory (as given and resolved) and the home directory. Values are never redacted: a trace holds paths of
-    its own (Python files) that may share these prefixes."""
-    pairs = []
-    for d in {os.path.dirname(os.path.abspath(db)), os.path.dirname(os.path.realpath(db))}:
-        if len(d) > 1:
-            pairs.append((d + os.sep, ""))
-    home = os.path.expanduser("~")
-    if len(home) > 1:
-        pairs.append((home + os.sep, "~" + os.sep))
-    return pairs
-
-
-def _redact(text: str, pairs: list[tuple[str, str]]) -> str:
-    for old, new in pairs:
-        text = text.replace(old, new)
-    return text
-
-
-def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
-    import duckdb
-
-    from tracer.analysis.db import is_damaged
-    from tracer.analysis.sql import execute
-
-    conns = _Connections(cfg)
-    _limit_address_space(int(cfg["memory_bytes"]))
-    if cfg.get("preopen"):
-        try:
-            conns.get(cfg["preopen"])
-        except (TracerError, duckdb.Error):
-            conns.close()  # the first request reports it
-
-    def send(msg: dict[str, Any]) -> None:
-        out.write(json.dumps(msg, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n")
-        out.flush()
-
-    send({"ready": os.getpid()})
-    while True:
-        ready, _, _ = select.select([inp], [], [], IDLE_CLOSE_S)
-        if not ready:
-            conns.close()  # release the file's read lock while nobody asks
-            continue
-        line = inp.readline()
-        if not line:
-            return
-        retire = False
-        redact: list[tuple[str, str]] = []  # set once the DB is open: the errors after that are the query's
-        try:
-            req = json.loads(line)
-            conn = conns.get(req["db"])
-            redact = _redactor(req["db"])
-            res = execute(
-                conn,
-                req["query"],
-                req["limit"],
-                req["timeout_s"],
-                reply_bytes=req["reply_bytes"],
-                value_chars=req["value_chars"],
-            )
-            reply: dict[str, Any] = {"result": res.model_dump(mode="json")}
-        except TracerError as e:
-            reply = {"error": {"kind": type(e).__name__, "message": _redact(e.message, redact), "hint": e.hint}}
-            # DuckDB invalidates its instance after an internal or fatal error: start afresh
-            retire = isinstance(e, QueryOutOfMemory) or any(s in e.message for s in ("INTERNAL Error", "FATAL"))
-            if isinstance(e, StoreError):
-                conns.close()
-        except MemoryError:
-            reply = {"error": {"kind": "QueryOutOfMemory", "message": "the query ran out of memory", "hint": ""}}
-            retire = True
-        except duckdb.Error as e:  # opening or re-validating the DB
-            reply = {"error": {"kind": "StoreError", "message": str(e).splitlines()[0][:300], "hint": ""}}
-            retire = not is_damaged(e)
-            conns.close()
-        except Exception as e:  # a bug here must come back as an answer, not a dead worker
-            reply = {"error": {"kind": "SqlError", "message": f"query worker error: {type(e).__name__}: {e}"[:500]}}
-            retire = True
-        if conns.idle_rss is not None and _statm()[1] - conns.idle_rss > int(cfg.get("retire_growth", 0) or 0):
-            retire = True
-        if retire:
-            reply["retire"] = True
-        send(reply)
-        if retire:
-            return
-
-
-def _worker_main(argv: list[str]) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the terminal is for the parent; it kills us
-    cfg = json.loads(argv[0]) if argv else asdict(LIMITS) | {"preopen": None}
-    cfg.setdefault("retire_growth", RETIRE_GROWTH_BYTES)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    # the protocol gets a private copy of stdout; fd 1 goes to /dev/null so nothing else can write into it
-    out = os.fdopen(os.dup(1), "wb")
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.close(devnull)
-    try:
-        _serve(cfg, sys.stdin.buffer, out)
-    except BrokenPipeError:  # the parent closed our pipe: it is done with us
-        pass
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1:]))

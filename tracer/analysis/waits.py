@@ -21,14 +21,13 @@ from tracer.analysis.breakdown.holders import holder_class, wakers_of
 from tracer.analysis.breakdown.load import load_thread_times
 from tracer.analysis.breakdown.thread_time import MS, ThreadTime
 from tracer.analysis.recording import RecordingInfo, load_recording
-from tracer.vocabulary import INTERRUPT, waker_name
+from tracer.vocabulary import waker_name
 
 # histogram bins, upper edges in ms (the last is open): decades, with 5 ms apart (the GIL's timed wait)
 EDGES_MS: tuple[float, ...] = (0.01, 0.1, 1.0, 5.0, 10.0, 100.0, 1000.0)
 LABELS: tuple[str, ...] = ("<10us", "10-100us", "0.1-1ms", "1-5ms", "5-10ms", "10-100ms", "0.1-1s", ">=1s")
 MAX_WAKERS = 10
 STORED_ALL_NS = 1_000_000  # sched keeps every interval at least this long (tracer/recorder/session.py)
-NOT_SEEN = "(waker not seen)"
 
 
 class WakerWaits(Record):
@@ -126,17 +125,13 @@ def _stored(
         "AND reason <> 'preempted' AND dur_ns > coalesce(runq_ns, 0)",
         [t.tid],
     ).fetchall():
-        name = waker_name(wp, wc) if wp is not None else NOT_SEEN
-        k = _key(wp, wt, name) if wp is not None else (-1, -1, NOT_SEEN)
-        out.setdefault(k, (name, []))[1].append(blocked / MS)
+        name = waker_name(wp, wc)  # no waker seen (NULL) is [unseen], as thread_wakers names it
+        out.setdefault(_key(wp, wt, name), (name, []))[1].append(blocked / MS)
     return out
 
 
 def _class(info: RecordingInfo, t: ThreadTime, pid: int, name: str) -> str:
-    """The waker's class as wakers_of gives it; a wait whose waker was not seen is classed as an interrupt's
-    (no task woke it that the probes saw)."""
-    if pid < 0:
-        return INTERRUPT
+    """The waker's class as wakers_of gives it (pid 0, an interrupt or no waker seen: interrupt)."""
     return holder_class(info, t.pid, pid, name, None, False if info.has("preemptors", "is_tracer") else None)
 
 
@@ -156,8 +151,8 @@ def _row(
         hist[label] = hist.get(label, 0) + 1
     return WakerWaits(
         waker=name,
-        pid=max(pid, 0),
-        tid=max(tid, 0),
+        pid=pid,
+        tid=tid,
         holder=holder,
         wakeups=int(wakeups),
         blocked_ms=round(blocked_ms, 3),

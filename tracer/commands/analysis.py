@@ -405,7 +405,11 @@ def mcp_serve(
         ),
     ] = False,
 ) -> None:
-    """Serve get_trace_stats, get_causal_chains, get_stacks and run_sql over MCP (stdio or streamable HTTP).
+    """Serve the recording to an AI assistant over MCP (stdio or streamable HTTP at /mcp).
+
+    Tools: get_trace_stats (start here), get_causal_chains, get_time_breakdown, get_step_series, get_waits,
+    get_stacks, get_thread_stacks, get_ranks, compare_processes, compare_traces and run_sql (read-only SQL);
+    the schema as the resource trace://schema, and the investigate prompt.
 
     Example: tracer mcp serve --db trace.duckdb --http :8090   (then: claude mcp add --transport http tracer
     http://127.0.0.1:8090/mcp)

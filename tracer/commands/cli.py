@@ -50,6 +50,10 @@ def _register() -> None:
 
     analysis_cmds.register(app)
 
+    from tracer.commands import flame as flame_cmds
+
+    flame_cmds.register(app)
+
 
 class _FlagHelp:
     """typer's rich help prints the value type after every option, ``<bool>`` even after flags that take no value

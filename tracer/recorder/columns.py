@@ -18,7 +18,7 @@ from probes.catalog import CATALOG, MEMCPY_KIND_NAMES, NO_ARG, OP_COUNT_MAX, OpC
 from tracer.hist import percentile, slot_bounds
 from tracer.recorder import events, rankenv
 from tracer.recorder.proctree import ProcInfo, ThreadInfo
-from tracer.vocabulary import WAKER_KINDS
+from tracer.vocabulary import UNSEEN_WAKER, WAKER_KINDS
 
 Columns = dict[str, Any]
 
@@ -103,7 +103,11 @@ def sched_columns(ev: np.ndarray, start: int) -> Columns:
         # no waker seen: NULL; an interrupt handler: pid 0 (its name says which kind), tid NULL
         "waker_pid": pa.array(ev["waker_pid"].astype(np.int32), mask=ev["waker_comm"] == b""),
         "waker_tid": _pid_col(ev["waker_tid"]),
-        "waker_comm": _str_or_null(ev["waker_comm"]),
+        # a blocked interval whose wakeup the probes did not see: named as thread_wakers names it
+        "waker_comm": [
+            c or (UNSEEN_WAKER if r else None)
+            for c, r in zip(events.cstr(ev["waker_comm"]), ev["reason"].tolist(), strict=True)
+        ],
         "in_call": ev["in_call"].astype(bool),
     }
 
@@ -197,16 +201,19 @@ def waker_columns(w: Aggregates) -> Columns:
         "in_call": w.keys["in_call"].astype(bool),
         "waker_pid": w.vals["waker_pid"].astype(np.int32),
         "waker_tid": w.keys["waker_tid"].astype(np.int32),
-        "waker_comm": _waker_names(w.keys["waker_irq"], w.vals["waker_comm"]),
+        "waker_comm": _waker_names(w.keys["waker_irq"], w.vals["waker_pid"], w.vals["waker_comm"]),
         "wakeups": w.vals["wakeups"].astype(np.int64),
         "blocked_ns": w.vals["blocked_ns"].astype(np.int64),
     }
 
 
-def _waker_names(irq: np.ndarray, comm: np.ndarray) -> list[str]:
-    """A waker's name: an interrupt handler (waker_irq, IRQ_* of sched.bpf.c) by its kind, in the one vocabulary
-    the readers use (tracer/vocabulary.py); a task by its comm."""
-    return [WAKER_KINDS.get(k, c) if k else c for k, c in zip(irq.tolist(), events.cstr(comm), strict=True)]
+def _waker_names(irq: np.ndarray, pid: np.ndarray, comm: np.ndarray) -> list[str]:
+    """A waker's name in the one vocabulary the readers use (tracer/vocabulary.py): an interrupt handler
+    (waker_irq, IRQ_* of sched.bpf.c) by its kind, a task by its comm, no wakeup seen (pid 0, no name) as such."""
+    return [
+        WAKER_KINDS.get(k, c) if k else (c if c or p else UNSEEN_WAKER)
+        for k, p, c in zip(irq.tolist(), pid.tolist(), events.cstr(comm), strict=True)
+    ]
 
 
 def preemptor_columns(p: Aggregates) -> Columns:

@@ -505,7 +505,9 @@ class Recorder:
         # execs first: a process that exec'd and then forked in this batch passes its new layout on
         for pid in ch.execs:
             if self.pyrt is not None:
-                self.pyrt.targets.pop(pid, None)  # a new image: the old layout is gone (BPF dropped its pycfg)
+                # a new image: the old layout and code objects are gone (BPF dropped its pycfg and reads its code
+                # objects again: pyframes.h exec_gen)
+                self.pyrt.forget(pid)
                 self._py_pending.pop(pid, None)
                 self._pyrt_configure(pid)
         for parent, child in ch.forks:

@@ -28,7 +28,8 @@ MIN_CALLS_PER_S = 10.0
 _ASYNC_STREAM_ORDERED = ("cudaMallocAsync", "cudaFreeAsync")
 
 
-def _is(cls: OpClass) -> Callable[[OpLatency], bool]:
+def _of_class(cls: OpClass) -> Callable[[OpLatency], bool]:
+    """Return a filter for the ops of ``cls`` (the catalog's taxonomy)."""
     return lambda o: bool((x := spec(o.op)) and x.op_class == cls)
 
 
@@ -37,8 +38,8 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     out = []
     for s in ctx.subjects:
         t = s.time
-        allocs = ctx.ops_of(s.pid, _is(OpClass.ALLOC))
-        frees = ctx.ops_of(s.pid, _is(OpClass.FREE))
+        allocs = ctx.ops_of(s.pid, _of_class(OpClass.ALLOC))
+        frees = ctx.ops_of(s.pid, _of_class(OpClass.FREE))
         calls = sum(o.calls for o in allocs + frees)
         rate = calls / (t.wall / S) if t.wall else 0.0
         if calls < MIN_CALLS or rate < MIN_CALLS_PER_S:

@@ -10,6 +10,7 @@ threads that were on CPU meanwhile, named by their hottest Python function and l
 
 from __future__ import annotations
 
+from tracer.analysis.chains.applies import has_dataloader
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, GilContentionEvidence, GilHolder, LineTime
 from tracer.analysis.stack_time import StackTime, blocked_stacks, sampled_stacks, thread_name, top_lines
@@ -93,8 +94,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                         if top
                         else "Move the Python work of the other threads"
                     )
-                    + " out of the training process: a multiprocessing.Process or a DataLoader worker has its own "
-                    "interpreter lock.",
+                    + " out of the training process: a multiprocessing.Process"
+                    + (" or a DataLoader worker" if has_dataloader(ctx) else "")
+                    + " has its own interpreter lock.",
                     "Run it less often (aggregate metrics every N steps, not continuously) or let it sleep between "
                     "rounds, so the training thread gets the lock back at once after each CUDA call.",
                     "Do it in code that releases the lock: numpy / torch operations on arrays instead of Python "

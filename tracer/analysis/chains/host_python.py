@@ -10,6 +10,7 @@ CPU time goes comes from its on-CPU samples outside calls (cpu_samples), by Pyth
 
 from __future__ import annotations
 
+from tracer.analysis.chains.applies import has_dataloader
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
 from tracer.analysis.chains.gil_contention import lines
 from tracer.analysis.chains.model import CausalChain, Culprit, HostPythonEvidence
@@ -74,8 +75,14 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                 ),
                 recommendations=[
                     (f"Move {fn} off the training thread" if fn else "Move the Python work off the training thread")
-                    + ": build batches in DataLoader workers (num_workers > 0, a collate_fn there) so the next batch "
-                    "is ready when the step starts.",
+                    # DataLoader settings only for a job that has its workers (issue 23)
+                    + (
+                        ": build batches in DataLoader workers (num_workers > 0, a collate_fn there) so the next batch "
+                        "is ready when the step starts."
+                        if has_dataloader(ctx)
+                        else ": build the next batch in a worker process while the GPU runs the step, so it is ready "
+                        "when the step starts."
+                    ),
                     "Vectorise it: numpy / torch operations on whole arrays instead of per-element Python loops.",
                     "Queue the next step's kernels before the Python work (or drop the per-step sync), so the GPU "
                     "has work while the host prepares the batch after.",

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from tracer.analysis.chains.applies import helper_pids
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, ProcessChurnEvidence, WaveLoss
@@ -161,9 +163,10 @@ def _stalls(ctx: ChainContext, s: Subject, waves: list[list[tuple]]) -> list[Sta
     # batch takes longer than that)
     firsts: dict[int, tuple[int, int]] = {}
     for ts, dur, runq, waker in ctx.conn.execute(
-        "SELECT ts_ns, dur_ns, runq_ns, waker_pid FROM sched WHERE tid = ? AND NOT coalesce(in_call, false) "
-        "AND list_contains(?, waker_pid) ORDER BY ts_ns",
-        [s.tid, list(respawned)],
+        # a semi join on the workers, not list_contains: that compares every row with every worker
+        "SELECT ts_ns, dur_ns, runq_ns, waker_pid FROM sched SEMI JOIN (SELECT unnest($pids) AS w) ON waker_pid = w "
+        "WHERE tid = $tid AND NOT coalesce(in_call, false) ORDER BY ts_ns",
+        {"tid": s.tid, "pids": list(respawned)},
     ).fetchall():
         i = respawned[waker]
         start = waves[i + 1][0][0]
@@ -171,14 +174,12 @@ def _stalls(ctx: ChainContext, s: Subject, waves: list[list[tuple]]) -> list[Sta
         if i not in firsts and start <= ts + dur and (nxt is None or ts + dur <= nxt):
             firsts[i] = (int(ts + dur), int(dur - (runq or 0)))
     usual = _usual_batch_wait(ctx, s, [b for _, b in firsts.values()])
+    kept = [(i, w) for i, w in enumerate(waves[1:]) if i in firsts and s.start_ns <= w[0][0] < s.end_ns]
+    busy = _in_calls(ctx, s.tid, [(w[0][0], firsts[i][0]) for i, w in kept])
     out = []
-    for i, w in enumerate(waves[1:]):
-        start = w[0][0]
-        if i not in firsts or not s.start_ns <= start < s.end_ns:
-            continue
-        end, wait = firsts[i]
-        busy = _in_calls(ctx, s.tid, start, end)
-        out.append(Stall(start, end, len(w), wait, max(end - start - busy - usual, 0.0)))
+    for (i, w), in_calls in zip(kept, busy, strict=True):
+        start, (end, wait) = w[0][0], firsts[i]
+        out.append(Stall(start, end, len(w), wait, max(end - start - in_calls - usual, 0.0)))
     return out
 
 
@@ -193,16 +194,41 @@ def _usual_batch_wait(ctx: ChainContext, s: Subject, first_waits: list[int]) -> 
     return max(blocked, 0.0) / n if n > 0 else 0.0
 
 
-def _in_calls(ctx: ChainContext, tid: int, a: int, b: int) -> int:
-    """Return the time thread ``tid`` spent in CUDA calls within [a, b) (outermost calls: runtime ones when it
-    made any there, else driver ones)."""
-    r = ctx.conn.execute(
-        "SELECT layer, sum(least(ts_ns + dur_ns, $b) - greatest(ts_ns, $a)) FROM cuda_calls WHERE tid = $tid "
-        "AND ts_ns < $b AND ts_ns + dur_ns > $a GROUP BY layer",
-        {"tid": tid, "a": a, "b": b},
-    ).fetchall()
-    by_layer = {layer: int(ns or 0) for layer, ns in r}
-    return min(by_layer.get("runtime", by_layer.get("driver", 0)), b - a)
+def _in_calls(ctx: ChainContext, tid: int, spans: list[tuple[int, int]]) -> list[int]:
+    """Return the time thread ``tid`` spent in CUDA calls within each [a, b) of ``spans`` (outermost calls:
+    runtime ones when it made any there, else driver ones).
+
+    One read of the thread's calls, then prefix sums: a query per respawn was seconds on a loader that respawned
+    hundreds of times, and a range join in DuckDB no better. A thread's calls of one layer do not overlap, so
+    sorted by start their ends are sorted too, and the time inside [a, b) is the whole calls between the first
+    ending after a and the last starting before b, less the parts of those two outside the window."""
+    if not spans:
+        return []
+    layers: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for layer in ("runtime", "driver"):
+        cols = ctx.conn.execute(
+            "SELECT ts_ns, ts_ns + dur_ns AS end_ns FROM cuda_calls WHERE tid = ? AND layer = ? ORDER BY ts_ns",
+            [tid, layer],
+        ).fetchnumpy()
+        starts, ends = cols["ts_ns"].astype(np.int64), cols["end_ns"].astype(np.int64)
+        layers[layer] = (starts, ends, np.concatenate(([0], np.cumsum(ends - starts))))
+    out = []
+    for a, b in spans:
+        got = {layer: _overlap(*arrays, a, b) for layer, arrays in layers.items()}
+        out.append(min(got["runtime"] or got["driver"], b - a))
+    return out
+
+
+def _overlap(starts: np.ndarray, ends: np.ndarray, prefix: np.ndarray, a: int, b: int) -> int:
+    """Return the time of the calls (sorted, non-overlapping) inside [a, b)."""
+    lo = int(np.searchsorted(ends, a, side="right"))
+    hi = int(np.searchsorted(starts, b, side="left"))
+    if hi <= lo:
+        return 0
+    total = int(prefix[hi] - prefix[lo])
+    total -= max(a - int(starts[lo]), 0)  # the first call began before the window
+    total -= max(int(ends[hi - 1]) - b, 0)  # the last one ended after it
+    return max(total, 0)
 
 
 def _non_cuda(row: dict[str, int]) -> int:

@@ -13,6 +13,7 @@ the GPU include the straggler's delay and are not a cause of their own.
 
 from __future__ import annotations
 
+from tracer.analysis.chains.applies import has_dataloader
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, RankWaitTime, StragglerRankEvidence
 from tracer.analysis.db import session_row
@@ -33,10 +34,9 @@ EXPLAINED_CATEGORIES = ("sync_stall", "gpu_bound")
 # what to do about a straggler, by its slow phase
 FIXES: dict[str, str] = {
     "asleep": "Rank {rank} sleeps or waits on a timer in its step (a read from slow storage or the network, a "
-    "time.sleep, a timed wait): prefetch its input (DataLoader num_workers > 0 with prefetch_factor), move its data "
-    "to local disk, and check that its input shard is no larger than the others'.",
-    "disk_io": "Rank {rank} waits for its disk: put its data on local or faster storage, or prefetch it in "
-    "DataLoader workers.",
+    "time.sleep, a timed wait): prefetch its input ({prefetch}), move its data to local disk, and check that its "
+    "input shard is no larger than the others'.",
+    "disk_io": "Rank {rank} waits for its disk: put its data on local or faster storage, or prefetch it in {readers}.",
     "network": "Rank {rank} waits on the network outside collectives (reading remote data): prefetch or cache it.",
     "data_workers": "Rank {rank} waits for its DataLoader workers: give it more workers or cheaper transforms (see "
     "its dataloader_starvation chain).",
@@ -123,7 +123,14 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         + (f" ({wait_at.text()})" if wait_at else "")
         + f"; {when}. That is {affected.share(st.lost_ns):.0%} of every rank's step time."
     )
-    rank_ctx = {"rank": st.rank, "pid": st.pid}
+    # DataLoader settings only for a job that has DataLoader workers (issue 23)
+    dl = has_dataloader(ctx)
+    rank_ctx = {
+        "rank": st.rank,
+        "pid": st.pid,
+        "prefetch": "DataLoader num_workers > 0 with prefetch_factor" if dl else "read ahead in a background thread",
+        "readers": "DataLoader workers" if dl else "a background thread or process",
+    }
     recs = [FIXES.get(st.phase, GENERIC_FIX).format(**rank_ctx)]
     if not st.persistent:
         recs.append(

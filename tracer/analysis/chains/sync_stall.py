@@ -70,9 +70,10 @@ def idle_gap_after_sync(ctx: ChainContext, tid: int, syncs: list[str]) -> float 
         s AS (SELECT ts_ns, dur_ns, coalesce(sum(dur_ns) OVER (ORDER BY ts_ns ROWS BETWEEN UNBOUNDED PRECEDING
                      AND 1 PRECEDING), 0) AS before FROM sched WHERE tid = $tid),
         f AS (SELECT g.a, g.b,
-                     coalesce(sb.before + least(g.b - sb.ts_ns, sb.dur_ns), 0)
-                     - coalesce(sa.before + least(g.a - sa.ts_ns, sa.dur_ns), 0) AS off_ns
-              FROM g ASOF LEFT JOIN s sa ON g.a >= sa.ts_ns ASOF LEFT JOIN s sb ON g.b >= sb.ts_ns)
+                     coalesce(at_end.before + least(g.b - at_end.ts_ns, at_end.dur_ns), 0)
+                     - coalesce(at_start.before + least(g.a - at_start.ts_ns, at_start.dur_ns), 0) AS off_ns
+              FROM g ASOF LEFT JOIN s at_start ON g.a >= at_start.ts_ns
+                     ASOF LEFT JOIN s at_end ON g.b >= at_end.ts_ns)
         SELECT median(greatest(b - a - off_ns, 0)), count(*) FROM f""",
         {"tid": tid, "syncs": syncs, "enq": enqueue},
     ).fetchone()

@@ -1,0 +1,145 @@
+"""Real eBPF, issue 18: the chains built on the stacks outside calls (off-CPU stacks, on-CPU samples) name the
+cause, the Python line and a share of the training thread's time within a stated band of the workload's own
+untraced ground truth.
+
+Each truth is measured by the workload itself or in the test, never taken from the tracer:
+
+- gil_thread.py: the loop's steps/s untraced with and without its metrics thread, measured here right before
+  the recording; the loss share is 1 - t_without / t_with. Measured on the 2-vCPU VM under other tests' load:
+  t_without 1.59 s, t_with 3.52-3.70 s for 300 steps: 55-58% lost. The chain's cost is the GIL waits alone
+  (the run-queue waits after each hand-over are cpu_contention's, and the tracer's own attach is outside the
+  loop), so its share is expected within [0.6, 1.25] x the loss share.
+- checkpoint_io.py: the run's own clock: the time inside ``save_checkpoint`` less the thread's waits for a CPU
+  meanwhile (/proc/thread-self/schedstat), printed as ``save_own_share``: 0.13-0.15 of the loop untraced, against
+  a with/without loss of 0.14-0.25 (three runs each; the disk and the other tests' load vary). The chain counts
+  the D-state waits and the writes' kernel CPU, which is that own time: expected within [0.6, 1.4] x it.
+- batch_build.py: the run's own clock in ``build_batch`` less its run-queue waits (``build_own_share``): 0.30-0.48
+  untraced under load (0.76-0.79 wall clock with the waits; 1.0 s vs 5.1-8.4 s for 300 steps with --rows 0). The
+  chain's cost is the Python work between each sync and the next launch: expected within [0.7, 1.35] x it (the
+  gap also holds the loop's own bookkeeping between build_batch and the launch).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from _helpers import PY, WORKLOADS, Recording, cached, workload
+
+from tracer.analysis.chains import CausalChain, compute_chains
+
+pytestmark = pytest.mark.bpf
+
+
+def marker_line(name: str, marker: str) -> int:
+    """The line of fixtures/workloads/NAME whose code ends in ``# MARKER``."""
+    for i, line in enumerate((WORKLOADS / name).read_text().splitlines(), 1):
+        if re.search(rf"\S.*#\s*{marker}\s*$", line):
+            return i
+    raise AssertionError(f"no # {marker} in {name}")
+
+
+def chains_of(r: Recording) -> list[CausalChain]:
+    with r.conn() as c:
+        return compute_chains(c, limit=100).chains
+
+
+def one(chains: list[CausalChain], category: str) -> CausalChain:
+    found = [c for c in chains if c.category == category]
+    assert found, [(c.category, c.severity, c.share, c.summary) for c in chains]
+    return found[0]
+
+
+def printed(r: Recording, key: str) -> float:
+    m = re.search(rf"{key}=([0-9.]+)", r.output)
+    assert m, r.output
+    return float(m.group(1))
+
+
+def untraced_wall(*args: str) -> float:
+    out = subprocess.run([str(PY), *args], capture_output=True, text=True, timeout=120, check=True).stderr
+    return float(re.search(r"wall=([0-9.]+)s", out).group(1))
+
+
+@pytest.fixture(scope="module")
+def gil(tmp_path_factory):
+    script = str(WORKLOADS / "gil_thread.py")
+    without = untraced_wall(script, "--steps", "300", "--no-metrics")
+    with_ = untraced_wall(script, "--steps", "300")
+    r = cached("stack-gil", tmp_path_factory, workload("gil_thread.py", "--steps", "300"), timeout=300)
+    return r, 1 - without / with_
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return cached("stack-checkpoint", tmp_path_factory, workload("checkpoint_io.py"), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    return cached("stack-batch", tmp_path_factory, workload("batch_build.py"), timeout=300)
+
+
+def test_gil_contention_names_the_metrics_thread_and_its_line(gil):
+    # GIVEN a loop whose process runs a pure-Python metrics thread; WHEN chains are computed
+    r, truth = gil
+    ch = one(chains_of(r), "gil_contention")
+    # THEN the waits are the training thread's, the culprit is the metrics thread at its hot line
+    metrics_tid = int(re.search(r"metrics_tid=(\d+)", r.output).group(1))
+    assert ch.severity == "HIGH" and ch.tid != metrics_tid and r.pid in ch.pids
+    assert ch.culprit.tid == metrics_tid and ch.culprit.relation == "own_process"
+    hot = marker_line("gil_thread.py", "GIL_HOT")
+    assert ch.culprit.code_site.endswith(f"gil_thread.py:{hot} aggregate_metrics"), ch.culprit
+    assert ch.culprit.comm == f"thread {metrics_tid} (aggregate_metrics, gil_thread.py:{hot})"
+    # and its share is the untraced loss the thread causes, within the band the module docstring states
+    assert 0.6 * truth <= ch.share <= 1.25 * truth, (ch.share, truth)
+
+
+def test_gil_contention_outranks_the_syncs_it_stretches(gil):
+    r, _ = gil
+    mine = [c for c in chains_of(r) if not (c.category == "cpu_contention" and c.evidence.holder_class == "other")]
+    assert mine[0].category == "gil_contention", [(c.category, c.share) for c in mine]
+
+
+def test_checkpoint_is_blocking_io_at_its_lines_not_a_fault_storm(checkpoint):
+    r = checkpoint
+    chains = chains_of(r)
+    ch = one(chains, "blocking_io")
+    lines = {marker_line("checkpoint_io.py", m) for m in ("CKPT_WRITE", "CKPT_FSYNC")}
+    top = ch.evidence.sites[0]
+    assert any(top.site.split(" ")[0].endswith(f"checkpoint_io.py:{n}") for n in lines), ch.evidence.sites
+    assert "save_checkpoint" in top.site and "fsync" in {s.call for s in ch.evidence.sites}
+    assert ch.evidence.d_state_ms > 0 and ch.evidence.page_cache_bytes >= 10 * (48 << 20)
+    truth = printed(r, "save_own_share")
+    assert 0.6 * truth <= ch.share <= 1.4 * truth, (ch.share, truth)
+    # the write's page cache is not a fault storm (issue 18: it was HIGH memory_pressure)
+    storms = [c for c in chains if c.category == "memory_pressure" and c.evidence.trigger == "fault_storm"]
+    assert not storms, [c.summary for c in storms]
+
+
+def test_host_bound_loop_names_the_batch_building_line(batch):
+    r = batch
+    ch = one(chains_of(r), "host_python")
+    hot = marker_line("batch_build.py", "BUILD_HOT")
+    site = ch.evidence.hot_lines[0].site
+    assert site.split(" ")[0].endswith(f"batch_build.py:{hot}") and "build_batch" in site, ch.evidence.hot_lines
+    assert ch.evidence.hot_lines[0].share >= 0.7 and ch.severity == "HIGH"
+    truth = printed(r, "build_own_share")
+    assert 0.7 * truth <= ch.share <= 1.35 * truth, (ch.share, truth)
+
+
+def test_off_cpu_rows_add_up_to_the_blocked_time(gil):
+    # every blocked ns of the training thread outside calls is in offcpu_stacks, exactly
+    r, _ = gil
+    with r.conn() as c:
+        for tid, blocked, stacked in c.execute(
+            "SELECT b.tid, b.ns, coalesce(o.ns, 0) FROM (SELECT tid, sum(blocked_ns) ns FROM thread_breakdown "
+            "GROUP BY tid) b LEFT JOIN (SELECT tid, sum(blocked_ns) ns FROM offcpu_stacks WHERE NOT in_call "
+            "GROUP BY tid) o USING (tid)"
+        ).fetchall():
+            assert stacked == blocked, (tid, blocked, stacked)
+        # and every thread of the job is sampled, the one that never calls CUDA included
+        sampled = {t for (t,) in c.execute("SELECT DISTINCT tid FROM cpu_samples").fetchall()}
+        threads = {t for (t,) in c.execute("SELECT tid FROM threads").fetchall()}
+        assert sampled == threads and c.execute("SELECT sample_hz FROM session").fetchone()[0] == 99

@@ -1,0 +1,234 @@
+"""The query worker's side of :mod:`tracer.analysis.sqlpool`: a ``python -m tracer.analysis.sqlworker`` process
+that answers one query at a time, read from stdin, on a connection that cannot write (issue 17), under an
+address-space limit; the protocol is described in :mod:`tracer.analysis.sqlpool`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tracer.analysis.sqllimits import LIMITS, QueryOutOfMemory, SqlLimits
+from tracer.errors import StoreError, TracerError
+
+IDLE_CLOSE_S = 30.0  # close the DB after this long without queries: the read lock it holds would block a writer
+RETIRE_GROWTH_BYTES = 256 << 20
+WORKER_NICE = 5
+
+
+def _statm() -> tuple[int, int]:
+    """(address space, resident) bytes of this process."""
+    vm, rss = Path("/proc/self/statm").read_text().split()[:2]
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(vm) * page, int(rss) * page
+
+
+def _limit_address_space(extra: int | None) -> None:
+    """Set the soft RLIMIT_AS to the current size plus ``extra`` bytes (None: unlimited).
+
+    Only the soft limit moves, so the worker can lift it to open a DB (DuckDB reserves address space at open)
+    and lower it again; SQL cannot call setrlimit.
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = resource.RLIM_INFINITY if extra is None else _statm()[0] + extra
+    if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+        soft = hard
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def query_db_config(limits: SqlLimits) -> dict[str, str | bool | int]:
+    """The DuckDB settings of a query worker's connection, added to :data:`tracer.analysis.db.READ_CONFIG`."""
+    return {
+        "memory_limit": f"{limits.duckdb_memory_bytes >> 20}MiB",
+        "threads": int(limits.threads),
+        "temp_directory": "",  # no spilling: a query over memory_limit fails rather than writes to disk
+        # $HOME must not show in duckdb_settings(): nothing is read from or written to these (no file system)
+        "home_directory": "/nonexistent",
+        "secret_directory": "/nonexistent",
+        "lock_configuration": False,  # locked by open_query_db, once the file system is off
+    }
+
+
+def open_query_db(path: str | Path, config: dict[str, str | bool | int]) -> Any:
+    """Open the trace DB at ``path`` read-only for queries: validated, then unable to touch any other file.
+
+    The open file keeps being read; no statement can open another one (``COPY … TO``, ``EXPORT``, ``read_csv``,
+    ``ATTACH``) or undo this: the local file system is disabled and the configuration locked after the open
+    (the open itself goes through that file system).
+    """
+    from tracer.analysis.db import open_trace
+
+    conn = open_trace(path, config=config)
+    try:
+        conn.execute("SET disabled_filesystems = 'LocalFileSystem'")
+        conn.execute("SET lock_configuration = true")
+    except BaseException:  # never hand out a connection that could still write
+        conn.close()
+        raise
+    return conn
+
+
+class _Connections:
+    """The worker's one cached read-only connection, reopened when the file is replaced or changed."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        limits = SqlLimits(duckdb_memory_bytes=int(cfg["duckdb_memory_bytes"]), threads=int(cfg["threads"]))
+        self.duckdb_config = query_db_config(limits)
+        self.key: tuple[Any, ...] | None = None
+        self.conn: Any = None
+        self.idle_rss: int | None = None
+
+    def get(self, path: str) -> Any:
+        from tracer.analysis.db import check_file
+
+        st = check_file(path).stat()
+        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self.conn is not None and key == self.key:
+            return self.conn
+        self.close()
+        _limit_address_space(None)
+        try:
+            self.conn = open_query_db(path, self.duckdb_config)
+            self.key = key
+            self.conn.execute("SELECT 1").to_arrow_table()  # start DuckDB's threads before measuring
+        finally:
+            _limit_address_space(int(self.cfg["memory_bytes"]))
+        if self.idle_rss is None:
+            self.idle_rss = _statm()[1]
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # an invalidated instance may refuse even this
+                pass
+        self.conn, self.key = None, None
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the parent is gone (it was killed without closing the pool): never outlive the server."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def _redactor(db: str) -> list[tuple[str, str]]:
+    """(text, replacement) pairs that keep the server's directories out of a query's error message: the DB's
+    directory (as given and resolved) and the home directory. Values are never redacted: a trace holds paths of
+    its own (Python files) that may share these prefixes."""
+    pairs = []
+    for d in {os.path.dirname(os.path.abspath(db)), os.path.dirname(os.path.realpath(db))}:
+        if len(d) > 1:
+            pairs.append((d + os.sep, ""))
+    home = os.path.expanduser("~")
+    if len(home) > 1:
+        pairs.append((home + os.sep, "~" + os.sep))
+    return pairs
+
+
+def _redact(text: str, pairs: list[tuple[str, str]]) -> str:
+    for old, new in pairs:
+        text = text.replace(old, new)
+    return text
+
+
+def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
+    import duckdb
+
+    from tracer.analysis.db import is_damaged
+    from tracer.analysis.sql import execute
+
+    conns = _Connections(cfg)
+    _limit_address_space(int(cfg["memory_bytes"]))
+    if cfg.get("preopen"):
+        try:
+            conns.get(cfg["preopen"])
+        except (TracerError, duckdb.Error):
+            conns.close()  # the first request reports it
+
+    def send(msg: dict[str, Any]) -> None:
+        out.write(json.dumps(msg, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n")
+        out.flush()
+
+    send({"ready": os.getpid()})
+    while True:
+        ready, _, _ = select.select([inp], [], [], IDLE_CLOSE_S)
+        if not ready:
+            conns.close()  # release the file's read lock while nobody asks
+            continue
+        line = inp.readline()
+        if not line:
+            return
+        retire = False
+        redact: list[tuple[str, str]] = []  # set once the DB is open: the errors after that are the query's
+        try:
+            req = json.loads(line)
+            conn = conns.get(req["db"])
+            redact = _redactor(req["db"])
+            res = execute(
+                conn,
+                req["query"],
+                req["limit"],
+                req["timeout_s"],
+                reply_bytes=req["reply_bytes"],
+                value_chars=req["value_chars"],
+            )
+            reply: dict[str, Any] = {"result": res.model_dump(mode="json")}
+        except TracerError as e:
+            reply = {"error": {"kind": type(e).__name__, "message": _redact(e.message, redact), "hint": e.hint}}
+            # DuckDB invalidates its instance after an internal or fatal error: start afresh
+            retire = isinstance(e, QueryOutOfMemory) or any(s in e.message for s in ("INTERNAL Error", "FATAL"))
+            if isinstance(e, StoreError):
+                conns.close()
+        except MemoryError:
+            reply = {"error": {"kind": "QueryOutOfMemory", "message": "the query ran out of memory", "hint": ""}}
+            retire = True
+        except duckdb.Error as e:  # opening or re-validating the DB
+            reply = {"error": {"kind": "StoreError", "message": str(e).splitlines()[0][:300], "hint": ""}}
+            retire = not is_damaged(e)
+            conns.close()
+        except Exception as e:  # a bug here must come back as an answer, not a dead worker
+            reply = {"error": {"kind": "SqlError", "message": f"query worker error: {type(e).__name__}: {e}"[:500]}}
+            retire = True
+        if conns.idle_rss is not None and _statm()[1] - conns.idle_rss > int(cfg.get("retire_growth", 0) or 0):
+            retire = True
+        if retire:
+            reply["retire"] = True
+        send(reply)
+        if retire:
+            return
+
+
+def _worker_main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the terminal is for the parent; it kills us
+    # below the server's priority: a query that takes every core must not slow the tools that answer in the server
+    os.nice(WORKER_NICE)
+    cfg = json.loads(argv[0]) if argv else asdict(LIMITS) | {"preopen": None}
+    cfg.setdefault("retire_growth", RETIRE_GROWTH_BYTES)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    # the protocol gets a private copy of stdout; fd 1 goes to /dev/null so nothing else can write into it
+    out = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    try:
+        _serve(cfg, sys.stdin.buffer, out)
+    except BrokenPipeError:  # the parent closed our pipe: it is done with us
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))
