@@ -13,6 +13,7 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
+from tracer.analysis.db import session_row
 from tracer.analysis.stack_time import blocked_kind, load_frames, site_of, thread_name
 
 MODES = ("on-cpu", "off-cpu")
@@ -106,12 +107,7 @@ def thread_stacks(
     per_thread: dict[int, float] = {}
     for r in rows:
         per_thread[r[1]] = per_thread.get(r[1], 0.0) + r[6]
-    hz = None
-    if conn.execute(
-        "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'session' AND column_name = 'sample_hz'"
-    ).fetchone()[0]:
-        got = conn.execute("SELECT sample_hz FROM session LIMIT 1").fetchone()
-        hz = got[0] if got else None
+    hz = (session_row(conn, ("sample_hz",)) or {}).get("sample_hz")  # None: an older recording, no sampler
     out = []
     for p, t, sid, state, in_call, n, ns in rows[: limit if limit is not None else len(rows)]:
         fr = frames.get(sid, []) if sid is not None else []

@@ -26,6 +26,7 @@ from tracer.analysis.chains import (
     gpu_bound,
     host_python,
     launch_bound,
+    lock_contention,
     memory_pressure,
     process_churn,
     straggler_rank,
@@ -89,6 +90,7 @@ DETECTORS: tuple[Detector, ...] = (
     gil_contention.detect,
     blocking_io.detect,
     host_python.detect,
+    lock_contention.detect,
 )
 
 

@@ -11,9 +11,10 @@ threads that were on CPU meanwhile, named by their hottest Python function and l
 from __future__ import annotations
 
 from tracer.analysis.chains.applies import has_dataloader
-from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
+from tracer.analysis.chains.blocked_waits import graded_waits
+from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext
 from tracer.analysis.chains.model import CausalChain, Culprit, GilContentionEvidence, GilHolder, LineTime
-from tracer.analysis.stack_time import StackTime, blocked_stacks, sampled_stacks, thread_name, top_lines
+from tracer.analysis.stack_time import StackTime, sampled_stacks, thread_name, top_lines
 
 CATEGORY = "gil_contention"
 HIGH = HIGH_SHARE
@@ -33,16 +34,9 @@ def lines(stacks: list[StackTime], limit: int = 3) -> list[LineTime]:
 
 def detect(ctx: ChainContext) -> list[CausalChain]:
     """Return a chain per subject that lost time waiting for the GIL."""
-    if not ctx.info.has("offcpu_stacks"):
-        return []
     out = []
-    for s in ctx.subjects:
+    for s, gil, cost, sev in graded_waits(ctx, "gil"):
         weight = ctx.in_steps(s)
-        gil = [b for b in blocked_stacks(ctx.conn, s.tid, weight) if b.kind == "gil"]
-        cost = sum(b.ns for b in gil)
-        sev = grade(s.share(cost), HIGH, MEDIUM, LOW)
-        if sev is None:
-            continue
         holders: list[GilHolder] = []
         if ctx.info.has("cpu_samples"):
             others = {t.tid: t for t in ctx.threads_of(s.pid) if t.tid != s.tid}

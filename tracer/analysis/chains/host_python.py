@@ -50,7 +50,8 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         st = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s), outside_calls=True).get(s.tid, [])
         hot = lines(st)
         site = hot[0].site if hot else None
-        fn = site.split(" ", 1)[1] if site and " " in site else site
+        # the function, not the comprehension inside it ("build_batch", not "build_batch.<locals>.<listcomp>")
+        fn = site.split(" ", 1)[1].split(".<locals>", 1)[0] if site and " " in site else site
         out.append(
             ctx.chain(
                 s,

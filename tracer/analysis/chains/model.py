@@ -27,6 +27,7 @@ CATEGORIES = (
     "gil_contention",
     "blocking_io",
     "host_python",
+    "lock_contention",
 )
 
 
@@ -392,6 +393,25 @@ class HostPythonEvidence(Record):
     samples: Annotated[int, Field(description="on-CPU samples behind hot_lines")]
 
 
+class LockHolder(Record):
+    """A thread that released the lock the affected thread waited for (it woke the waiter)."""
+
+    tid: int
+    name: Annotated[str, Field(description="its OS name, else 'thread TID (hottest function, file:line)'")]
+    woke_ms: Annotated[float, Field(description="the affected thread's lock waits it ended, ms")]
+    hot_lines: Annotated[list[LineTime], Field(description="where its time went meanwhile (on CPU or blocked)")]
+
+
+class LockContentionEvidence(Record):
+    """The thread waited for a lock (threading.Lock, a queue, a logging handler's lock) another thread held."""
+
+    kind: Literal["lock_contention"] = "lock_contention"
+    lock_wait_ms: Annotated[float, Field(description="time blocked acquiring the lock, ms")]
+    waits: int
+    waited_at: Annotated[list[LineTime], Field(description="the thread's lines that waited")]
+    holders: Annotated[list[LockHolder], Field(description="the threads that released it, most first")]
+
+
 Evidence = Annotated[
     CpuContentionEvidence
     | SyncStallEvidence
@@ -404,7 +424,8 @@ Evidence = Annotated[
     | StragglerRankEvidence
     | GilContentionEvidence
     | BlockingIoEvidence
-    | HostPythonEvidence,
+    | HostPythonEvidence
+    | LockContentionEvidence,
     Field(discriminator="kind"),
 ]
 

@@ -11,7 +11,7 @@ import duckdb
 from tracer.analysis.compare.load import MIN_SECONDS, Side
 from tracer.analysis.compare.model import CompareWarning, StepsCompare
 from tracer.analysis.compare.steps import Cadence
-from tracer.analysis.db import recording_state
+from tracer.analysis.db import recording_state, session_row
 
 # shared kernel names (or ops) below this Jaccard index: probably two different workloads
 SAME_WORKLOAD_MIN = 0.5
@@ -54,8 +54,7 @@ def _fingerprint(side: Side) -> tuple[str, set[str]]:
 
 def _session(conn: duckdb.DuckDBPyConnection) -> dict[str, object]:
     cols = ("host", "cpu_model", "cpu_cores", "gpus", "driver", "kernel", "tracer_version", "events_lost", "notes")
-    row = conn.execute(f"SELECT {', '.join(cols)} FROM session ORDER BY session_id DESC LIMIT 1").fetchone()
-    return dict(zip(cols, row or (None,) * len(cols), strict=True))
+    return session_row(conn, cols) or dict.fromkeys(cols)
 
 
 def _python_frames(side: Side) -> tuple[int, int]:
