@@ -65,7 +65,7 @@ def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[
     time) grouped by (comm, parent, role, rank), in the order of each group's first process."""
     members: dict[tuple, list] = {}
     for p in procs:
-        members.setdefault((p.comm, p.ppid, p.role, getattr(p, "rank", None)), []).append(p)
+        members.setdefault((p.comm, p.ppid, p.role, p.rank), []).append(p)
     out = []
     for (comm, ppid, role, rank), ps in members.items():
         exited = [p for p in ps if p.exit_s is not None]

@@ -10,7 +10,7 @@ width (<= 3.1 %).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Annotated, NamedTuple
+from typing import Annotated
 
 import duckdb
 from pydantic import Field
@@ -227,30 +227,7 @@ def process_stats(
 ) -> list[ProcessStat]:
     """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit
     (``info``: the recording, when the caller has loaded it)."""
-    return [ProcessStat(**r._asdict()) for r in _process_rows(conn, pid, info or load_recording(conn))]
-
-
-class _ProcessRow(NamedTuple):
-    """ProcessStat's fields as a plain tuple: the overview groups 100 K processes, and a validated record each
-    cost 50 µs (5 s of a get_trace_stats call) where a tuple costs 1."""
-
-    pid: int
-    ppid: int | None
-    comm: str
-    role: str
-    rank: int | None
-    cuda_calls: int
-    context_switches: int
-    preemptions: int
-    off_cpu_s: float
-    runq_s: float
-    worst_stall_ms: float
-    first_s: float
-    exit_s: float | None
-    exit_code: int | None
-
-
-def _process_rows(conn: duckdb.DuckDBPyConnection, pid: int | None, info: RecordingInfo) -> list[_ProcessRow]:
+    info = info or load_recording(conn)
     rows = conn.execute(
         """
         SELECT p.pid, p.ppid, p.comm, p.first_ns, p.exit_ns, p.exit_code,
@@ -267,7 +244,7 @@ def _process_rows(conn: duckdb.DuckDBPyConnection, pid: int | None, info: Record
         {"pid": pid, "main": info.main_pid},
     ).fetchall()
     return [
-        _ProcessRow(
+        ProcessStat(
             pid=r[0],
             ppid=r[1],
             comm=r[2] or "",
@@ -290,7 +267,7 @@ def _process_rows(conn: duckdb.DuckDBPyConnection, pid: int | None, info: Record
 def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: RecordingInfo, detail: bool) -> dict:
     """The processes part of the overview: groups (the top ones unless ``detail``), busy threads, and one row
     per process with ``detail`` or a ``pid``."""
-    procs = _process_rows(conn, pid, info)
+    procs = process_stats(conn, pid=pid, info=info)
     groups = group_processes(procs)
     shown = groups if detail else groups[:TOP_PROCESS_GROUPS]
     rest = groups[len(shown) :]
@@ -299,7 +276,7 @@ def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: Recording
         "process_groups": shown,
         "more_processes": more,
         "busy_threads": busy_threads(conn, info, pid),
-        "processes": [ProcessStat(**r._asdict()) for r in procs] if detail or pid is not None else [],
+        "processes": procs if detail or pid is not None else [],
     }
 
 
