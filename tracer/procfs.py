@@ -89,10 +89,16 @@ def environ(pid: int) -> dict[str, str] | None:
     return out
 
 
-def children(pid: int) -> list[int]:
-    """Return the living (not zombie) child processes of ``pid``, in pid order (one scan of /proc)."""
-    out = []
+def processes() -> dict[int, ProcStat]:
+    """Return every process's stat, zombies included, in one scan of /proc (a process gone meanwhile is left
+    out)."""
+    out = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (st := stat(entry)) is not None and st.ppid == pid and not st.zombie:
-            out.append(int(entry))
-    return sorted(out)
+        if entry.isdigit() and (st := stat(entry)) is not None:
+            out[int(entry)] = st
+    return out
+
+
+def children(pid: int) -> list[int]:
+    """Return the living (not zombie) child processes of ``pid``, in pid order."""
+    return sorted(c for c, st in processes().items() if st.ppid == pid and not st.zombie)

@@ -220,12 +220,8 @@ is_alive = procfs.is_alive
 def descendants(root: int) -> list[int]:
     """Return ``root`` and every living descendant process (tgids), parents before children."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        st = proc_stat(int(entry))
-        if st:
-            children.setdefault(st[1], []).append(int(entry))
+    for pid, st in procfs.processes().items():
+        children.setdefault(st.ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
         pid = todo.pop(0)
