@@ -47,8 +47,9 @@ def live_share(sec: int) -> float:
     return covered / S
 
 
-def duty_cycle(src: Path, dst: Path) -> None:
-    """Copy recording ``src`` to ``dst`` as if its launch probes had been duty-cycled (the module docstring)."""
+def duty_cycle(src: Path, dst: Path, count_error: float = 0.0) -> None:
+    """Copy recording ``src`` to ``dst`` as if its launch probes had been duty-cycled (the module docstring),
+    the recorder's launch count off by ``count_error`` (a fraction, within ERROR_PCT)."""
     shutil.copy(src, dst)
     with duckdb.connect(str(dst)) as con:
         con.execute(
@@ -58,10 +59,11 @@ def duty_cycle(src: Path, dst: Path) -> None:
         )
         seen = con.execute("SELECT count(*) FROM cuda_calls WHERE op = 'cudaLaunchKernel'").fetchone()[0]
         calls = con.execute("SELECT sum(calls) FROM op_stats WHERE op = 'cudaLaunchKernel'").fetchone()[0]
-        # the recorder's count stays the true one, known to ERROR_PCT
+        # the recorder's count is the true one (or off by count_error), known to ERROR_PCT
+        calls = round(calls * (1 + count_error))
         con.execute(
-            "UPDATE op_stats SET sampled_fraction = ?, error_pct = ? WHERE op = 'cudaLaunchKernel'",
-            [seen / calls, ERROR_PCT],
+            "UPDATE op_stats SET calls = ?, sampled_fraction = ?, error_pct = ? WHERE op = 'cudaLaunchKernel'",
+            [calls, seen / calls, ERROR_PCT],
         )
         for sec in range(DURATION_S + 1):
             con.execute("UPDATE thread_breakdown SET launch_sampled = ? WHERE sec = ?", [live_share(sec), sec])
@@ -80,6 +82,8 @@ def dbs(tmp_path_factory) -> dict[str, tuple[Path, TraceBuilder]]:
     for name in ("fixed", "fixed_rerun", "no_sync"):
         duty_cycle(out[name][0], d / f"{name}_cycled.duckdb")
         out[f"{name}_cycled"] = (d / f"{name}_cycled.duckdb", out[name][1])
+    duty_cycle(out["fixed"][0], d / "fixed_cycled_low.duckdb", count_error=-0.05)
+    out["fixed_cycled_low"] = (d / "fixed_cycled_low.duckdb", out["fixed"][1])
     return out
 
 
@@ -127,6 +131,19 @@ def test_a_fix_is_beyond_noise_when_the_after_side_was_duty_cycled(dbs):
     # AND the warning about the duty cycle says steps/s does not depend on it
     cycled = [w.message for w in c.warnings if w.kind == "different_options" and "duty-cycled" in w.message]
     assert len(cycled) == 1 and "steps/s does not depend on them" in cycled[0]
+
+
+def test_a_side_waiting_every_k_steps_gets_its_k_from_the_periods_its_probes_saw_whole(dbs):
+    # GIVEN the fix recorded duty-cycled, the recorder's launch count 5% low (within its error bound): scaled, the
+    # launches between two waits read 190, 19 steps of 10
+    (p_before, _), (p_low, b_low) = dbs["before"], dbs["fixed_cycled_low"]
+    # WHEN compared
+    c = compare(p_before, p_low)
+    st = c.steps
+    # THEN each wait is 200 launches, counted in the periods the live probes saw whole: 20 steps, as the loop ran
+    assert st.after.launches_per_marker == 200 and st.after.steps_per_wait == 20, st.method
+    assert "once every 20 steps" in st.method
+    assert st.after.steps_per_s == pytest.approx(true_steps_per_s(b_low, c, "after"), rel=0.01)
 
 
 def test_no_change_is_within_noise_when_both_sides_were_duty_cycled(dbs):

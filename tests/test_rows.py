@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
 from probes.catalog import OP_IDS
 from tracer.recorder import columns, events
 from tracer.recorder.proctree import ProcInfo, ThreadInfo
+from tracer.recorder.store import Store
 
 START = 1_000_000_000_000
 
@@ -104,3 +106,20 @@ def test_proc_event_columns_leave_thread_ends_to_the_threads_table() -> None:
     cols = columns.proc_event_columns(ev, START)
     assert cols["kind"] == ["fork", "exit"]
     assert cols["ppid"].to_pylist() == [4, None] and cols["exit_code"].to_pylist() == [None, 256]
+
+
+def test_a_stack_line_no_source_file_has_is_stored_as_unknown(tmp_path) -> None:
+    # GIVEN a Python frame whose line came from a table read while its code object was freed (any 64-bit value)
+    frames = [
+        ("py", "m", "f", "a.py", 12, False),
+        ("py", "m", "g", "a.py", 2**40, False),
+        ("py", "m", "h", "a.py", 0, True),
+    ]
+    # WHEN its stack is written through the store
+    s = Store(tmp_path / "t.duckdb")
+    s.put("stacks", columns.stack_columns(7, frames))
+    s.close()
+    # THEN the recording keeps the stack, the impossible lines as unknown, instead of failing the whole batch
+    with duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True) as c:
+        rows = c.execute("SELECT depth, line FROM stacks WHERE stack_id = 7 ORDER BY depth").fetchall()
+    assert rows == [(0, 12), (1, None), (2, None)]

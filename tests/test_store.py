@@ -174,8 +174,11 @@ def test_a_batch_that_cannot_be_written_fails_the_store_instead_of_killing_its_w
     s.sync()
     # THEN the store reports the failure (the recorder then stops with a clear error), not a silent dead thread
     assert s.failed
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError) as e:
         s.put("cuda_calls", _calls(1))
+    # AND the error names the table and the cause, not the aborted transaction that followed it
+    assert "cuda_calls" in str(e.value) and "Conversion" in str(e.value), e.value
+    assert "transaction is aborted" not in str(e.value)
     s.close()
 
 

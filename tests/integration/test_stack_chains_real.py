@@ -4,11 +4,17 @@ untraced ground truth.
 
 Each truth is measured by the workload itself or in the test, never taken from the tracer:
 
-- gil_thread.py: the loop's wall time untraced with and without its metrics thread, measured here right before
-  the recording (the shorter of two runs each); the loss share is 1 - t_without / t_with. Measured on the 2-vCPU
-  VM under other tests' load: t_without 1.59 s, t_with 3.52-3.70 s for 300 steps: 55-58% lost. The chain's
-  cost is the GIL waits alone (the run-queue waits after each hand-over are cpu_contention's, and the tracer's
-  own attach is outside the loop), so its share is expected within [0.6, 1.25] x the loss share.
+- gil_thread.py: the loop's wall time with and without its metrics thread, by the loop's own clock, in the
+  recorded run and in a run recorded the same way without the thread; the loss share is 1 - t_without / t_with.
+  Untraced (two runs each, 2-vCPU VMs): t_without 1.57-1.59 s, t_with 3.07-3.70 s for 300 steps, 48-58% lost,
+  the spread being how fast a woken thread runs on the VM of the day. Traced the loss is larger, 0.69-0.72
+  (t_with 5.2-5.6 s), and it is the observer effect of a uprobe, not a bias of the chain: a probed call lasts
+  ~20 us longer on this VM (~10 us a trap), while the loop has released the GIL for it, long enough for the
+  waiting metrics thread to wake and take the lock, so the loop loses a 5 ms switch interval on nearly every
+  CUDA call instead of on some (FAKE_CUDA_LAUNCH_US=25 untraced, a call as long as a probed one, loses 0.71).
+  The chain describes the run it recorded, so it is held to that run's loss: the GIL waits alone (the run-queue
+  waits after each hand-over are cpu_contention's), within [0.6, 1.25] x the traced loss share. The untraced
+  loss is measured too, and the traced one may only exceed it.
 - checkpoint_io.py: the run's own clock: the time inside ``save_checkpoint`` less the thread's waits for a CPU
   meanwhile (/proc/thread-self/schedstat), printed as ``save_own_share``: 0.13-0.15 of the loop untraced, against
   a with/without loss of 0.14-0.25 (three runs each; the disk and the other tests' load vary). The chain counts
@@ -65,14 +71,22 @@ def untraced_wall(*args: str) -> float:
     return float(re.search(r"wall=([0-9.]+)s", out).group(1))
 
 
+def loop_wall(r: Recording) -> float:
+    """The loop's wall time, as the workload printed it in a recorded run."""
+    return printed(r, r"gil_thread: steps=\d+ wall")
+
+
 @pytest.fixture(scope="module")
 def gil(tmp_path_factory):
+    """The GIL recording, the loss its metrics thread caused in it (see the module docstring), and the loss
+    untraced: the least disturbed of two runs each, as other tenants' load only ever adds time."""
     script = str(WORKLOADS / "gil_thread.py")
-    # the least disturbed of two runs each: other tenants' load only ever adds time
-    without = min(untraced_wall(script, "--steps", "300", "--no-metrics") for _ in range(2))
-    with_ = min(untraced_wall(script, "--steps", "300") for _ in range(2))
+    untraced = 1 - min(untraced_wall(script, "--steps", "300", "--no-metrics") for _ in range(2)) / min(
+        untraced_wall(script, "--steps", "300") for _ in range(2)
+    )
     r = cached("stack-gil", tmp_path_factory, workload("gil_thread.py", "--steps", "300"), timeout=300)
-    return r, 1 - without / with_
+    alone = cached("stack-gil-alone", tmp_path_factory, workload("gil_thread.py", "--steps", "300", "--no-metrics"))
+    return r, 1 - loop_wall(alone) / loop_wall(r), untraced
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +110,7 @@ def batch(tmp_path_factory):
 
 def test_gil_contention_names_the_metrics_thread_and_its_line(gil):
     # GIVEN a loop whose process runs a pure-Python metrics thread; WHEN chains are computed
-    r, truth = gil
+    r, truth, untraced = gil
     ch = one(chains_of(r), "gil_contention")
     # THEN the waits are the training thread's, the culprit is the metrics thread at its hot line
     metrics_tid = int(re.search(r"metrics_tid=(\d+)", r.output).group(1))
@@ -105,12 +119,14 @@ def test_gil_contention_names_the_metrics_thread_and_its_line(gil):
     hot = marker_line("gil_thread.py", "GIL_HOT")
     assert ch.culprit.code_site.endswith(f"gil_thread.py:{hot} aggregate_metrics"), ch.culprit
     assert ch.culprit.comm == f"thread {metrics_tid} (aggregate_metrics, gil_thread.py:{hot})"
-    # and its share is the untraced loss the thread causes, within the band the module docstring states
-    assert 0.6 * truth <= ch.share <= 1.25 * truth, (ch.share, truth)
+    # and its share is the loss the thread caused in the recorded run, within the band the module docstring
+    # states; the probes' observer effect only ever adds to the untraced loss
+    assert 0.6 * truth <= ch.share <= 1.25 * truth, (ch.share, truth, untraced)
+    assert truth >= 0.9 * untraced, (truth, untraced)
 
 
 def test_gil_contention_outranks_the_syncs_it_stretches(gil):
-    r, _ = gil
+    r = gil[0]
     mine = [c for c in chains_of(r) if not (c.category == "cpu_contention" and c.evidence.holder_class == "other")]
     assert mine[0].category == "gil_contention", [(c.category, c.share) for c in mine]
 
@@ -155,7 +171,7 @@ def test_host_bound_loop_names_the_batch_building_line(batch):
 
 def test_off_cpu_rows_add_up_to_the_blocked_time(gil):
     # every blocked ns of the training thread outside calls is in offcpu_stacks, exactly
-    r, _ = gil
+    r = gil[0]
     with r.conn() as c:
         for tid, blocked, stacked in c.execute(
             "SELECT b.tid, b.ns, coalesce(o.ns, 0) FROM (SELECT tid, sum(blocked_ns) ns FROM thread_breakdown "

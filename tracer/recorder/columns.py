@@ -360,6 +360,15 @@ def thread_columns(threads: Iterable[ThreadInfo], calls_by_tid: dict[int, int]) 
 
 Frame = tuple[str, str, "str | None", "str | None", "int | None", bool]  # kind, module, function, file, line, approx
 
+# stacks.line is an INTEGER: a line decoded from a table read while its code object was being freed can be any
+# 64-bit value, and one such value would abort the whole batch's INSERT (and with it the recording)
+_LINE_MAX = 2**31 - 1
+
+
+def _line(line: int | None) -> int | None:
+    """Return ``line``, or None (unknown) when no source file has it: not a positive 32-bit value."""
+    return line if line is not None and 0 < line <= _LINE_MAX else None
+
 
 def stack_columns(stack_id: int, frames: Sequence[Frame]) -> Columns:
     """stacks columns of one stack, outermost frame first (depth 0)."""
@@ -370,6 +379,6 @@ def stack_columns(stack_id: int, frames: Sequence[Frame]) -> Columns:
         "module": [f[1] for f in frames],
         "function": [f[2] for f in frames],
         "file": [f[3] for f in frames],
-        "line": [f[4] for f in frames],
+        "line": [_line(f[4]) for f in frames],
         "line_approx": [f[5] for f in frames],
     }

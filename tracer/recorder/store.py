@@ -328,8 +328,15 @@ class Store:
         self.conn.register("_batch", tbl)
         try:
             self.conn.execute(f"INSERT INTO {table} SELECT {', '.join(cols)} FROM _batch")
+        except duckdb.Error as e:
+            # Name the table and keep this error: unregistering inside the now-aborted transaction raises
+            # "Current transaction is aborted", which would otherwise replace the cause.
+            raise type(e)(f"appending {tbl.num_rows} rows to {table}: {e}") from e
         finally:
-            self.conn.unregister("_batch")
+            try:
+                self.conn.unregister("_batch")
+            except duckdb.Error:
+                pass  # the transaction is aborted; the rollback drops the view with it
         return tbl.num_rows
 
     @property

@@ -176,7 +176,38 @@ def cadence(side: Side) -> Cadence:
                     {"tid": subject.tid, "ops": names, "first": first, "last": last},
                 ).fetchall()
                 out.between = sum(c * scales[op] for op, c in inside) / ((n - 1) * marker_scale)
+                if marker_scale <= 1.0 and any(scales[op] > 1.0 for op in names):
+                    out.between = _whole_period(side, subject.tid, out.marker, names, (first, last)) or out.between
     return out
+
+
+# a period count is taken as a step's whole launches when this many periods between two waits show it
+MIN_WHOLE_PERIODS = 3
+
+
+def _whole_period(side: Side, tid: int, marker: str, launches: list[str], span: tuple[int, int]) -> float | None:
+    """Return the launches of one period between two consecutive waits, counted where the probes saw it whole.
+
+    When some launch rows are missing (duty-cycled probes, a full ring buffer) the launches between the first and
+    the last wait are a scaled estimate, and the estimator's few percent of error decide the k of a side that waits
+    every k steps: 190 launches per wait read as 19 steps of 10 when the truth is 20. Rows are only ever missing,
+    never added, so a period the probes saw whole shows the largest count, and every whole period shows the same
+    one: the most common count of the periods is taken when at least MIN_WHOLE_PERIODS show it and it is within
+    CADENCE_TOL of the largest (a period the probes cut shows fewer). None when no such count exists (probes live
+    for shorter than a period, a loop whose steps differ), and the scaled estimate stands."""
+    counts = side.conn.execute(
+        "WITH m AS (SELECT ts_ns, row_number() OVER (ORDER BY ts_ns) AS i FROM cuda_calls "
+        "  WHERE tid = $tid AND op = $marker AND ts_ns >= $first AND ts_ns <= $last), "
+        "l AS (SELECT ts_ns FROM cuda_calls WHERE tid = $tid AND list_contains($ops, op) "
+        "  AND ts_ns > $first AND ts_ns < $last) "
+        "SELECT n, count(*) AS periods FROM (SELECT m.i, count(*) AS n FROM l ASOF JOIN m ON l.ts_ns >= m.ts_ns "
+        "GROUP BY m.i) GROUP BY n ORDER BY periods DESC, n DESC",
+        {"tid": tid, "marker": marker, "ops": launches, "first": span[0], "last": span[1]},
+    ).fetchall()
+    if not counts:
+        return None
+    (n, periods), largest = counts[0], max(c for c, _ in counts)
+    return float(n) if periods >= MIN_WHOLE_PERIODS and n >= (1 - CADENCE_TOL) * largest else None
 
 
 def step_unit(before: Cadence, after: Cadence) -> tuple[str, float | None, bool, str]:
