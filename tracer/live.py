@@ -10,7 +10,9 @@ that copy and answers from it; session.flushed_ns says how far it goes. The reco
 snapshot costs the writer thread one file copy, at most once per MIN_INTERVAL_S, and only when asked.
 
 The server never outlives the recorder: started through :mod:`tracer.commands.live_server`, it ends within about
-a second of the recorder's death, a `kill -9` included, and removes the snapshots (:func:`tie_to_recorder`).
+a second of the recorder's death, a `kill -9` included, and removes the snapshots (:func:`tie_to_recorder`). Its
+own watch is a thread of a busy Python process, so the recorder's guardian (tracer/recorder/guardian.py) does it
+too, from outside: snapshots removed, SIGTERM, SIGKILL a second later.
 """
 
 from __future__ import annotations

@@ -317,6 +317,8 @@ class Recorder:
 
         self.live = LiveServer(self.opts.mcp_http or "", self.opts.mcp_token_file, snapshot)
         self.live.start()
+        if self.live.proc is not None:  # the server's own watch of this process is a backstop's second line
+            self.guardian.also_end(self.live.proc.pid, self.live.dir)
         self._status(f"serving this recording over MCP at http://{self.opts.mcp_http}/mcp (snapshots on demand)")
 
     def _start_sampler(self) -> None:
