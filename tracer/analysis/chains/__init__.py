@@ -33,6 +33,7 @@ from tracer.analysis.chains import (
     sync_stall,
 )
 from tracer.analysis.chains.context import ChainContext, Subject
+from tracer.analysis.chains.coverage import coverage
 from tracer.analysis.chains.model import (
     CATEGORIES,
     SEVERITIES,
@@ -119,12 +120,13 @@ def compute_chains(
     ctx = ctx or ChainContext.load(conn, pid)
     chains = detect_all(ctx)
     counts = {s: sum(1 for c in chains if c.severity == s) for s in SEVERITIES}
-    if sev:
-        chains = [c for c in chains if c.severity == sev]
     note = ctx.times.note
     if ctx.times.basis != "exact" and not ctx.info.has_wakers:
         note = (note + "; " if note else "") + "dataloader_starvation needs wakers, which this recording lacks"
     training = ctx.training
+    covered = coverage(ctx, chains)  # every chain found: a severity filter or the limit explains nothing less
+    if sev:
+        chains = [c for c in chains if c.severity == sev]
     return ChainsResult(
         chains=chains[: max(limit, 0)],
         total=len(chains),
@@ -132,6 +134,7 @@ def compute_chains(
         basis=ctx.times.basis,
         note=note,
         training_tid=training.tid if training else None,
+        coverage=covered,
     )
 
 

@@ -460,6 +460,35 @@ class CausalChain(Record):
     ] = None
 
 
+class PartCoverage(Record):
+    """One part of the training thread's breakdown of at least 5% of its steps, and what explains it."""
+
+    part: Annotated[str, Field(description="the breakdown part (tracer breakdown): cpu, sync, blocked, runq_other...")]
+    ms: Annotated[float, Field(description="its time in the thread's steps, ms")]
+    share: Annotated[float, Field(description="its share of the steps, 0..1")]
+    explained_by: Annotated[
+        list[str],
+        Field(
+            description="the categories of the thread's chains that account for it; 'gpu_limit' when the thread "
+            "waits because the GPU is the limit, 'tracer' for the tracer's own CPU; empty: unexplained"
+        ),
+    ]
+    top_sites: Annotated[
+        list[str], Field(description="unexplained only: where the time went, heaviest first (code sites or holders)")
+    ]
+
+
+class Coverage(Record):
+    """How much of the training thread's time the chains explain (issue 18): every part of at least 5% of its
+    steps is explained by a chain or listed as unexplained with its top sites."""
+
+    tid: int
+    pid: int
+    steps_ms: Annotated[float, Field(description="the thread's steps (first to last CUDA call), ms")]
+    parts: list[PartCoverage]
+    unexplained_share: Annotated[float, Field(description="share of the steps in parts no chain explains, 0..1")]
+
+
 class ChainsResult(Record):
     """Causal chains, worst first (severity, then share of the thread's time)."""
 
@@ -469,3 +498,7 @@ class ChainsResult(Record):
     basis: Annotated[str, Field(description="exact | estimated | none: what the shares are computed from")]
     note: Annotated[str, Field(description="caveats of the basis; empty when exact")]
     training_tid: Annotated[int | None, Field(description="the training thread (most launch + sync time)")]
+    coverage: Annotated[
+        Coverage | None,
+        Field(description="which parts of the training thread's time the chains explain, and where the rest goes"),
+    ] = None

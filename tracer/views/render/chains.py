@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from tracer.analysis.chains import CausalChain, ChainsResult
+from tracer.analysis.chains.model import Coverage
 from tracer.views.render.cells import SEVERITY_STYLE, us
 
 LIST_ITEMS = 8  # evidence lists show this many items, then how many there are in all
@@ -61,11 +62,29 @@ def _cost_line(c: CausalChain) -> Text:
     return t
 
 
+def render_coverage(cv: Coverage | None) -> RenderableType:
+    """Return what the chains leave unexplained of the training thread's time: each part of at least 5% of its
+    steps, with what explains it or, when nothing does, where its time went."""
+    if cv is None:
+        return Text("")
+    head = Text(f"coverage of thread {cv.tid} (pid {cv.pid}), {cv.steps_ms:,.0f} ms of steps: ", "bold")
+    head.append(f"{cv.unexplained_share:.0%} unexplained", "bold red" if cv.unexplained_share > 0.10 else "bold")
+    lines: list[RenderableType] = [head]
+    for p in cv.parts:
+        why = ", ".join(p.explained_by) if p.explained_by else "unexplained"
+        lines.append(Padding(Text(f"{p.part:<11} {p.share:6.1%}  {p.ms:>10,.1f} ms  {why}"), (0, 0, 0, 2)))
+        lines += [Padding(Text(site, "dim"), (0, 0, 0, 6)) for site in p.top_sites]
+    return Group(*lines)
+
+
 def render_chains(res: ChainsResult) -> RenderableType:
     if not res.chains:
-        return Text(
-            f"No causal chains found ({res.total} total). The traced calls' tails are explained by "
-            "nothing the host did."
+        return Group(
+            Text(
+                f"No causal chains found ({res.total} total). The traced calls' tails are explained by "
+                "nothing the host did."
+            ),
+            render_coverage(res.coverage),
         )
     parts: list[RenderableType] = [
         Text(
@@ -100,4 +119,5 @@ def render_chains(res: ChainsResult) -> RenderableType:
         )
     if len(res.chains) < res.total:
         parts.append(Text(f"and {res.total - len(res.chains)} more chains (tracer chains --limit N)", "dim"))
+    parts.append(render_coverage(res.coverage))
     return Group(*parts)

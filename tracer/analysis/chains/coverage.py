@@ -1,0 +1,153 @@
+"""Coverage: which parts of the training thread's time the chains explain, and where the rest goes (issue 18).
+
+The breakdown accounts for every nanosecond of the thread's steps (tracer.analysis.breakdown); the chains explain
+some of it. After the chains, each part that is at least ``MIN_PART`` of the steps is either *explained* (a chain
+of the thread names its cause: :data:`EXPLAINS` says which categories account for which part) or listed as
+*unexplained*, with its top code sites: on-CPU samples for ``cpu``, off-CPU stacks for ``blocked``, the calls'
+stacks for a CUDA part, the holders of the CPU for a run-queue wait. ``unexplained_share`` is the sum of the
+unexplained parts: what a user is left without a *why* for.
+
+Two parts are explained without a chain of their own:
+
+- waiting for the GPU (``sync``, ``copy``) and the host work it hides (``cpu``, ``launch``) when the GPU is the
+  limit: a ``gpu_bound`` chain, or, short of one, a thread whose waits for the GPU (at least MIN_PART of its
+  steps) no ``sync_stall`` chain calls a stall. The thread waits because the device is busy, which is the goal of a training loop;
+- ``runq_tracer``: the tracer's own CPU, which the breakdown names as such (and ``bench/overhead`` measures).
+
+And the thread's CPU outside calls is a chain's when most of its samples (``AT_SITE``) run under that chain's
+code site: the Python of the line that makes the churned calls (the ctypes or binding work around 51,000
+cudaMalloc/cudaFree a second) is part of what that line costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tracer.analysis.chains.context import ChainContext, Subject
+from tracer.analysis.chains.model import CausalChain, Coverage, PartCoverage
+from tracer.analysis.stack_time import blocked_stacks, sampled_stacks, top_lines
+from tracer.analysis.taxonomy import CALL_PART_NAMES, PART_NAMES, RUNQ_PART_NAMES
+
+MIN_PART = 0.05  # a part this share of the steps or more is explained or listed
+AT_SITE = 0.5  # the CPU part is a chain's when this share of its samples runs under the chain's code site
+MS = 1_000_000
+SITES = 3  # code sites listed per unexplained part
+
+# part -> the chain categories whose cause accounts for it
+EXPLAINS: dict[str, frozenset[str]] = {
+    # sync_stall: the stall serializes the host's work with the GPU's (the fix overlaps them)
+    "cpu": frozenset({"host_python", "launch_bound", "memory_pressure", "gpu_bound", "sync_stall"}),
+    "launch": frozenset({"launch_bound", "host_python", "gpu_bound", "sync_stall"}),
+    "sync": frozenset({"sync_stall", "gpu_bound", "straggler_rank"}),
+    "copy": frozenset({"sync_stall", "gpu_bound", "straggler_rank"}),
+    "alloc": frozenset({"allocation_churn"}),
+    "free": frozenset({"allocation_churn"}),
+    "other": frozenset({"sync_stall", "allocation_churn", "straggler_rank"}),
+    "runq_self": frozenset({"cpu_contention", "gil_contention"}),
+    "runq_tree": frozenset({"cpu_contention", "dataloader_starvation", "process_churn"}),
+    "runq_other": frozenset({"cpu_contention"}),
+    "blocked": frozenset(
+        {
+            "gil_contention",
+            "blocking_io",
+            "lock_contention",
+            "dataloader_starvation",
+            "process_churn",
+            "straggler_rank",
+            "memory_pressure",
+        }
+    ),
+}
+GPU_PARTS = frozenset({"sync", "copy", "cpu", "launch"})  # explained when the GPU is the limit (module docstring)
+TRACER_PART = "runq_tracer"
+
+
+def _of(chain: CausalChain, s: Subject) -> bool:
+    """True when ``chain`` is about subject ``s``'s thread (or its process, for a chain without a thread)."""
+    return chain.tid == s.tid if chain.tid is not None else s.pid in chain.pids
+
+
+def _gpu_limited(s: Subject, mine: Sequence[CausalChain]) -> bool:
+    """True when the thread's waits for the GPU are the device being the limit, not a stall to fix: a gpu_bound
+    chain says so, or the thread waits for the GPU MIN_PART of its steps or more and no sync_stall chain calls
+    its waits a stall."""
+    cats = {c.category for c in mine}
+    waits = s.share(s.time.ns("sync", "copy"))
+    return "gpu_bound" in cats or ("sync_stall" not in cats and waits >= MIN_PART)
+
+
+def _cpu_at_sites(ctx: ChainContext, s: Subject, mine: Sequence[CausalChain]) -> list[str]:
+    """Return the categories of the chains under whose code site at least AT_SITE of the thread's sampled CPU
+    outside calls runs (a frame of the sample's stack is the site)."""
+    sited = {c.culprit.code_site: c.category for c in mine if c.culprit is not None and c.culprit.code_site}
+    if not sited or not ctx.info.has("cpu_samples"):
+        return []
+    stacks = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s), outside_calls=True).get(s.tid, [])
+    total = sum(x.ns for x in stacks)
+    under: dict[str, float] = {}
+    for x in stacks:
+        here = {f"{f[3]}:{f[4]} {f[2]}" for f in x.frames if f[0] == "python"}
+        for cat in {cat for site, cat in sited.items() if site in here}:
+            under[cat] = under.get(cat, 0.0) + x.ns
+    return sorted(cat for cat, ns in under.items() if total and ns >= AT_SITE * total)
+
+
+def _sites(ctx: ChainContext, s: Subject, part: str) -> list[str]:
+    """Return where the thread spent ``part``: 'site (ms)' of its heaviest code sites or holders."""
+    weight = ctx.in_steps(s)
+    if part == "cpu" and ctx.info.has("cpu_samples"):
+        stacks = sampled_stacks(ctx.conn, [s.tid], weight, outside_calls=True).get(s.tid, [])
+        return [f"{x.site or '(no Python frame)'} ({x.ns / MS:,.0f} ms sampled)" for x in top_lines(stacks, SITES)]
+    if part == "blocked" and ctx.info.has("offcpu_stacks"):
+        stacks = [b for b in blocked_stacks(ctx.conn, s.tid, weight) if not b.in_call]
+        return [f"{x.site or '(no Python frame)'} ({x.ns / MS:,.0f} ms)" for x in top_lines(stacks, SITES)]
+    if part in CALL_PART_NAMES:
+        ops = [o.op for o in ctx.ops_of(s.pid, lambda o: o.part == part)]
+        return [
+            f"{site or '(no stack)'} ({ns / MS:,.0f} ms in {n:,} stored calls)"
+            for site, n, ns, _ in ctx.top_sites(s.pid, ops, s.tid, limit=SITES)
+        ]
+    if part in RUNQ_PART_NAMES:
+        holders, _ = ctx.holders(s)
+        return [f"{h.comm} {h.pid} [{h.holder}] ({h.runq_ms:,.0f} ms)" for h in holders[:SITES]]
+    return []
+
+
+def coverage(ctx: ChainContext, chains: Sequence[CausalChain]) -> Coverage | None:
+    """Return the training thread's coverage by ``chains`` (every chain found, before any filter); None when the
+    recording has no training thread."""
+    s = ctx.training
+    if s is None or s.time.wall <= 0:
+        return None
+    mine = [c for c in chains if _of(c, s)]
+    gpu = _gpu_limited(s, mine)
+    parts = []
+    for part in PART_NAMES:
+        ns = s.time.ns(part)
+        share = s.share(ns)
+        if share < MIN_PART:
+            continue
+        by = sorted({c.category for c in mine if c.category in EXPLAINS.get(part, ())})
+        if not by and part == "cpu":
+            by = _cpu_at_sites(ctx, s, mine)
+        if not by and part == TRACER_PART:
+            by = ["tracer"]
+        elif not by and gpu and part in GPU_PARTS:
+            by = ["gpu_limit"]
+        parts.append(
+            PartCoverage(
+                part=part,
+                ms=round(ns / MS, 1),
+                share=round(share, 4),
+                explained_by=by,
+                top_sites=[] if by else _sites(ctx, s, part),
+            )
+        )
+    unexplained = sum(p.share for p in parts if not p.explained_by)
+    return Coverage(
+        tid=s.tid,
+        pid=s.pid,
+        steps_ms=round(s.time.wall / MS, 1),
+        parts=parts,
+        unexplained_share=round(unexplained, 4),
+    )
