@@ -200,10 +200,14 @@ static __always_inline void count_call(u32 tgid, u16 op, u64 dur, u64 bytes, u64
 
 /* Hash the current thread's stack; send it (with a copy of the user stack) the first time this process shows it,
  * and queue its new code objects (*new_codes: how many). Return the hash, or 0 when the stack could not be sent.
- * `mode` (STACK_*, common.h) says what identifies the stack; `ur` holds the user registers to unwind from. */
-static __always_inline u64 capture_stack(void *ctx, struct user_regs *ur, u32 tgid, u32 tid, u32 mode,
-                                         u32 *new_codes)
+ * `mode` (STACK_*, common.h) says what identifies the stack; `ur` holds the user registers to unwind from.
+ * The thread is the current one. Inlined into each of its three programs (a call's, a blocking switch's, a
+ * sample's): bcc loads each program from its own section, so a BPF-to-BPF call to a shared function fails to
+ * load ("jump out of range"). */
+static __always_inline u64 capture_stack(void *ctx, struct user_regs *ur, u32 mode, u32 *new_codes)
 {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
     u32 zero = 0;
     struct stack_event *se = stack_scratch.lookup(&zero);
     if (!se)
@@ -353,7 +357,7 @@ int call_with_stack(struct pt_regs *ctx)
     u32 new_codes = 0;
     struct user_regs ur;
     user_regs_of_ctx(ctx, &ur);
-    ev->stack_ref = capture_stack(ctx, &ur, ev->pid, ev->tid, STACK_AT_CALL, &new_codes);
+    ev->stack_ref = capture_stack(ctx, &ur, STACK_AT_CALL, &new_codes);
     if (calls.ringbuf_output(ev, sizeof(*ev), calls_wakeup()))
         count_lost(LOST_CALLS);
     if (new_codes)

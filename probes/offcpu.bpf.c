@@ -41,7 +41,7 @@ int offcpu_stack(void *ctx)
     struct user_regs ur;
     user_regs_of_task(&ur);
     u32 new_codes = 0;
-    u64 ref = capture_stack(ctx, &ur, tgid, tid, STACK_OFF_CPU, &new_codes);
+    u64 ref = capture_stack(ctx, &ur, STACK_OFF_CPU, &new_codes);
     st = tstate.lookup(&tid); /* re-read: the verifier forgets map values across the capture's helper calls */
     if (st)
         st->off_stack = ref;
