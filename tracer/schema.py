@@ -92,6 +92,12 @@ TABLES: tuple[Table, ...] = (
         ("attach_s", "DOUBLE", "of startup_s, attaching the probes"),
         ("first_event_s", "DOUBLE", "seconds from the start of `tracer record` to the first recorded CUDA call"),
         ("flush_s", "DOUBLE", "seconds the final flush took (aggregates, processes, session row, chains)"),
+        (
+            "recording_cpu_pct",
+            "DOUBLE",
+            "the recorder's CPU from the probes being live to the job's end, % of one core: the steady cost, apart "
+            "from start-up (startup_s) and finish (flush_s)",
+        ),
         ("holds", "INTEGER", "times a target was stopped (SIGSTOP) to attach to a CUDA library it opened"),
         ("held_ms", "DOUBLE", "total milliseconds targets spent stopped by the tracer"),
         (

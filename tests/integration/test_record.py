@@ -181,6 +181,21 @@ def test_every_row_the_recorder_stored_is_in_the_db(name: str, request: pytest.F
     assert seconds >= int(live_s) - 1
 
 
+def test_the_summary_separates_start_up_recording_and_finish(train: Recording) -> None:
+    # GIVEN a finished recording; WHEN its session row is read
+    ((startup, pct, flush, cpu, duration),) = query(
+        train.db, "SELECT startup_s, recording_cpu_pct, flush_s, recorder_cpu_s, duration_s FROM session"
+    )
+    # THEN the steady recording's CPU is a share of a core, and a part of all the CPU the recorder used (issue 21)
+    assert pct is not None and 0 < pct < 100 * (os.cpu_count() or 1)
+    assert pct / 100 * (duration - startup) <= cpu + 0.05
+    # AND the closing line says the three apart, as stored
+    assert (
+        f"{startup:.1f} s start-up, {pct:.1f}% of a core while recording, {flush:.1f} s finishing"
+        in train.proc.stderr.replace("\n", " ")
+    ), train.proc.stderr[-2000:]
+
+
 def test_train_workers_are_traced_and_named(train: Recording) -> None:
     # GIVEN train.py with --worker-cuda: 2 workers per epoch, 2 epochs, each making CUDA calls
     workers = {f["pid"] for f in read_counts(train.counts) if f["comm"] == "pt_data_worker"}

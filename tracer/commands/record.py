@@ -32,9 +32,11 @@ def print_summary(s: RecordSummary, *, ops_table: bool = True) -> None:
         f"traced, {s.events_stored:,} stored, {s.events_lost:,} lost, {s.processes} processes"
     )
     first = f"first call recorded at {s.first_event_s:.1f} s" if s.first_event_s is not None else "no call recorded"
+    steady = f"{s.recording_cpu_pct:.1f}% of a core while recording" if s.recording_cpu_pct is not None else ""
     err.print(
-        f"tracer: probes live {s.startup_s:.1f} s after start, {first}, final flush {s.flush_s:.1f} s; "
-        f"it used {s.recorder_cpu_s:.1f} s of CPU and {s.recorder_peak_rss_bytes / 2**20:.0f} MiB; "
+        f"tracer: {s.startup_s:.1f} s start-up, " + (f"{steady}, " if steady else "") + f"{s.flush_s:.1f} s "
+        f"finishing; {first}; it used {s.recorder_cpu_s:.1f} s of CPU in all and "
+        f"{s.recorder_peak_rss_bytes / 2**20:.0f} MiB; "
         f"{s.holds} hold{'s' if s.holds != 1 else ''} ({s.held_ms:.0f} ms)",
         highlight=False,
     )

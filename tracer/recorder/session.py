@@ -109,6 +109,7 @@ class RecordSummary:
     startup_s: float = 0.0
     first_event_s: float | None = None
     flush_s: float = 0.0
+    recording_cpu_pct: float | None = None  # the recorder's CPU while recording, % of a core (start-up, finish apart)
     recorder_cpu_s: float = 0.0
     recorder_peak_rss_bytes: int = 0
     holds: int = 0
@@ -288,6 +289,7 @@ class Recorder:
             self.phases["attach_s"] = time.monotonic() - t
             self._read_host_counters()
             self.phases["startup_s"] = self._elapsed()
+            self._live_since = (time.monotonic(), _cpu_s())  # the steady recording's clock and CPU start here
             if self.command is not None:
                 self.command.release()
             self.trap, measured = trap_cost(_load_uprobe(self.bpf, "calib_probe"), _CACHE_DIR)
@@ -692,6 +694,7 @@ class Recorder:
             StoreError: a write failed; what was written before it stays readable.
         """
         t_flush = time.monotonic()
+        self._recording_cpu_pct = self._cpu_pct_since_live(t_flush)
         if self.command is not None:
             self.command.release()
         self._set_gate(False)  # from now on nobody is stopped
@@ -712,6 +715,14 @@ class Recorder:
             self._drop_tracepoints()
             self.guardian.finish()
         return summary
+
+    def _cpu_pct_since_live(self, now: float) -> float | None:
+        """Return the recorder's CPU from the probes being live to ``now`` as % of one core (None before that):
+        the steady recording's cost, apart from the start-up's compile and the finish's writes (issue 21)."""
+        since = getattr(self, "_live_since", None)
+        if since is None or now <= since[0]:
+            return None
+        return round(100 * (_cpu_s() - since[1]) / (now - since[0]), 2)
 
     def _drop_tracepoints(self) -> None:
         """Empty the target list, so the tracepoint programs do nothing more for the job, and close this process's
@@ -778,6 +789,7 @@ class Recorder:
             startup_s=self.phases.get("startup_s", 0.0),
             first_event_s=self._first_event_s(),
             flush_s=self.flush_s,
+            recording_cpu_pct=getattr(self, "_recording_cpu_pct", None),
             recorder_cpu_s=_cpu_s(),
             recorder_peak_rss_bytes=usage.ru_maxrss * 1024,
             holds=self.attacher.holds.count,
@@ -840,6 +852,9 @@ class Recorder:
             "attach_s": self.phases.get("attach_s"),
             "first_event_s": round(first, 3) if first is not None else None,
             "flush_s": None if live else round(getattr(self, "flush_s", 0.0), 3),
+            "recording_cpu_pct": (
+                self._cpu_pct_since_live(time.monotonic()) if live else getattr(self, "_recording_cpu_pct", None)
+            ),
             "holds": self.attacher.holds.count if hasattr(self, "attacher") else 0,
             "held_ms": round(self.attacher.holds.held_ms, 3) if hasattr(self, "attacher") else 0.0,
             "command_fate": self.command_fate,

@@ -11,7 +11,8 @@ Two parts are explained without a chain of their own:
 
 - waiting for the GPU (``sync``, ``copy``) and the host work it hides (``cpu``, ``launch``) when the GPU is the
   limit: a ``gpu_bound`` chain, or, short of one, a thread whose waits for the GPU (at least MIN_PART of its
-  steps) no ``sync_stall`` chain calls a stall. The thread waits because the device is busy, which is the goal of a training loop;
+  steps) no ``sync_stall`` chain calls a stall. The thread waits because the device is busy, which is the goal
+  of a training loop;
 - ``runq_tracer``: the tracer's own CPU, which the breakdown names as such (and ``bench/overhead`` measures).
 
 And the thread's CPU outside calls is a chain's when most of its samples (``AT_SITE``) run under that chain's
