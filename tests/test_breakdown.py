@@ -4,6 +4,8 @@ is its own line."""
 
 from __future__ import annotations
 
+import os
+
 import duckdb
 import pytest
 from tracedb import (
@@ -229,3 +231,106 @@ def test_a_holder_seen_under_several_names_gets_one(tmp_path, order):
     (h,) = [h for h in breakdown_of(tmp_path / "t.duckdb").threads[0].holders if h.pid == 0]
     # THEN it has one name, the same whatever order the rows come in (an MCP answer must equal the CLI's)
     assert h.comm == "swapper/0" and h.runq_ms == pytest.approx(4.0)
+
+
+# -- thread names ---------------------------------------------------------------------------------------------------
+
+METRICS_TID, WORKER_TID, PIN_TID, IDLE_TID = MAIN_PID + 50, MAIN_PID + 51, MAIN_PID + 52, MAIN_PID + 53
+TRAIN = ("python", "/w/train.py", "main", "/w/train.py", 76)
+HOT = ("python", "/w/metrics.py", "aggregate_metrics", "/w/metrics.py", 15)
+TORCH = ("python", "/usr/lib/python3/dist-packages/torch/nn/modules/module.py", "_call_impl", None, 1520)
+MEMCPY = ("native", "/lib/x86_64-linux-gnu/libc.so.6", "memcpy", None, None)
+
+
+def named(tmp_path, samples: bool = True):
+    """The healthy loop with threads beside the training thread: one with the interpreter's name, one with the
+    name PyTorch gives its main thread, one named by its code (pin_memory), one never sampled; the training
+    thread sampled most in native code, then in its own line (under a library frame), then in another."""
+    b = builder("healthy")
+    for tid, comm in ((METRICS_TID, "python3"), (WORKER_TID, "pt_main_thread"), (PIN_TID, "pin_memory"),
+                      (IDLE_TID, "python3.11")):  # fmt: skip
+        b.thread(MAIN_PID, tid, comm)
+    native, train, hot = b.stack([MEMCPY]), b.stack([TRAIN, TORCH]), b.stack([TRAIN, HOT])
+    for sec in range(10, 20):
+        b.samples(sec, native, 60)
+        b.samples(sec, train, 30, in_call=True)
+        b.samples(sec, hot, 20)
+        b.samples(sec, hot, 90, tid=METRICS_TID)
+        b.samples(sec, train, 5, tid=METRICS_TID)
+        b.samples(sec, train, 50, tid=WORKER_TID)
+        b.samples(sec, hot, 50, tid=PIN_TID)
+    path = b.write(tmp_path / "named.duckdb")
+    if not samples:
+        with duckdb.connect(str(path)) as c:
+            c.execute("DROP TABLE cpu_samples")
+    return path
+
+
+def test_threads_are_named_by_what_they_run(tmp_path):
+    # GIVEN threads whose OS names say nothing (python3, pt_main_thread, python3.11, their process's own name)
+    res = breakdown_of(named(tmp_path))
+    names = {t.tid: t.name for t in res.process_threads}
+    # THEN each is named by the Python function it was sampled in most (the training thread: its own line,
+    # not the native stack it was sampled in more, nor the library frame under it); a thread that names itself
+    # keeps its name; one never sampled is its tid
+    assert res.threads[0].name == f"thread {MAIN_PID} (main, train.py:76)" == names[MAIN_PID]
+    assert names == {
+        MAIN_PID: f"thread {MAIN_PID} (main, train.py:76)",
+        METRICS_TID: f"thread {METRICS_TID} (aggregate_metrics, metrics.py:15)",
+        WORKER_TID: f"thread {WORKER_TID} (main, train.py:76)",
+        PIN_TID: f"pin_memory ({PIN_TID})",
+        IDLE_TID: f"thread {IDLE_TID}",
+    }
+    # and the OS name stays what it is
+    assert {t.tid: t.comm for t in res.process_threads}[WORKER_TID] == "pt_main_thread"
+
+
+def test_without_samples_threads_are_named_by_their_tid(tmp_path):
+    res = breakdown_of(named(tmp_path, samples=False))
+    assert res.threads[0].name == f"thread {MAIN_PID}"
+    assert {t.tid: t.name for t in res.process_threads}[PIN_TID] == f"pin_memory ({PIN_TID})"
+    text = rendered(res)
+    assert f"thread {MAIN_PID} python3" in text and "(main, train.py" not in text
+
+
+def rendered(res) -> str:
+    from rich.console import Console
+
+    from tracer.views.render.breakdown import render_breakdown
+
+    con = Console(width=220, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    con.print(render_breakdown(res))
+    return con.export_text()
+
+
+def test_breakdown_renders_the_names(tmp_path):
+    text = rendered(breakdown_of(named(tmp_path)))
+    # the training thread's heading, and each thread of the process with what it ran beside its OS name
+    assert f"thread {MAIN_PID} (main, train.py:76)" in text.splitlines()[1]
+    for tid, cell in (
+        (METRICS_TID, "python3 (aggregate_metrics, metrics.py:15)"),
+        (WORKER_TID, "pt_main_thread (main, train.py:76)"),
+        (PIN_TID, "pin_memory "),
+        (IDLE_TID, "python3.11 "),
+    ):
+        row = next(line for line in text.splitlines() if line.strip().startswith(str(tid)))
+        assert cell in row, row
+
+
+def test_mcp_breakdown_carries_the_names(tmp_path):
+    import anyio
+    from mcp import Client
+
+    from mcp_server.server import build_server
+
+    path = named(tmp_path)
+
+    async def go():
+        async with Client(build_server(path)) as c:
+            return await c.call_tool("get_time_breakdown", {})
+
+    sc = anyio.run(go).structured_content
+    assert sc["threads"][0]["name"] == f"thread {MAIN_PID} (main, train.py:76)"
+    assert {t["tid"]: t["name"] for t in sc["process_threads"]} == {
+        t.tid: t.name for t in breakdown_of(path).process_threads
+    }

@@ -20,6 +20,39 @@ from tracer.views.export.chrome import HOST_PID, PID_LIMIT
 
 HOG = 4242
 TRACER_PID = 900
+PIN_TID, UNNAMED_TID = MAIN_PID + 7, MAIN_PID + 9
+
+
+def py(file: str, function: str, line: int) -> tuple:
+    return ("python", file, function, file, line)
+
+
+MAIN = py("/w/train.py", "main", 131)
+TRAIN_STEP = [MAIN, py("/w/train.py", "train_step", 88)]
+# a library frame inside the user's line: the line is the user's (train.py:131 main)
+IN_TORCH = [MAIN, py("/usr/lib/python3/dist-packages/torch/nn/modules/module.py", "_call_impl", 1520)]
+PIN = [py("/w/pin.py", "pin", 10)]
+COPY = [py("/w/pin.py", "copy", 20)]
+MEMCPY = [("native", "/lib/x86_64-linux-gnu/libc.so.6", "memcpy", None, None)]
+# (pid, tid, sec) -> (stack, samples, in_call, kernel) rows, and the line each stack names
+SAMPLES = {
+    (MAIN_PID, MAIN_PID, 3): [(TRAIN_STEP, 50, False, False), (TRAIN_STEP, 5, True, False),
+                              (IN_TORCH, 30, False, False), (IN_TORCH, 2, False, True)],
+    (MAIN_PID, MAIN_PID, 4): [(IN_TORCH, 70, False, False), (TRAIN_STEP, 10, False, False)],
+    (MAIN_PID, MAIN_PID, 6): [(TRAIN_STEP, 20, False, False)],
+    (MAIN_PID, PIN_TID, 3): [(PIN, 40, False, False), (COPY, 30, False, False), (MEMCPY, 20, False, True),
+                             (None, 10, False, False)],
+    (MAIN_PID, UNNAMED_TID, 30): [(PIN, 3, False, False)],
+}  # fmt: skip
+LINE = {
+    id(TRAIN_STEP): "train.py:88 train_step",
+    id(IN_TORCH): "train.py:131 main",
+    id(PIN): "pin.py:10 pin",
+    id(COPY): "pin.py:20 copy",
+    id(MEMCPY): "libc.so.6 memcpy",
+    id(None): "?",
+}
+HZ = 99
 PAGE_ALLOC = {(MAIN_PID, 3): 40 << 20, (MAIN_PID + 1, 3): 8 << 20}  # (pid, sec) -> bytes
 PHASES = {"X", "i", "C", "M", "s", "f"}
 METADATA = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}
@@ -27,7 +60,7 @@ METADATA = {"process_name", "process_labels", "process_sort_index", "thread_name
 
 def contention(path: Path) -> TraceBuilder:
     """The cpu_contention scenario plus what schema v2 adds: wakers, a tracer process, a named extra thread and
-    per-thread page allocation."""
+    per-thread page allocation; and the on-CPU samples of SAMPLES."""
     b = builder("cpu_contention")
     for r in b.sched:
         if r["pid"] != MAIN_PID and r["reason"] == "io":
@@ -35,6 +68,10 @@ def contention(path: Path) -> TraceBuilder:
     b.processes.append(dict(pid=TRACER_PID, ppid=1, comm="tracer", cmdline="tracer record", first_ns=0, role="tracer"))
     b.call(3 * S + 123_456, 7_891, "cudaMalloc", tid=MAIN_PID + 7, bytes=1 << 20)  # a call on a second thread
     b.thread(MAIN_PID, MAIN_PID + 7, "pin_memory")
+    for (pid, tid, sec), rows in SAMPLES.items():
+        for stack, n, in_call, kernel in rows:
+            sid = b.stack(stack) if stack else None
+            b.samples(sec, sid, n, pid=pid, tid=tid, in_call=in_call, kernel=kernel, hz=HZ)
     b.write(path)
     con = duckdb.connect(str(path))
     try:
@@ -217,6 +254,100 @@ def test_host_samples_and_page_allocation_are_counters(exported):
     assert host_alloc == [round(h["page_alloc_bytes"] / 1e6, 3) for h in b.host_samples]
     per_pid = {(e["pid"], round(e["ts"] / 1e6)): e["args"]["MB/s"] for e in counters if e["name"] == "page alloc"}
     assert per_pid == {k: round(v / 1e6, 3) for k, v in PAGE_ALLOC.items()}
+
+
+def sampled_seconds() -> dict[tuple[int, int, int], dict]:
+    """(pid, tid, sec) -> what SAMPLES says of that thread-second: samples and cpu_ns by line, in/kernel counts."""
+    out = {}
+    for key, rows in SAMPLES.items():
+        n, ns = Counter(), Counter()
+        for stack, k, _, _ in rows:
+            n[LINE[id(stack)]] += k
+            ns[LINE[id(stack)]] += k * S // HZ
+        out[key] = dict(
+            n=n,
+            ns=ns,
+            in_call=sum(k for _, k, ic, _ in rows if ic),
+            kernel=sum(k for _, k, _, kern in rows if kern),
+        )
+    return out
+
+
+def test_on_cpu_samples_are_instants_on_the_thread_track_named_by_the_top_line(exported):
+    trace, _, _ = exported
+    inst = [e for e in by_ph(trace, "i") if e.get("cat") == "cpu_samples"]
+    # one instant per sampled thread-second, on that thread's track, at the start of the second
+    got = {(e["pid"], e["tid"], round(e["ts"] / 1e6)): e for e in inst}
+    assert len(inst) == len(got) == len(SAMPLES) and got.keys() == SAMPLES.keys()
+    for key, want in sampled_seconds().items():
+        e = got[key]
+        top = sorted(want["n"], key=lambda line: -want["n"][line])[:3]
+        assert e["s"] == "t" and e["ts"] == key[2] * 1e6 and e["name"] == f"on-CPU {top[0]}"
+        assert e["args"]["lines"] == [
+            {"line": line, "samples": want["n"][line], "cpu_ms": round(want["ns"][line] / 1e6, 3)} for line in top
+        ]
+        assert e["args"]["samples"] == sum(want["n"].values())
+        assert e["args"]["cpu_ms"] == round(sum(want["ns"].values()) / 1e6, 3)
+        assert e["args"].get("in_call_samples") == (want["in_call"] or None)
+        assert e["args"].get("kernel_samples") == (want["kernel"] or None)
+        assert e["args"].get("more_lines") == (len(want["n"]) - len(top) or None)
+    # by hand: second 3 of the main thread ran train_step most (55 of 87 samples, 5 inside a CUDA call); its
+    # library frames count for the user's line that called them (train.py:131)
+    main3 = got[(MAIN_PID, MAIN_PID, 3)]
+    assert main3["name"] == "on-CPU train.py:88 train_step"
+    assert [(x["line"], x["samples"]) for x in main3["args"]["lines"]] == [
+        ("train.py:88 train_step", 55),
+        ("train.py:131 main", 32),
+    ]
+    assert (main3["args"]["samples"], main3["args"]["in_call_samples"], main3["args"]["kernel_samples"]) == (87, 5, 2)
+    assert got[(MAIN_PID, MAIN_PID, 4)]["name"] == "on-CPU train.py:131 main"
+    # the pin thread ran four lines that second: the top three are listed (a native one by its function), the
+    # fourth (a stack not captured) counted
+    pin = got[(MAIN_PID, PIN_TID, 3)]["args"]
+    assert [x["line"] for x in pin["lines"]] == ["pin.py:10 pin", "pin.py:20 copy", "libc.so.6 memcpy"]
+    assert pin["more_lines"] == 1 and pin["samples"] == 100
+    # a thread known only by its samples gets a named track too
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in by_ph(trace, "M") if e["name"] == "thread_name"}
+    assert threads[(MAIN_PID, UNNAMED_TID)] == f"thread {UNNAMED_TID} (python3)"
+    assert {(e["pid"], e["tid"]) for e in inst} <= threads.keys()
+
+
+def test_on_cpu_time_is_a_counter_per_thread_that_falls_to_zero(exported):
+    trace, _, _ = exported
+    cpu = [e for e in by_ph(trace, "C") if e["name"].startswith("on-CPU")]
+    assert all(e["name"] == f"on-CPU thread {e['tid']}" and e["pid"] == MAIN_PID for e in cpu)
+    got = {(e["tid"], e["ts"] / 1e6): e["args"]["ms/s"] for e in cpu}
+    ms = {(tid, sec): round(sum(w["ns"].values()) / 1e6, 3) for (_, tid, sec), w in sampled_seconds().items()}
+    # each sampled second, then 0 in the first second after it that was not sampled
+    zeros = {(MAIN_PID, 5): 0, (MAIN_PID, 7): 0, (PIN_TID, 4): 0, (UNNAMED_TID, 31): 0}
+    assert len(cpu) == len(got) and got == {**ms, **zeros}
+    assert got[(MAIN_PID, 3)] == round(87 * (S // HZ) / 1e6, 3)
+
+
+def test_on_cpu_samples_keep_to_the_window(built, tmp_path):
+    out = tmp_path / "w.json"
+    with open_trace(built[0]) as conn:
+        s = export_trace(conn, out, start_s=4.0, end_s=6.5, max_events=None)
+    trace = json.loads(out.read_text())
+    inst = [(e["tid"], e["ts"] / 1e6) for e in by_ph(trace, "i") if e.get("cat") == "cpu_samples"]
+    cpu = [(e["tid"], e["ts"] / 1e6, e["args"]["ms/s"]) for e in by_ph(trace, "C") if e["name"].startswith("on-CPU")]
+    assert inst == [(MAIN_PID, 4), (MAIN_PID, 6)] and s.events["cpu_samples"] == 2
+    # the zero after second 6 (at 7 s) is past the window's end
+    assert [(t, ts) for t, ts, _ in cpu] == [(MAIN_PID, 4), (MAIN_PID, 5), (MAIN_PID, 6)] and cpu[1][2] == 0
+
+
+def test_a_recording_without_samples_exports(tmp_path):
+    p = tmp_path / "old.duckdb"
+    b = contention(p)
+    with duckdb.connect(str(p)) as c:
+        c.execute("DROP TABLE cpu_samples")
+    with open_trace(p) as conn:
+        s = export_trace(conn, tmp_path / "old.json")
+    trace = json.loads((tmp_path / "old.json").read_text())
+    assert "cpu_samples" not in s.events and s.calls_written == len(b.cuda_calls)
+    assert not [e for e in trace["traceEvents"] if e["name"].startswith("on-CPU")]
+    threads = {e["tid"] for e in by_ph(trace, "M") if e["name"] == "thread_name"}
+    assert UNNAMED_TID not in threads and PIN_TID in threads
 
 
 def test_window_keeps_what_overlaps_it(built, tmp_path):

@@ -2,10 +2,10 @@
 
 Analysis tests need DBs whose every number is known. :class:`TraceBuilder` collects rows the way the recorder
 would write them (calls, off-CPU intervals with who held the CPU and who woke the thread, page faults per thread,
-process events, host samples) and derives every aggregate from them exactly, as the kernel side would count it:
-``op_stats`` with its log-linear histogram (:mod:`tracer.hist`), ``sched_stats``, ``preemptors`` per waiting
-thread, ``threads``, ``thread_breakdown`` (each thread's wall time per second split into parts that add up) and
-``thread_wakers``. A test can recompute any expected value from the builder itself.
+process events, host samples, on-CPU samples by stack) and derives every aggregate from them exactly, as the kernel
+side would count it: ``op_stats`` with its log-linear histogram (:mod:`tracer.hist`), ``sched_stats``,
+``preemptors`` per waiting thread, ``threads``, ``thread_breakdown`` (each thread's wall time per second split into
+parts that add up) and ``thread_wakers``. A test can recompute any expected value from the builder itself.
 
 Breakdown rules (those of the recorder): the time inside a CUDA call goes to the call's part (its catalog class;
 a synchronous copy is ``sync``), a call nested in another (the driver call inside a runtime call) to the outer
@@ -64,6 +64,7 @@ class TraceBuilder:
     process_events: list[dict[str, Any]] = field(default_factory=list)
     host_samples: list[dict[str, Any]] = field(default_factory=list)
     stacks: list[dict[str, Any]] = field(default_factory=list)
+    cpu_samples: list[dict[str, Any]] = field(default_factory=list)
     sampled_fraction: float = 1.0
     _stack_ids: dict[tuple[tuple[Any, ...], ...], int] = field(default_factory=dict)
 
@@ -251,6 +252,32 @@ class TraceBuilder:
                     )
                 )
         return self._stack_ids[key]
+
+    def samples(
+        self,
+        sec: int,
+        stack_id: int | None,
+        samples: int,
+        pid: int = MAIN_PID,
+        tid: int | None = None,
+        in_call: bool = False,
+        kernel: bool = False,
+        hz: int = 99,
+    ) -> None:
+        """On-CPU samples of a thread in one second and stack (a ``cpu_samples`` row; cpu_ns as the recorder
+        counts it at ``hz`` samples per second of CPU)."""
+        self.cpu_samples.append(
+            dict(
+                sec=sec,
+                pid=pid,
+                tid=tid or pid,
+                stack_id=stack_id,
+                in_call=in_call,
+                kernel=kernel,
+                samples=samples,
+                cpu_ns=samples * S // hz,
+            )
+        )
 
     # -- derived aggregates -----------------------------------------------------------------------------------
     @property
@@ -555,6 +582,7 @@ class TraceBuilder:
             "process_events": self.process_events,
             "host_samples": self.host_samples,
             "stacks": self.stacks,
+            "cpu_samples": self.cpu_samples,
         }
         if self.accounting:
             tables.update(

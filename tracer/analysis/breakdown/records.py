@@ -46,12 +46,21 @@ class AddUp(Record):
     parts_mismatch_ms: Annotated[float, Field(description="sum of the parts - sum of wall_ns (0 when consistent)")]
 
 
+# the thread by what it runs (tracer.analysis.stack_time.thread_name), for both records
+NAME = (
+    "the thread by what it runs: its OS name where that says something, 'pin_memory (1007)'; else (python3, "
+    "pt_main_thread, its process's name) its tid and the Python function it was sampled in most, 'thread 1007 "
+    "(aggregate_metrics, metrics.py:15)', or 'thread 1007' without samples"
+)
+
+
 class ThreadSummary(Record):
     """One thread of the process, in brief: the culprit of a fault storm is often a thread with no CUDA call."""
 
     pid: int
     tid: int
     comm: str
+    name: Annotated[str, Field(description=NAME)]
     cuda_calls: int
     wall_ms: float
     cpu_ms: Annotated[float, Field(description="on CPU outside CUDA calls, ms")]
@@ -68,7 +77,8 @@ class ThreadBreakdown(Record):
 
     pid: int
     tid: int
-    comm: Annotated[str, Field(description="thread name")]
+    comm: Annotated[str, Field(description="thread name (the OS's)")]
+    name: Annotated[str, Field(description=NAME)]
     process_comm: str
     role: Annotated[
         str,

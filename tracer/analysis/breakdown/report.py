@@ -1,11 +1,15 @@
 """``tracer breakdown``: where each CUDA thread's wall time went, training thread first (the parts, who held the
 CPU, who woke it, page faults, per time bucket), every thread of its process in brief, and the tracer's cost.
+Each thread is named by what it runs (:func:`thread_names`): its OS name, or where that is generic (python3,
+its process's), the Python function it was sampled in most.
 
 Check: the parts of every second add up to its ``wall_ns`` by construction; what is checked is that the seconds
 cover the thread's span (``threads.end_ns - threads.first_ns``). ``check.gap_pct`` reports the difference.
 """
 
 from __future__ import annotations
+
+import re
 
 import duckdb
 
@@ -15,6 +19,7 @@ from tracer.analysis.breakdown.records import AddUp, Breakdown, ThreadBreakdown,
 from tracer.analysis.breakdown.thread_time import MS, S, ThreadTime, add_row, zero_row
 from tracer.analysis.breakdown.tracer_cost import tracer_cost
 from tracer.analysis.recording import RecordingInfo, load_recording
+from tracer.analysis.stack_time import StackTime, load_frames, thread_name
 from tracer.analysis.taxonomy import CALL_PART_NAMES, PART_NAMES
 
 # auto bucket width: the smallest of these that gives at most MAX_BUCKETS buckets over the training thread
@@ -22,11 +27,12 @@ BUCKET_CHOICES = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
 MAX_BUCKETS = 60
 
 
-def summary_of(t: ThreadTime) -> ThreadSummary:
+def summary_of(t: ThreadTime, name: str) -> ThreadSummary:
     return ThreadSummary(
         pid=t.pid,
         tid=t.tid,
         comm=t.comm,
+        name=name,
         cuda_calls=t.cuda_calls,
         wall_ms=round(t.wall / MS, 3),
         cpu_ms=round(t.ns("cpu") / MS, 3),
@@ -102,6 +108,9 @@ def time_breakdown(
     shown.sort(key=lambda t: (t is not training, t.tid not in drivers, [-x for x in t.gpu_work_key]))
     focus = shown[0] if shown else None
     bucket = bucket_s if bucket_s > 0 else auto_bucket(focus.span_ns if focus else 0)
+    scope = pid if pid is not None else (training.pid if training else None)
+    in_scope = [t for t in times.threads if t.pid == scope]
+    names = thread_names(conn, info, shown + in_scope)
     out = []
     for t in shown:
         hs, hnote = holders_of(conn, info, t)
@@ -110,6 +119,7 @@ def time_breakdown(
                 pid=t.pid,
                 tid=t.tid,
                 comm=t.comm,
+                name=names[(t.pid, t.tid)],
                 process_comm=info.comm(t.pid),
                 role=times.role_of(t),
                 cuda_calls=t.cuda_calls,
@@ -131,8 +141,7 @@ def time_breakdown(
                 buckets=buckets_of(t, bucket) if t is focus else [],
             )
         )
-    scope = pid if pid is not None else (training.pid if training else None)
-    siblings = [summary_of(t) for t in times.threads if t.pid == scope]
+    siblings = [summary_of(t, names[(t.pid, t.tid)]) for t in in_scope]
     siblings.sort(key=lambda s: (-s.page_alloc_bytes, -s.faults, s.tid))
     return Breakdown(
         basis=times.basis,
@@ -145,6 +154,56 @@ def time_breakdown(
         process_threads=siblings,
         tracer=tracer_cost(conn, info, times.threads),
     )
+
+
+# OS thread names that say nothing of what a thread runs: the interpreter's (python, python3, python3.12: a thread
+# inherits its creator's name) and the one PyTorch gives its main thread
+GENERIC_COMM = re.compile(r"python[0-9.]*|pt_main_thread")
+
+
+def informative(comm: str, process_comm: str) -> bool:
+    """True when a thread's OS name says what it runs: set, not its process's, not a generic one."""
+    return bool(comm) and comm != process_comm and not GENERIC_COMM.fullmatch(comm)
+
+
+def thread_names(
+    conn: duckdb.DuckDBPyConnection, info: RecordingInfo, threads: list[ThreadTime]
+) -> dict[tuple[int, int], str]:
+    """(pid, tid) -> the thread's name (:func:`~tracer.analysis.stack_time.thread_name`): its OS name where that is
+    :func:`informative`, else its tid and the Python function of its hottest sampled stack with Python frames."""
+    plain = {(t.pid, t.tid) for t in threads if not informative(t.comm, info.comm(t.pid))}
+    hottest = _hottest_python_stacks(conn, info, plain)
+    frames = load_frames(conn, hottest.values())
+    out = {}
+    for t in threads:
+        key = (t.pid, t.tid)
+        sid = hottest.get(key)
+        st = [StackTime(sid, frames=frames.get(sid, []))] if sid is not None else []
+        # a generic OS name is passed as none: thread_name then names the thread by its hottest function
+        out[key] = thread_name("" if key in plain else t.comm, info.comm(t.pid), t.tid, st)
+    return out
+
+
+def _hottest_python_stacks(
+    conn: duckdb.DuckDBPyConnection, info: RecordingInfo, threads: set[tuple[int, int]]
+) -> dict[tuple[int, int], int]:
+    """(pid, tid) -> the stack with Python frames each thread was sampled in most (ties: the lowest stack_id);
+    none for a recording without ``cpu_samples``."""
+    if not threads or not info.has("cpu_samples"):
+        return {}
+    pids, tids = zip(*sorted(threads), strict=True)
+    rows = conn.execute(
+        """SELECT pid, tid, stack_id FROM (
+             SELECT pid, tid, stack_id,
+                    row_number() OVER (PARTITION BY pid, tid ORDER BY sum(samples) DESC, stack_id) AS r
+             FROM cpu_samples
+             SEMI JOIN (SELECT unnest($pids) AS p, unnest($tids) AS t) ON pid = p AND tid = t
+             WHERE stack_id IN (SELECT stack_id FROM stacks WHERE kind = 'python')
+             GROUP BY pid, tid, stack_id)
+           WHERE r = 1""",
+        {"pids": list(pids), "tids": list(tids)},
+    ).fetchall()
+    return {(int(p), int(t)): int(sid) for p, t, sid in rows}
 
 
 def _pid_of_tid(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, tid: int) -> int | None:

@@ -17,6 +17,9 @@ What goes where (the trace-event format: ph, ts and dur in µs, pid/tid tracks, 
   global instants (``s: g``) at their start, with the diagnosis in args.
 - Host samples and per-process page allocation are counters (``ph: C``), one series per name, on a ``host``
   track and the processes' tracks.
+- On-CPU samples (``cpu_samples``, counted per second): for each second a thread was sampled, an instant on its
+  track (``ph: i``, ``s: t``, cat ``cpu_samples``) named ``on-CPU <its heaviest line>`` with its samples and top
+  lines in args, and a counter of its CPU time (``on-CPU thread N``, ms/s) on its process (see :func:`_samples`).
 
 Timestamps are µs since the session start with three decimals, so nanoseconds survive; the session's wall-clock
 start is ``baseTimeNanoseconds``, as Kineto writes it. Events are streamed, one per line, never held in memory.
@@ -118,6 +121,7 @@ def write(conn: duckdb.DuckDBPyConnection, fh: TextIO, sel: rows.Selection) -> d
     known = _tracks(conn, cols, sel, out, procs)
     _calls(conn, cols, sel, out)
     _off_cpu(conn, cols, sel, out)
+    _samples(conn, cols, sel, out)
     _holders(conn, cols, sel, out, known, {int(p["pid"]) for p in procs}, len(procs))  # type: ignore[arg-type]
     _lifecycle(conn, sel, out)
     _chains(conn, sel, out)
@@ -250,6 +254,76 @@ def _off_cpu(conn: duckdb.DuckDBPyConnection, cols: rows.Columns, sel: rows.Sele
                     "in_call": s["in_call"],
                 },
             )
+
+
+# Lines listed per thread-second: a thread runs a handful of lines a second, and the rest are in tracer flame
+SAMPLE_LINES = 3
+
+
+def _samples(conn: duckdb.DuckDBPyConnection, cols: rows.Columns, sel: rows.Selection, out: _Out) -> None:
+    """Write the on-CPU samples: per sampled thread-second, an instant on the thread's track named by the line it
+    ran most, and a point of its CPU-time counter on its process.
+
+    Why instants and counters, not slices: ``cpu_samples`` counts per second, so when in the second a line ran
+    is not known. A slice (``X``) per second would have to nest with the calls and off-CPU slices of the same
+    track, which cross second boundaries (Perfetto drops or misnests slices that overlap without nesting), and a
+    slice per line would invent where in the second it ran. A thread-scoped instant (``s: t``; Perfetto makes it a
+    zero-length slice of the thread's track) nests inside anything; one per thread-second, not per line, since
+    instants at one timestamp overlap into one clickable mark: the top ``SAMPLE_LINES`` lines go in its args.
+    How much CPU the thread used is a counter (``C``), the format's way to draw a quantity per interval; counters
+    belong to a process in both viewers, so each thread's is on its process, named by its tid, and falls to 0 in
+    the first second the thread was not sampled. Two events per thread-second at most: bounded by the recording's
+    length times its threads, whatever its call rate.
+    """
+    last: tuple[int, int, int] | None = None  # (pid, tid, sec) of the last second written
+
+    def close(pid: int, tid: int, sec: int) -> None:
+        # the thread was not sampled in the second after `sec`: its counter falls to 0 there
+        if (sec + 1) * 1_000_000_000 < sel.end_ns:
+            out.event("counter", "C", f"on-CPU thread {tid}", pid, tid, (sec + 1) * 1_000_000_000, args={"ms/s": 0})
+
+    def second(g: list[rows.Row]) -> None:
+        nonlocal last
+        r = g[0]
+        pid, tid, sec = int(r["pid"]), int(r["tid"]), int(r["sec"])
+        if last is not None and (last[:2] != (pid, tid) or last[2] + 1 < sec):
+            close(*last)
+        last = (pid, tid, sec)
+        ts = sec * 1_000_000_000
+        cpu_ms = round(int(r["total_cpu_ns"]) / 1e6, 3)
+        out.event("counter", "C", f"on-CPU thread {tid}", pid, tid, ts, args={"ms/s": cpu_ms})
+        out.event(
+            "cpu_samples",
+            "i",
+            f"on-CPU {r['line']}",
+            pid,
+            tid,
+            ts,
+            cat="cpu_samples",
+            extra='"s":"t"',
+            args={
+                "samples": r["total_samples"],
+                "cpu_ms": cpu_ms,
+                "in_call_samples": r["in_call_samples"] or None,
+                "kernel_samples": r["kernel_samples"] or None,
+                "lines": [
+                    {"line": x["line"], "samples": x["samples"], "cpu_ms": round(int(x["cpu_ns"]) / 1e6, 3)} for x in g
+                ],
+                "more_lines": int(r["lines"]) - len(g) or None,
+            },
+        )
+
+    group: list[rows.Row] = []
+    for batch in rows.sample_lines(conn, cols, sel, SAMPLE_LINES):
+        for r in batch:
+            if group and r["rank"] == 1:
+                second(group)
+                group = []
+            group.append(r)
+    if group:
+        second(group)
+    if last is not None:
+        close(*last)
 
 
 def _holders(

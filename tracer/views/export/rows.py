@@ -9,18 +9,21 @@ read as NULL or empty from a v1 DB.
 The budget (``max_events``) is on individual calls and off-CPU intervals together, the only tables that grow
 with the recording's length times its call rate. When the window holds more, the longest rows are kept: a 20 ms
 preemption and a 20 ms sync matter equally, and the slow tail is what a timeline is opened for. Lifecycle
-events, host samples and chains are never dropped (a few per second at most).
+events, host samples and chains are never dropped (a few per second at most), nor are the on-CPU samples, which
+``cpu_samples`` already holds per second: :func:`sample_lines` reads the few heaviest lines of each sampled
+thread-second, so they grow with the recording's length times its threads, not its call rate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import duckdb
 import pyarrow as pa
 
 from tracer.analysis.db import session_row
+from tracer.analysis.stack_time import Frame, load_frames, user_frame
 
 BATCH_ROWS = 50_000  # Arrow batch size: ~10 MB of call rows, a fraction of a second of formatting each
 Row = dict[str, object]
@@ -49,6 +52,8 @@ class Selection:
 # an interval row (cuda_calls, sched) overlaps the window and passes the budget
 _IN = "ts_ns < $t1 AND ts_ns + dur_ns > $t0 AND (dur_ns > $kd OR (dur_ns = $kd AND ts_ns <= $kt))"
 _WINDOW = "ts_ns < $t1 AND ts_ns + dur_ns > $t0"
+# a per-second row (cpu_samples, thread_breakdown) whose second starts in the window
+_SEC = "sec * 1000000000 >= $t0 AND sec * 1000000000 < $t1"
 
 
 class Columns:
@@ -138,7 +143,7 @@ def _dicts(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, int]) ->
     return table.to_pylist()
 
 
-def _batches(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, int]) -> Iterator[list[Row]]:
+def _batches(conn: duckdb.DuckDBPyConnection, sql: str, params: Mapping[str, object]) -> Iterator[list[Row]]:
     """Yield the query's rows as lists of dicts, one Arrow batch at a time."""
     with conn.cursor() as cur:
         rel = cur.sql(sql, params=params)
@@ -162,20 +167,22 @@ def processes(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) ->
 
 
 def threads(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -> list[Row]:
-    """Return (pid, tid, comm) of every thread with a kept call or off-CPU interval, or a ``threads`` row,
-    in the window; comm is NULL where no table names the thread."""
+    """Return (pid, tid, comm) of every thread with a kept call or off-CPU interval, a ``threads`` row or on-CPU
+    samples in the window; comm is NULL where no table names the thread."""
     known = (
         "UNION ALL SELECT pid, tid, comm FROM threads WHERE coalesce(first_ns, 0) < $t1 "
         "AND coalesce(end_ns, $t1) >= $t0"
         if cols.has_table("threads")
         else ""
     )
+    sampled = f"UNION ALL SELECT DISTINCT pid, tid, NULL FROM cpu_samples WHERE {_SEC}" if _has_samples(cols) else ""
     return _dicts(
         conn,
         f"""SELECT pid, tid, max(comm) AS comm FROM (
               SELECT pid, tid, comm FROM sched WHERE {_IN}
               UNION ALL SELECT DISTINCT pid, tid, NULL FROM cuda_calls WHERE {_IN}
-              {known})
+              {known}
+              {sampled})
             GROUP BY pid, tid ORDER BY pid, tid""",
         sel.params,
     )
@@ -318,6 +325,86 @@ def page_alloc(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -
     return _dicts(
         conn,
         "SELECT pid, sec, CAST(sum(page_alloc_bytes) AS BIGINT) AS page_alloc_bytes FROM thread_breakdown "
-        "WHERE sec * 1000000000 >= $t0 AND sec * 1000000000 < $t1 GROUP BY pid, sec ORDER BY pid, sec",
+        f"WHERE {_SEC} GROUP BY pid, sec ORDER BY pid, sec",
         {"t0": sel.start_ns, "t1": sel.end_ns},
     )
+
+
+def _has_samples(cols: Columns) -> bool:
+    """True when the DB has the on-CPU samples (a recording from before the sampler has no ``cpu_samples``)."""
+    return all(cols.has_column("cpu_samples", c) for c in ("sec", "pid", "tid", "stack_id", "samples", "cpu_ns"))
+
+
+def _line_of(frames: list[Frame]) -> tuple[str, str]:
+    """Return (key, label) of the line a sampled stack ran: the innermost user Python frame as 'file:line
+    function' (the key with the full path, the label with the file's base name, as the calls' stacks are
+    written), else the innermost native frame ('module function'), for threads without Python."""
+    f = user_frame(frames)
+    if f is not None:
+        return f"{f[3]}:{f[4]} {f[2]}", f"{(f[3] or '?').rsplit('/', 1)[-1]}:{f[4]} {f[2]}"
+    if frames:
+        _, module, function, _, _ = frames[-1]
+        return f"{module} {function}", f"{(module or '?').rsplit('/', 1)[-1]} {function or '?'}"
+    return "?", "?"
+
+
+STACKS_PER_QUERY = 5_000  # stacks whose frames are read at once: bounds the memory of a recording's many stacks
+
+
+def sample_lines(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection, top: int) -> Iterator[list[Row]]:
+    """Yield the on-CPU samples of the window per (pid, tid, sec): the ``top`` lines that thread ran most that
+    second, heaviest first, in batches ordered by pid, tid, sec, rank; nothing for a DB without ``cpu_samples``.
+
+    Each row: pid, tid, sec, rank (1 = heaviest), line ('file.py:line function', see :func:`_line_of`; '?'
+    where the stack was not captured), samples and cpu_ns on that line, and the second's totals over every line:
+    ``total_samples``, ``total_cpu_ns``, ``in_call_samples`` (inside CUDA calls), ``kernel_samples`` (in kernel
+    code) and ``lines`` (distinct lines)."""
+    if not _has_samples(cols):
+        return
+    w = {"t0": sel.start_ns, "t1": sel.end_ns}
+    sids = [
+        int(r[0])
+        for r in conn.execute(
+            f"SELECT DISTINCT stack_id FROM cpu_samples WHERE {_SEC} AND stack_id IS NOT NULL ORDER BY 1", w
+        ).fetchall()
+    ]
+    # stack -> line index: the lines are told apart by their full path, labelled by the base name
+    index: dict[str, int] = {"?": 0}
+    labels = ["?"]
+    line_of: list[int] = []
+    for i in range(0, len(sids), STACKS_PER_QUERY):
+        chunk = sids[i : i + STACKS_PER_QUERY]
+        frames = load_frames(conn, chunk)
+        for sid in chunk:
+            key, label = _line_of(frames.get(sid, []))
+            if key not in index:
+                index[key] = len(labels)
+                labels.append(label)
+            line_of.append(index[key])
+    in_call = "CASE WHEN in_call THEN samples ELSE 0 END" if cols.has_column("cpu_samples", "in_call") else "0"
+    kernel = "CASE WHEN kernel THEN samples ELSE 0 END" if cols.has_column("cpu_samples", "kernel") else "0"
+    sql = f"""
+        SELECT pid, tid, sec, rank, line, samples, cpu_ns, total_samples, total_cpu_ns, in_call_samples,
+               kernel_samples, lines
+        FROM (
+          SELECT pid, tid, sec, line, samples, cpu_ns,
+                 row_number() OVER (PARTITION BY pid, tid, sec ORDER BY samples DESC, cpu_ns DESC, line) AS rank,
+                 CAST(sum(samples) OVER (PARTITION BY pid, tid, sec) AS BIGINT) AS total_samples,
+                 CAST(sum(cpu_ns) OVER (PARTITION BY pid, tid, sec) AS BIGINT) AS total_cpu_ns,
+                 CAST(sum(in_call_samples) OVER (PARTITION BY pid, tid, sec) AS BIGINT) AS in_call_samples,
+                 CAST(sum(kernel_samples) OVER (PARTITION BY pid, tid, sec) AS BIGINT) AS kernel_samples,
+                 count(*) OVER (PARTITION BY pid, tid, sec) AS lines
+          FROM (
+            SELECT c.pid, c.tid, c.sec, coalesce(m.line, 0) AS line, CAST(sum(c.samples) AS BIGINT) AS samples,
+                   CAST(sum(c.cpu_ns) AS BIGINT) AS cpu_ns, CAST(sum({in_call}) AS BIGINT) AS in_call_samples,
+                   CAST(sum({kernel}) AS BIGINT) AS kernel_samples
+            FROM cpu_samples c
+            LEFT JOIN (SELECT unnest($sids) AS sid, unnest($lines) AS line) m ON c.stack_id = m.sid
+            WHERE {_SEC.replace("sec", "c.sec")}
+            GROUP BY ALL))
+        WHERE rank <= $top
+        ORDER BY pid, tid, sec, rank"""
+    for batch in _batches(conn, sql, {**w, "sids": sids, "lines": line_of, "top": top}):
+        for r in batch:
+            r["line"] = labels[r["line"]]
+        yield batch

@@ -16,9 +16,17 @@ PART_STYLE = {"cpu": "green", "sync": "cyan", "blocked": "magenta", "runq_other"
 BAR = 30  # characters of a part's share bar
 
 
+def _runs(tid: int, name: str) -> str | None:
+    """What the thread ran, 'aggregate_metrics, metrics.py:15', where the breakdown named it by its hottest
+    function (its OS name being generic); else None."""
+    head = f"thread {tid} ("
+    return name[len(head) : -1] if name.startswith(head) and name.endswith(")") else None
+
+
 def _thread_view(t: ThreadBreakdown, basis: str) -> list[RenderableType]:
     head = Text()
-    head.append(f"thread {t.tid} {t.comm}", "bold")
+    # named by what it runs where its OS name says nothing (python3, its process's): thread 12858 (fn, file:line)
+    head.append(t.name if _runs(t.tid, t.name) else f"thread {t.tid} {t.comm}", "bold")
     head.append(
         f"  pid {t.pid} ({t.process_comm}), {t.role}, t = {t.first_s:.2f}-{t.end_s:.2f} s, wall {t.wall_ms:,.0f} ms, "
         f"{t.cuda_calls:,} CUDA calls"
@@ -122,7 +130,7 @@ def render_breakdown(b: Breakdown) -> RenderableType:
     if len(b.process_threads) > 1:
         pt = Table(
             "tid",
-            "comm",
+            "thread",
             "cuda calls",
             "wall ms",
             "cpu ms",
@@ -138,9 +146,10 @@ def render_breakdown(b: Breakdown) -> RenderableType:
             show_edge=False,
         )
         for x in b.process_threads:
+            runs = _runs(x.tid, x.name)
             pt.add_row(
                 str(x.tid),
-                escaped(x.comm),
+                escaped(f"{x.comm} ({runs})" if runs else x.comm),
                 f"{x.cuda_calls:,}",
                 f"{x.wall_ms:,.0f}",
                 f"{x.cpu_ms:,.0f}",
