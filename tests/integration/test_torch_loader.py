@@ -4,6 +4,12 @@
 Two recordings, each once per module: persistent_workers=False (torch's default: the workers are forked again
 every epoch) and persistent_workers=True. Expected numbers come from the workload's own per-process counts and
 its source (marked lines), never from the tracer. Needs root and torch in .venv (``./setup.sh`` installs it).
+
+A third (issue 18): persistent workers spending their time in a pure-Python augmentation (``--jitter-rounds
+40000``: ``python_jitter``, the line marked TRANSFORM_HOT), so the training loop starves. Its truth is the loop's
+own time (``loop_s``) untraced with and without the augmentation, the shorter of two runs each: 0.78 s against
+2.39 s for 90 steps on the 2-vCPU VM, 67% lost. The dataloader_starvation chain counts the training thread's
+waits a worker ended: expected within [0.6, 1.25] x that loss, naming the hot line.
 """
 
 from __future__ import annotations
@@ -57,13 +63,13 @@ class TorchRun:
         return {int(r["pid"]) for r in self.reports if r["comm"] == WORKER_COMM}
 
 
-def _record(tmp: Path, name: str, persistent: bool) -> TorchRun:
+def _record(tmp: Path, name: str, persistent: bool, *extra: str) -> TorchRun:
     need_nothing_missing(_why_not())
     db, counts = tmp / f"{name}.duckdb", tmp / f"{name}-counts"
     args = ["--workers", str(WORKERS), "--epochs", str(EPOCHS), "--steps", str(STEPS), "--counts-dir", str(counts)]
     if persistent:
         args.append("--persistent-workers")
-    proc = record(["--db", str(db), "--", str(VENV_PY), str(FIXTURE), *args], timeout=120)
+    proc = record(["--db", str(db), "--", str(VENV_PY), str(FIXTURE), *args, *extra], timeout=120)
     assert proc.returncode == 0, proc.stderr
     return TorchRun(db, counts, persistent)
 
@@ -280,3 +286,46 @@ def test_process_churn_stays_quiet_for_persistent_workers(persistent: TorchRun) 
     # GIVEN persistent_workers=True: one wave for the whole run
     # WHEN the chains are computed; THEN none is about process churn
     assert [c for c in _chains(persistent.db) if c["category"] == "process_churn"] == []
+
+
+# --- issue 18: workers busy in a Python transform -----------------------------------------------------------
+
+JITTER = ["--jitter-rounds", "40000", "--epochs", "3", "--steps", "30"]
+
+
+def _loop_s(*args: str) -> float:
+    """The training loop's own time (loop_s) of one untraced run of the fixture."""
+    need_nothing_missing(_why_not())
+    out = subprocess.run(
+        [str(VENV_PY), str(FIXTURE), "--persistent-workers", *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return float(re.search(r"loop_s=([0-9.]+)", out.stderr).group(1))
+
+
+@pytest.fixture(scope="module")
+def jitter(tmp: Path) -> tuple[TorchRun, float]:
+    """The recording and its truth (module docstring): the loss share of the augmentation, untraced."""
+    plain = [a if a != "40000" else "0" for a in JITTER]
+    loss = 1 - min(_loop_s(*plain) for _ in range(2)) / min(_loop_s(*JITTER) for _ in range(2))
+    return _record(tmp, "jitter", True, *JITTER), loss
+
+
+def test_a_starved_loop_names_the_workers_python_transform_line(jitter: tuple[TorchRun, float]) -> None:
+    from tracer.analysis.chains import compute_chains
+    from tracer.analysis.db import open_trace
+
+    # GIVEN the training loop fed by workers busy in a pure-Python augmentation; WHEN chains are computed
+    run, loss = jitter
+    with open_trace(run.db) as c:
+        found = [ch for ch in compute_chains(c, limit=100).chains if ch.category == "dataloader_starvation"]
+    # THEN the loop starves, and the culprit is the workers at the augmentation's hot line
+    assert found, "no dataloader_starvation chain"
+    ch = found[0]
+    hot = _marked_line(FIXTURE, "TRANSFORM_HOT")
+    assert ch.severity == "HIGH" and ch.tid == run.main_pid
+    assert ch.culprit.pid in run.workers and ch.culprit.code_site.endswith(f"torch_loader.py:{hot} python_jitter")
+    assert ch.evidence.worker_hot_lines[0].site == ch.culprit.code_site
+    assert f"torch_loader.py:{hot} python_jitter" in ch.summary
+    # AND its share is the augmentation's untraced loss, within the module docstring's band
+    assert 0.6 * loss <= ch.share <= 1.25 * loss, (ch.share, loss)

@@ -29,9 +29,11 @@ from tracer.analysis.chains.context import (
     clip,
     grade,
 )
+from tracer.analysis.chains.gil_contention import lines
 from tracer.analysis.chains.model import CausalChain, Culprit, DataloaderStarvationEvidence, WorkerLoad
 from tracer.analysis.chains.process_churn import respawn_stalls, respawn_windows
 from tracer.analysis.recording import most_alive_at_once
+from tracer.analysis.stack_time import sampled_stacks
 
 CATEGORY = "dataloader_starvation"
 HIGH = HIGH_SHARE
@@ -166,6 +168,10 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         cores = ctx.info.cpu_cores
         top = loads[0]
         blocked = t.ns("blocked")
+        # where the workers' CPU went (their on-CPU samples): the transform or decode line to make cheaper
+        hot = lines([x for st in sampled_stacks(ctx.conn, [x.tid for x in walls]).values() for x in st])
+        hot = [h for h in hot if h.site]
+        site = hot[0].site if hot else None
         # DataLoader settings only for a DataLoader's workers; another producer (a multiprocessing queue) gets
         # the same advice in its own terms
         dl = any(is_dataloader_worker(ctx, p) for p in by_pid)
@@ -186,7 +192,8 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                     if cores and more > n_workers
                     else "the CPUs are all used: make each batch cheaper"
                 )
-                + ", and move decoding/augmentation to the GPU or precompute it."
+                + ", and move decoding/augmentation to the GPU or precompute it"
+                + (f"; {hot[0].share:.0%} of their CPU is {site}." if site else ".")
             )
         else:
             recs.append(
@@ -207,7 +214,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                 severity=sev,
                 cost_ns=woken,
                 culprit=Culprit(
-                    kind="workers", pid=top.pid, tid=None, comm=top.comm, relation="own_workers", code_site=None
+                    kind="workers", pid=top.pid, tid=None, comm=top.comm, relation="own_workers", code_site=site
                 ),
                 pids=list(by_pid),
                 summary=(
@@ -215,7 +222,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                     f"time) until a data worker woke it: it was waiting for batches from {n_workers} worker "
                     f"process{'es' if n_workers != 1 else ''}"
                     + (f" ({len(loads)} over the recording, re-forked)" if len(loads) > n_workers else "")
-                    + f" ({busy:.0%} of their time on CPU)"
+                    + f" ({busy:.0%} of their time on CPU"
+                    + (f", {hot[0].share:.0%} of it at {site}" if site else "")
+                    + ")"
                     + (
                         f"; {lw.foreign_ns / MS:,.0f} ms more, while the workers queued behind other processes, "
                         "is counted under cpu_contention."
@@ -232,6 +241,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                     worker_count=n_workers,
                     workers_cpu_share=round(busy, 4),
                     cpu_cores=cores,
+                    worker_hot_lines=hot,
                 ),
                 recommendations=recs,
             )

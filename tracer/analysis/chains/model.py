@@ -227,6 +227,14 @@ class MemoryPressureEvidence(Record):
     oom_kills: Annotated[list[int], Field(description="pids the kernel's OOM killer killed")]
 
 
+class LineTime(Record):
+    """A Python line and the time spent at it."""
+
+    site: Annotated[str | None, Field(description="'file:line function', null when no Python frame")]
+    ms: float
+    share: Annotated[float, Field(description="of the time this list covers, 0..1")]
+
+
 class DataloaderStarvationEvidence(Record):
     """The thread blocked waiting for batches that its data workers delivered."""
 
@@ -247,6 +255,10 @@ class DataloaderStarvationEvidence(Record):
     worker_count: int
     workers_cpu_share: Annotated[float, Field(description="the workers' time on CPU / their wall time")]
     cpu_cores: int
+    worker_hot_lines: Annotated[
+        list[LineTime],
+        Field(description="where the workers' CPU went: their heaviest Python lines, from their on-CPU samples"),
+    ] = []
 
 
 class LaunchBoundEvidence(Record):
@@ -318,14 +330,6 @@ class StragglerRankEvidence(Record):
         str | None, Field(description="where in its step its extra time lies: between which two CUDA calls' lines")
     ]
     wait_stretch: Annotated[str | None, Field(description="where in their steps the others wait for it")]
-
-
-class LineTime(Record):
-    """A Python line and the time spent at it."""
-
-    site: Annotated[str | None, Field(description="'file:line function', null when no Python frame")]
-    ms: float
-    share: Annotated[float, Field(description="of the time this list covers, 0..1")]
 
 
 class GilHolder(Record):
