@@ -5,9 +5,10 @@ of :mod:`tracer.analysis.breakdown.estimate`."""
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 
 from tracer.analysis.breakdown.estimate import estimate_thread_times
-from tracer.analysis.breakdown.thread_time import FIELDS, S, ThreadTime, ThreadTimes, add_row, column_of, zero_row
+from tracer.analysis.breakdown.thread_time import FIELDS, S, SecondRows, ThreadTime, ThreadTimes, column_of
 from tracer.analysis.recording import RecordingInfo, load_recording
 from tracer.analysis.taxonomy import CALL_PART_NAMES
 
@@ -35,13 +36,27 @@ def load_thread_times(
 
 
 def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None) -> list[ThreadTime]:
-    # The rows as stored, the few (tid, sec) repeats summed below: DuckDB's GROUP BY of 20-odd sums costs ~10 ms
-    # however few the rows, most of trace_stats' budget.
-    cols = ", ".join(f"coalesce({column_of(f)}, 0)" for f in FIELDS)
-    rows = conn.execute(
+    """Every thread's exact rows, read as columns: the few (tid, sec) repeats (a long interval closed late) and
+    the per-thread totals are summed in numpy, and each thread's seconds stay arrays until read (SecondRows).
+    DuckDB's GROUP BY of 20-odd sums costs ~10 ms however few the rows; a dict per row cost most of loading a
+    fork-heavy recording (issue 21)."""
+    cols = ", ".join(f"coalesce({column_of(f)}, 0)::BIGINT AS f{i}" for i, f in enumerate(FIELDS))
+    got = conn.execute(
         f"SELECT pid, tid, sec, {cols} FROM thread_breakdown WHERE ($pid IS NULL OR pid = $pid) ORDER BY tid, sec",
         {"pid": pid},
-    ).fetchall()
+    ).fetchnumpy()
+    tids, secs = np.asarray(got["tid"], dtype=np.int64), np.asarray(got["sec"], dtype=np.int64)
+    if not len(tids):
+        return []
+    pids = np.asarray(got["pid"], dtype=np.int64)
+    values = np.column_stack([np.asarray(got[f"f{i}"], dtype=np.int64) for i in range(len(FIELDS))])
+    # one row per (tid, sec): sum the repeats
+    new = np.ones(len(tids), dtype=bool)
+    new[1:] = (tids[1:] != tids[:-1]) | (secs[1:] != secs[:-1])
+    if not new.all():
+        starts = np.flatnonzero(new)
+        values = np.add.reduceat(values, starts, axis=0)
+        tids, secs, pids = tids[starts], secs[starts], pids[starts]
     meta: dict[int, tuple] = {}
     if info.has("threads"):
         for r in conn.execute(
@@ -50,30 +65,28 @@ def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None
             {"pid": pid},
         ).fetchall():
             meta[r[0]] = r
-    out: dict[int, ThreadTime] = {}
-    for r in rows:
-        p, tid, sec = r[0], r[1], int(r[2])
-        t = out.get(tid)
-        if t is None:
-            m = meta.get(tid)
-            t = out[tid] = ThreadTime(
+    firsts = np.flatnonzero(np.r_[True, tids[1:] != tids[:-1]])
+    ends = np.r_[firsts[1:], len(tids)]
+    totals = np.add.reduceat(values, firsts, axis=0).tolist()
+    out: list[ThreadTime] = []
+    for k, (a, b) in enumerate(zip(firsts.tolist(), ends.tolist(), strict=True)):
+        tid, p, sec0 = int(tids[a]), int(pids[a]), int(secs[a])
+        m = meta.get(tid)
+        out.append(
+            ThreadTime(
                 pid=p,
                 tid=tid,
                 comm=(m[2] if m else None) or info.comm(p),
-                first_ns=int(m[3]) if m and m[3] is not None else sec * S,
-                end_ns=int(m[4]) if m and m[4] is not None else (sec + 1) * S,
+                first_ns=int(m[3]) if m and m[3] is not None else sec0 * S,
+                end_ns=int(m[4]) if m and m[4] is not None else (sec0 + 1) * S,
                 exited=bool(m[5]) if m else False,
                 cuda_calls=int(m[6] or 0) if m else 0,
-                total=zero_row(),
+                total=dict(zip(FIELDS, totals[k], strict=True)),
+                by_sec=SecondRows(secs[a:b], values[a:b]),
             )
-        row = dict(zip(FIELDS, (int(v) for v in r[3:]), strict=True))
-        if sec in t.by_sec:  # a long interval closed late: a second row for the same second
-            add_row(t.by_sec[sec], row)
-        else:
-            t.by_sec[sec] = row
-        add_row(t.total, row)
+        )
     if not meta:  # no threads rows: a thread issued CUDA calls when it spent time in them
-        for t in out.values():
+        for t in out:
             t.cuda_calls = 1 if t.ns(*CALL_PART_NAMES) > 0 else 0
             t.end_ns = max(t.end_ns, max(t.by_sec, default=0) * S + S)
-    return sorted(out.values(), key=lambda t: (t.pid, t.tid))
+    return sorted(out, key=lambda t: (t.pid, t.tid))

@@ -13,8 +13,11 @@ calls has such a *driver* thread; the training thread is the top one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+
+import numpy as np
 
 from tracer.analysis.taxonomy import CALL_PART_NAMES, PART_NAMES, RUNQ_PART_NAMES
 
@@ -33,6 +36,47 @@ def column_of(name: str) -> str:
     return name if name in COUNTS else f"{name}_ns"
 
 
+class SecondRows(Mapping[int, dict[str, int]]):
+    """A thread's rows per second, read-only, made into dicts of :data:`FIELDS` only when asked for.
+
+    A fork-heavy recording has 100 K threads of a second or two each; the analyses read the seconds of a few
+    (the training thread, the workers): building every row's dict up front was most of loading the recording
+    (issue 21). ``secs`` is sorted and unique; ``values[i]`` holds second ``secs[i]``'s quantities in FIELDS order.
+    """
+
+    __slots__ = ("_secs", "_values", "_rows", "_index")
+
+    def __init__(self, secs: np.ndarray, values: np.ndarray) -> None:
+        self._secs = secs
+        self._values = values
+        self._rows: dict[int, dict[str, int]] | None = None
+        self._index: dict[int, int] | None = None
+
+    def _all(self) -> dict[int, dict[str, int]]:
+        if self._rows is None:
+            self._rows = {
+                int(sec): dict(zip(FIELDS, row, strict=True))
+                for sec, row in zip(self._secs.tolist(), self._values.tolist(), strict=True)
+            }
+        return self._rows
+
+    def __getitem__(self, sec: int) -> dict[str, int]:
+        return self._all()[sec]
+
+    def __contains__(self, sec: object) -> bool:
+        if self._rows is not None:
+            return sec in self._rows
+        if self._index is None:
+            self._index = {int(x): i for i, x in enumerate(self._secs.tolist())}
+        return sec in self._index
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._secs.tolist())
+
+    def __len__(self) -> int:
+        return len(self._secs)
+
+
 @dataclass
 class ThreadTime:
     """One thread's time: totals and per second, in ns (counts for faults/page_alloc_bytes), keyed by FIELDS."""
@@ -45,7 +89,7 @@ class ThreadTime:
     exited: bool
     cuda_calls: int
     total: dict[str, int] = field(default_factory=dict)
-    by_sec: dict[int, dict[str, int]] = field(default_factory=dict)
+    by_sec: Mapping[int, dict[str, int]] = field(default_factory=dict)  # a dict, or SecondRows when loaded exact
 
     @property
     def wall(self) -> int:
