@@ -8,15 +8,21 @@ untrusted SQL on it and the tracer may run as root. DuckDB refuses to reopen one
 configuration in one process, so every read connection of a process uses the same configuration:
 :data:`READ_CONFIG`, plus the query limits in a query worker (its own process).
 
+A directory written by ``tracer export --format parquet`` (a hive-partitioned Parquet dataset, layout in
+:mod:`tracer.views.export.parquet`) opens too (:func:`open_dataset`): an in-memory DuckDB with one view per table
+over its files, so every analysis runs on it unchanged.
+
 Refusals raise :class:`tracer.errors.StoreError` (exit code 5): missing file, not a regular file (a FIFO would
-block the open forever), not a DuckDB file, damaged or truncated, a DuckDB file that is not a trace DB (no
-``meta`` app row), a newer schema, or a recording still being written by a live recorder. A recording whose
-recorder is gone (killed, crashed, or stopped by a full disk) opens with what it holds; :func:`recording_state`
-says how it ended.
+block the open forever; a directory that is no dataset), not a DuckDB file, damaged or truncated, a DuckDB file
+that is not a trace DB (no ``meta`` app row), a newer schema, or a recording still being written by a live
+recorder. A recording whose recorder is gone (killed, crashed, or stopped by a full disk) opens with what it
+holds; :func:`recording_state` says how it ended.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,7 +34,7 @@ from pydantic import Field
 from tracer.analysis import Record
 from tracer.errors import StoreError
 from tracer.procfs import boot_id, process_start_ticks
-from tracer.schema import APP_ID, SCHEMA_VERSION
+from tracer.schema import APP_ID, SCHEMA_VERSION, TABLE_BY_NAME
 
 READ_CONFIG: dict[str, str | bool | int] = {
     "enable_external_access": False,
@@ -75,8 +81,17 @@ def check_file(path: str | Path) -> Path:
     except OSError as e:
         raise StoreError(f"cannot open {p}: {e.strerror}", "Check the path and its permissions.") from None
     if not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode) and dataset_files(p):
+            raise StoreError(
+                f"{p} is a Parquet dataset, and this reads a .duckdb file (tracer sql and run_sql do)",
+                "Pass the .duckdb recording, or query the dataset with DuckDB's read_parquet (DIR/schema.json).",
+            )
         what = _kind(st.st_mode)
-        hint = "Pass the .duckdb file with --db PATH." if what == "a directory" else _RECORD_HINT
+        hint = (
+            "Pass the .duckdb file with --db PATH, or a dataset directory written by `tracer export --format parquet`."
+            if what == "a directory"
+            else _RECORD_HINT
+        )
         raise StoreError(f"{p} is {what}, not a trace DB file", hint)
     return p
 
@@ -282,13 +297,146 @@ def open_trace(path: str | Path, *, config: Mapping[str, str | bool | int] | Non
 
     Args:
         config: settings added to :data:`READ_CONFIG` (see :func:`connect_read_only`).
+    ``path`` may also be a Parquet dataset directory (:func:`open_dataset`).
+
     Raises:
         StoreError: missing, not a regular file, not a DuckDB file, damaged, not ours, newer schema, or still
             being written.
     """
+    if Path(path).is_dir() and dataset_files(path):
+        return open_dataset(path, config=config)
     conn = connect_read_only(path, config)
     try:
         validate(conn, str(path))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+# --- Parquet datasets (tracer export --format parquet) -------------------------------------------------------------
+
+# the hive partition keys a dataset's paths carry, with their types (a host named "123" stays a name)
+PARTITION_TYPES: dict[str, str] = {"host": "VARCHAR", "rank": "INTEGER"}
+# a table's files are <table>_<i>.parquet (DuckDB's FILENAME_PATTERN '<table>_{i}'); the digit keeps sched_0 apart
+# from sched_stats_0
+DATASET_FILE = re.compile(r"^([a-z][a-z0-9_]*?)_([0-9]+)\.parquet$")
+
+
+def dataset_files(root: str | Path) -> dict[str, list[Path]]:
+    """Return {table: its Parquet files} of the dataset under ``root`` (its top or one host=<h> partition), for
+    the tables of the schema; {} when ``root`` holds none. Hidden directories (an export in progress) are skipped."""
+    root = Path(root)
+    found: dict[str, list[Path]] = {}
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if "=" in d and not d.startswith("."))  # host=<h>, rank=<r> only
+        if len(Path(top).relative_to(root).parts) > 2:
+            dirs[:] = []
+            continue
+        for f in files:
+            m = DATASET_FILE.match(f)
+            if m and m.group(1) in TABLE_BY_NAME:
+                found.setdefault(m.group(1), []).append(Path(top, f))
+    return found
+
+
+def _sql_text(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _dataset_view(conn: duckdb.DuckDBPyConnection, root: Path, table: str, files: list[Path]) -> str:
+    """Return the SELECT behind ``table``'s view: its files read with their hive partitions, the table's own
+    columns in the schema's order (a partition key the table does not declare, such as rank on cuda_calls or
+    host on every table but session, dropped)."""
+    declared = TABLE_BY_NAME[table].column_names
+    groups: dict[tuple[str, ...], list[Path]] = {}  # files by their partition directories (one layout per export)
+    for f in files:
+        groups.setdefault(tuple(d.split("=", 1)[0] for d in f.parent.relative_to(root).parts), []).append(f)
+    parts: list[tuple[str, list[str]]] = []
+    for rel, group in groups.items():
+        keys = {d.split("=", 1)[0] for d in group[0].parent.parts if "=" in d}  # DuckDB reads all of the path's
+        types = ", ".join(f"{k!r}: {PARTITION_TYPES[k]}" for k in sorted(keys) if k in PARTITION_TYPES)
+        glob = str(root.joinpath(*(f"{k}=*" for k in rel), f"{table}_[0-9]*.parquet"))
+        # a root whose name has glob characters is read by its file list
+        source = (
+            _sql_text(glob)
+            if not any(c in str(root) for c in "*?[")
+            else f"[{', '.join(_sql_text(str(f)) for f in group)}]"
+        )
+        rel_sql = (
+            f"read_parquet({source}, hive_partitioning = true, union_by_name = true"
+            + (f", hive_types = {{{types}}}" if types else "")
+            + ")"
+        )
+        have = [r[0] for r in conn.execute(f"DESCRIBE SELECT * FROM {rel_sql}").fetchall()]
+        cols = [c for c in have if c not in keys or c in declared]
+        parts.append((rel_sql, cols))
+    order = {c: i for i, c in enumerate(declared)}
+    every = sorted({c for _, cols in parts for c in cols}, key=lambda c: (order.get(c, len(order)), c))
+    if len(parts) == 1:
+        rel_sql, _ = parts[0]
+        return f"SELECT {', '.join(_quote(c) for c in every)} FROM {rel_sql}"
+    union = " UNION ALL BY NAME ".join(f"SELECT {', '.join(_quote(c) for c in cols)} FROM {r}" for r, cols in parts)
+    return f"SELECT {', '.join(_quote(c) for c in every)} FROM ({union})"
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def open_dataset(
+    path: str | Path, *, config: Mapping[str, str | bool | int] | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Return a validated connection to the Parquet dataset at ``path`` (its top, or one host=<h> partition):
+    an in-memory DuckDB with one view per table over ``read_parquet('<path>/**/<table>_[0-9]*.parquet',
+    hive_partitioning = true, union_by_name = true)``, so the analyses run on it as on a trace DB.
+
+    Every host's rows are in each view: pass one host=<h> directory to read one recording alone (pids and ts_ns
+    are per host). Hardened as a trace DB's connection is, except that it can read the files under ``path``
+    (DuckDB's ``allowed_directories``); it is meant for the analyses, not for untrusted SQL (``tracer sql`` and
+    ``run_sql`` take a .duckdb file).
+
+    Args:
+        config: settings added to :data:`READ_CONFIG` (memory_limit, threads).
+    Raises:
+        StoreError: no dataset there, files DuckDB cannot read, not ours, a newer schema, or a live recording.
+    """
+    root = Path(path).resolve()
+    files = dataset_files(root)
+    if "meta" not in files:
+        raise StoreError(
+            f"{path} is not a trace dataset (no meta_*.parquet under host=<h>/)",
+            "Pass a directory written by `tracer export --format parquet`, or a .duckdb file.",
+        )
+    settings = {**READ_CONFIG, **(config or {})}
+    lock = settings.pop("lock_configuration", True)
+    external = settings.pop("enable_external_access", False)
+    conn = duckdb.connect(":memory:", config=settings)
+    try:
+        conn.execute("SET allowed_directories = ?", [[str(root) + os.sep]])
+        conn.execute(f"SET enable_external_access = {bool(external)}")
+        conn.execute(f"CREATE VIEW meta AS {_dataset_view(conn, root, 'meta', files['meta'])}")
+        versions = conn.execute(
+            "SELECT list(DISTINCT value) FILTER (key = 'app'), max(TRY_CAST(value AS INTEGER)) "
+            "FILTER (key = 'schema_version') FROM meta"
+        ).fetchone()
+        apps, version = versions or (None, None)
+        if apps != [APP_ID]:
+            raise StoreError(f"{path} is not a cuda-host-tracer dataset (meta app = {apps!r})", _RECORD_HINT)
+        if version is not None and version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path} holds a recording of schema version {version}; this tracer reads up to {SCHEMA_VERSION}",
+                "Upgrade cuda-host-tracer (pip install -U cuda-host-tracer).",
+            )
+        for table, fs in files.items():
+            if table != "meta":
+                conn.execute(f"CREATE VIEW {table} AS {_dataset_view(conn, root, table, fs)}")
+        if lock:
+            conn.execute("SET lock_configuration = true")
+        validate(conn, str(path))
+    except duckdb.Error as e:
+        conn.close()
+        raise read_error(path, e) from None
     except BaseException:
         conn.close()
         raise

@@ -66,11 +66,16 @@ class NoStacks(LookupError):
     """The recording has no stacks of that mode (made before issue 18, or with the capture switched off)."""
 
 
+def _has_table(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """True when the recording has ``table``: a table of a .duckdb file, or a view of a Parquet dataset."""
+    return bool(conn.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = ?", [table]).fetchone()[0])
+
+
 def _check(conn: duckdb.DuckDBPyConnection, mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     table = "cpu_samples" if mode == "on-cpu" else "offcpu_stacks"
-    if not conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table]).fetchone()[0]:
+    if not _has_table(conn, table):
         raise NoStacks(f"this recording has no {table} (recorded before stacks outside calls were captured)")
 
 
@@ -147,8 +152,7 @@ def _thread_names(
     comms = dict(conn.execute("SELECT tid, comm FROM threads").fetchall())
     pcomms = dict(conn.execute("SELECT pid, comm FROM processes").fetchall())
     hottest: dict[int, int | None] = {}
-    has_samples = conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'cpu_samples'").fetchone()[0]
-    if has_samples:
+    if _has_table(conn, "cpu_samples"):
         for t, sid in conn.execute(
             "SELECT tid, arg_max(stack_id, n) FROM (SELECT tid, stack_id, sum(samples) n FROM cpu_samples "
             "WHERE stack_id IS NOT NULL GROUP BY ALL) GROUP BY tid"

@@ -20,7 +20,13 @@ from tracer.analysis.arguments import check_args
 from tracer.errors import UsageError
 from tracer.views.console import make_console
 
-DbOption = Annotated[Path, typer.Option("--db", help="Trace DB written by `tracer record`.")]
+DbOption = Annotated[
+    Path,
+    typer.Option(
+        "--db",
+        help="Trace DB written by `tracer record`, or a dataset directory from `tracer export --format parquet`.",
+    ),
+]
 PidOption = Annotated[int | None, typer.Option("--pid", help="Only this process (default: the whole tree).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the MCP tool's output).")]
 DEFAULT_DB = Path("trace.duckdb")
@@ -183,13 +189,23 @@ def timeline(
 
 def export(
     output: Annotated[
-        str,
-        typer.Option("--output", "-o", help="File to write: .json, or .json.gz compressed; '-' writes to stdout."),
-    ] = "trace.json",
+        str | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="File to write: .json, or .json.gz compressed; '-' writes to stdout (default trace.json). "
+            "--format parquet: the dataset directory (created if missing; several hosts' recordings share it).",
+        ),
+    ] = None,
     db: DbOption = DEFAULT_DB,
     fmt: Annotated[
         str,
-        typer.Option("--format", help="chrome: trace-event JSON (ui.perfetto.dev, chrome://tracing, HTA)."),
+        typer.Option(
+            "--format",
+            help="chrome: trace-event JSON (ui.perfetto.dev, chrome://tracing, HTA). parquet: every table as a "
+            "hive-partitioned Parquet dataset, DIR/host=<host>/rank=<rank>/<table>_0.parquet (a table without a "
+            "pid: under host=<host>/), for DuckDB, Spark or `tracer … --db DIR`.",
+        ),
     ] = "chrome",
     start: Annotated[
         float | None, typer.Option("--start", help="Window start, seconds since the recording began.")
@@ -203,20 +219,31 @@ def export(
             "0: no limit. What is left out is said on stderr and in the file.",
         ),
     ] = 1_000_000,  # tracer.views.export.DEFAULT_MAX_EVENTS (a test holds them equal; importing it here costs 0.5 s)
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Overwrite an existing output file (parquet: this host's partition)."),
+    ] = False,
     json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON on stdout.")] = False,
 ) -> None:
     """Write the recording as a timeline for a viewer: CUDA calls, off-CPU slices with who held the CPU,
-    process events, chains and host counters, in the trace-event JSON of the PyTorch profiler.
+    each thread's on-CPU samples (its top lines per second), process events, chains and host counters, in the
+    trace-event JSON of the PyTorch profiler.
 
     Open the file in https://ui.perfetto.dev or chrome://tracing, or load it with Holistic Trace Analysis.
 
+    With --format parquet: every table, as a Parquet dataset several hosts share (host=/rank= partitions, read
+    with DuckDB or given back to any tracer command as --db DIR).
+
     Example: tracer export --db trace.duckdb -o trace.json --start 20 --end 40
     """
+    if fmt == "parquet":
+        _export_parquet(db, output, start, end, force, json)
+        return
     from tracer.views.export import FORMATS, export_trace
 
     if fmt not in FORMATS:
-        raise UsageError(f"unknown format {fmt!r}", f"Use --format {' or '.join(FORMATS)}.")
+        raise UsageError(f"unknown format {fmt!r}", f"Use --format {' or '.join((*FORMATS, 'parquet'))}.")
+    output = output or "trace.json"
     if start is not None and start < 0:
         raise UsageError(f"--start {start:g} is before the recording began", "Pass seconds since its start, >= 0.")
     if start is not None and end is not None and end <= start:
@@ -245,6 +272,31 @@ def export(
             "https://ui.perfetto.dev or chrome://tracing.",
             highlight=False,
         )
+    if json:
+        _print(summary, True)
+
+
+def _export_parquet(
+    db: Path, output: str | None, start: float | None, end: float | None, force: bool, json: bool
+) -> None:
+    """`tracer export --format parquet`: the recording's tables into the dataset directory ``output``."""
+    if output is None or output == "-":
+        raise UsageError("--format parquet writes a directory", "Pass it with -o DIR, e.g. -o dataset/.")
+    if start is not None or end is not None:
+        raise UsageError("--start/--end apply to --format chrome", "A Parquet export holds the whole recording.")
+    from tracer.views.export.parquet import export_parquet
+
+    summary = export_parquet(db, Path(output), force=force)
+    for note in summary.notes:
+        err.print(f"[yellow]note:[/] {note}", highlight=False)
+    ranks = ", ".join("none" if r is None else str(r) for r in summary.ranks)
+    err.print(
+        f"wrote {summary.partition}: {sum(summary.rows.values()):,} rows of {len(summary.rows)} tables in "
+        f"{summary.files} files{f' (ranks {ranks})' if ranks else ''}"
+        f"{', replacing the earlier export' if summary.replaced else ''}. Query it with "
+        f"`tracer stats --db {output}` or DuckDB's read_parquet (see {summary.path}/schema.json).",
+        highlight=False,
+    )
     if json:
         _print(summary, True)
 
