@@ -88,6 +88,54 @@ def test_probe_cost_compute() -> None:
     assert {"untraced_ns_per_call", "added_us_per_call", "ratio_to_floor", "spread"} <= res.keys()
 
 
+def test_probe_cost_sched_derivation() -> None:
+    # GIVEN the micro's phases (sched_switch / sched_waking (ns, hits) and blocking switches) and a recorder run's
+    # programs  WHEN summarized  THEN the added µs per blocking switch and per sample come out under their keys
+    phases = {
+        "no_target": {"switch": [(1000, 10)], "waking": [(500, 5)], "blocking": [0]},
+        "target": {"switch": [(3000, 10)], "waking": [(1500, 5)], "blocking": [2]},
+        "target_capture": {"switch": [(7000, 10)], "waking": [(1500, 5)], "blocking": [2]},
+        "target_capture_deep": {"switch": [(9000, 10)], "waking": [(1500, 5)], "blocking": [2]},
+    }
+    micro = probe_cost.summarize_micro(phases, rounds=10, reps=1, lost=None)
+    assert micro["phases"]["target"]["added_us_per_blocking_switch"] == pytest.approx(1.5)  # (2,000 + 1,000) ns / 2
+    assert micro["capture_us_per_blocking_switch"] == pytest.approx(2.0)
+    assert micro["capture_deep_us_per_blocking_switch"] == pytest.approx(3.0)
+    last = {
+        1: {"id": 1, "type": 5, "name": probe_cost.SCHED_SWITCH, "run_cnt": 100, "run_time_ns": 50_000},
+        2: {"id": 2, "type": 5, "name": probe_cost.SCHED_WAKING, "run_cnt": 10, "run_time_ns": 5_000},
+        3: {"id": 3, "type": 7, "name": "cpu_sample", "run_cnt": 40, "run_time_ns": 80_000},
+        4: {"id": 4, "type": 5, "name": "offcpu_stack", "run_cnt": 0, "run_time_ns": 0},
+        5: {"id": 5, "type": 5, "name": "sched__sched_pr", "run_cnt": 1, "run_time_ns": 1},
+        6: {"id": 6, "type": 5, "name": "sched__sched_pr", "run_cnt": 2, "run_time_ns": 2},
+    }
+    progs = probe_cost.by_name(last)
+    assert progs["sched__sched_pr"]["programs"] == 2 and progs["sched__sched_pr"]["run_cnt"] == 3
+    assert progs["offcpu_stack"]["ns_per_hit"] is None and progs["cpu_sample"]["ns_per_hit"] == 2000
+    rec = {"programs": progs, "job": {"target_blocking_switches": 10, "target_samples": 20}}
+    d = probe_cost.derive(rec, micro)
+    # (50,000 + 5,000 - 100 x 100 - 10 x 100) ns / 10 blocking switches = 4.4 µs; 80,000 ns / 20 samples = 4 µs
+    assert d["added_us_per_blocking_switch"] == pytest.approx(4.4)
+    assert d["added_us_per_sample"] == pytest.approx(4.0)
+    assert d["tail_called_run_cnt"] == {"offcpu_stack": 0}
+    for key in ("micro_added_us_per_blocking_switch", "micro_capture_us_per_blocking_switch", "excludes"):
+        assert key in d
+
+
+def test_probe_cost_steady_window() -> None:
+    # GIVEN polls every 0.5 s and the job's per-second counts (seconds 0..3 of the session)  WHEN the steady
+    # window is taken  THEN it spans seconds 1..2, with the programs' stats interpolated at its edges
+    sec = 1_000_000_000
+    names = (probe_cost.SCHED_SWITCH, probe_cost.SCHED_WAKING, "cpu_sample")
+    series = [(t * sec // 2, {n: (t * 100, t * 1000) for n in names}) for t in range(9)]
+    job = {"start_mono_ns": 0, "per_sec": {0: [5, 1], 1: [10, 2], 2: [20, 4], 3: [1, 0]}}
+    st = probe_cost.steady(series, job)
+    assert st is not None and st["secs"] == [1, 2]
+    assert st["target_blocking_switches"] == 30 and st["target_samples"] == 6
+    assert st["programs"]["cpu_sample"] == {"run_cnt": 400, "run_time_ns": 4000}
+    assert probe_cost.steady(series, {"start_mono_ns": 0, "per_sec": {0: [1, 1], 1: [1, 1]}}) is None
+
+
 def test_probe_cost_library_builds(tmp_path: Path) -> None:
     import ctypes
 
