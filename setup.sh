@@ -5,8 +5,8 @@
 #      no headers package (custom or cloud kernels), the newest available headers are installed and wired where
 #      bcc looks (/lib/modules/$(uname -r)/{build,source}); uprobes and tracepoints only need them for types.
 #   2. .venv on /usr/bin/python3 with --system-site-packages (bcc is a Debian package, not a PyPI one), with the
-#      project installed editable with its dev extras (torch==2.13.0 from the machine's disk); skipped when already
-#      there.
+#      project installed editable with its dev extras (torch==2.13.0 from the machine's disk; nvidia-nccl-cu13, the
+#      real libnccl.so.2, from the index); skipped when already there.
 #   3. /usr/local/bin/tracer, so `sudo tracer ...` works.
 #   4. The stand-in CUDA libraries and C fixtures in fixtures/build/.
 set -euo pipefail
@@ -92,7 +92,7 @@ done
 if installed; then
     say "cuda-host-tracer and its requirements are already installed in .venv"
 else
-    say "installing cuda-host-tracer into .venv (with torch==2.13.0 for the tests)"
+    say "installing cuda-host-tracer into .venv (with torch==2.13.0 and nvidia-nccl-cu13 for the tests)"
     [ ${#find_links[@]} -gt 0 ] || warn "no torch-2.13.0 wheel on this disk: pip will look for it in the index"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q "${find_links[@]}" -e ".[dev]"

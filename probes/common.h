@@ -22,7 +22,7 @@ static long (*read_user_str)(void *dst, u32 size, const void *src) = (void *)BPF
 
 #define COMM_LEN 16 /* TASK_COMM_LEN */
 #ifndef OP_COUNT
-#define OP_COUNT 32 /* >= len(probes.catalog.CATALOG) */
+#define OP_COUNT 64 /* >= len(probes.catalog.CATALOG); the recorder passes -DOP_COUNT=OP_COUNT_MAX */
 #endif
 #ifndef MAX_PY_FRAMES
 #define MAX_PY_FRAMES 64
@@ -384,10 +384,14 @@ struct op_cfg {
     s16 stream_deref; /* stream read from *(arg + stream_deref) (cuLaunchKernelEx's config), or -1 */
     s16 func_arg;
     s16 rt_twin;      /* runtime op a call from inside libcudart is recorded as, or -1 */
+    s16 dtype_arg;    /* NCCL: bytes = argument bytes_arg (an element count) x the size of the ncclDataType_t in
+                       * this argument (cuda.bpf.c nccl_type_size), or -1 */
     u8 part;          /* thread_breakdown call part: OpClass of the catalog's ProbeSpec.part */
     u8 hot;           /* a launch op: duty-cycled */
+    u16 _pad;
     u32 sample_every; /* store 1 call in N (0/1: all) */
     u32 stack_every;  /* stack for 1 stored call in N (0: only slow calls) */
+    u32 _pad2;
     u64 slow_ns;      /* calls at least this long are always stored, with a stack */
 };
 

@@ -1,4 +1,4 @@
-/* CUDA API calls: one entry and one return program for every probed function of libcudart / libcuda.
+/* CUDA API calls: one entry and one return program for every probed function of libcudart / libcuda / libnccl.
  *
  * User space attaches both with uprobe_multi links (tracer/recorder/links.py): one link per library and direction, with
  * each function's op id as the link cookie, so there is one program to verify and one link to detach per
@@ -105,6 +105,39 @@ static __always_inline u64 call_arg(struct pt_regs *ctx, int n)
     }
 }
 
+/* Register argument n (0-5) read through a helper. A second inlined call_arg in one program lets the compiler
+ * merge its cases into one load from ctx + a variable offset, which the verifier rejects ("dereference of
+ * modified ctx ptr"); a helper may be handed any pointer. */
+static __always_inline u64 reg_arg_copy(struct pt_regs *ctx, int n)
+{
+    void *p;
+    switch (n) {
+    case 0: p = &PT_REGS_PARM1(ctx); break;
+    case 1: p = &PT_REGS_PARM2(ctx); break;
+    case 2: p = &PT_REGS_PARM3(ctx); break;
+    case 3: p = &PT_REGS_PARM4(ctx); break;
+    case 4: p = &PT_REGS_PARM5(ctx); break;
+    case 5: p = &PT_REGS_PARM6(ctx); break;
+    default: return 0;
+    }
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), p);
+    return v;
+}
+
+/* Bytes per element of an NCCL ncclDataType_t (nccl.h); the same table as probes/catalog.py NCCL_TYPE_SIZES.
+ * 0: a type this table does not know. */
+static __always_inline u64 nccl_type_size(u64 t)
+{
+    switch (t) {
+    case 0: case 1: case 10: case 11: return 1; /* int8, uint8, float8e4m3, float8e5m2 */
+    case 6: case 9: return 2;                   /* float16, bfloat16 */
+    case 2: case 3: case 7: return 4;           /* int32, uint32, float32 */
+    case 4: case 5: case 8: return 8;           /* int64, uint64, float64 */
+    default: return 0;
+    }
+}
+
 int cuda_entry(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -140,8 +173,11 @@ int cuda_entry(struct pt_regs *ctx)
                 f.op = c->rt_twin;
         }
     }
-    if (c->bytes_arg >= 0)
+    if (c->bytes_arg >= 0) {
         f.bytes = call_arg(ctx, c->bytes_arg);
+        if (c->dtype_arg >= 0) /* an NCCL count of elements of this ncclDataType_t */
+            f.bytes *= nccl_type_size((u32)reg_arg_copy(ctx, c->dtype_arg));
+    }
     if (c->kind_arg >= 0)
         f.kind = (u8)call_arg(ctx, c->kind_arg);
     else if (c->fixed_kind >= 0)

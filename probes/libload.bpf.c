@@ -9,10 +9,10 @@
  *   from the layout user space registered for that file (pyframes.h py_binaries): a short script's first CUDA
  *   call, tens of ms after exec, already has its Python stack. An interpreter not registered yet holds the
  *   process once, while user space analyses it (MAPF_HELD_PYTHON).
- * syscalls:sys_exit_openat: a target that opens a file named libcud* the tracer has not attached to (not in
- *   attached_files) is stopped (SIGSTOP, maps.h hold_current) before it returns to user space, and the file goes
- *   to user space, which attaches and continues it: no call is missed between the load and the attach. Files
- *   attached in advance (the recorder attaches every candidate it finds at start) never stop anyone.
+ * syscalls:sys_exit_openat: a target that opens a file named libcud* or libnccl.* the tracer has not attached to
+ *   (not in attached_files) is stopped (SIGSTOP, maps.h hold_current) before it returns to user space, and the
+ *   file goes to user space, which attaches and continues it: no call is missed between the load and the attach.
+ *   Files attached in advance (the recorder attaches every candidate it finds at start) never stop anyone.
  */
 #include "common.h"
 #include "maps.h"
@@ -173,12 +173,17 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     u64 file = fd_file((int)fd);
     if (!file)
         return 0;
-    /* the opened file's own name (a symlink resolved): "libcud" starts libcudart* and libcuda* */
+    /* the opened file's own name (a symlink resolved): "libcud" starts libcudart* and libcuda*; "libnccl."
+     * libnccl.so* (NCCL, whose collectives are probed too), and not NCCL's plugins (libnccl-net.so, ...) */
     u64 dentry = kread_ptr(file + OFF_FILE_PATH + OFF_PATH_DENTRY);
     u64 name = kread_ptr(dentry + OFF_DENTRY_NAME + OFF_QSTR_NAME);
     char head[8] = {};
-    bpf_probe_read_kernel(head, 6, (void *)name);
-    if (head[0] != 'l' || head[1] != 'i' || head[2] != 'b' || head[3] != 'c' || head[4] != 'u' || head[5] != 'd')
+    bpf_probe_read_kernel(head, 8, (void *)name);
+    if (head[0] != 'l' || head[1] != 'i' || head[2] != 'b')
+        return 0;
+    int cud = head[3] == 'c' && head[4] == 'u' && head[5] == 'd';
+    int nccl = head[3] == 'n' && head[4] == 'c' && head[5] == 'c' && head[6] == 'l' && head[7] == '.';
+    if (!cud && !nccl)
         return 0;
     struct file_key k = {};
     if (file_id(file, &k.dev, &k.ino) || attached_files.lookup(&k))

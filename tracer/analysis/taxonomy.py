@@ -1,7 +1,10 @@
 """The op taxonomy as the analyses use it, read from the probe catalog (``probes/catalog.py``) and nowhere else.
 
 An op's *part* is where its time goes in a thread's breakdown: its ``OpClass``, except that a synchronous copy
-(``cudaMemcpy``, ``cuMemcpyDtoH_v2``) waits for the GPU and counts as ``sync`` (``ProbeSpec.part``). Timeline
+(``cudaMemcpy``, ``cuMemcpyDtoH_v2``) waits for the GPU and counts as ``sync``, and an NCCL collective
+(``OpClass.COLLECTIVE``: ``ncclAllReduce``, ...) enqueues its kernel and returns, as a launch does, and counts as
+``launch``: the wait for the other ranks is on the GPU, and shows in the host's next synchronize (``ProbeSpec.part``
+says why at length). A collective is therefore never a part of its own: the six call parts stay. Timeline
 buckets, stats, chains and the breakdown all classify through :func:`part_name`, so they cannot disagree. An op
 the catalog does not know (a DB from a newer tracer) is ``other``.
 
@@ -42,7 +45,7 @@ def part_of(op: str) -> OpClass:
 
 
 def part_name(op: str) -> str:
-    """Return the part name of ``op``: launch | sync | alloc | free | copy | other."""
+    """Return the part name of ``op``: launch | sync | alloc | free | copy | other (a collective: launch)."""
     return part_of(op).name.lower()
 
 

@@ -1,10 +1,14 @@
 """Which CUDA library files the probes are on, and attaching them: in advance, or when a target opens one.
 
-At start every candidate is attached: the files the targets map, ``--lib``, ``LD_LIBRARY_PATH``, the CUDA toolkit
-directories, the ld.so cache, ``site-packages/nvidia/*/lib`` and ``torch/lib``. A uprobe belongs to the file, so a
+The libraries are the CUDA runtime (libcudart), the driver (libcuda) and NCCL (libnccl.so.2, its collectives):
+``targets.library_kind`` tells them by name, ``--lib`` files by what they export. At start every candidate is
+attached: the files the targets map, ``--lib``, ``LD_LIBRARY_PATH``, the CUDA toolkit directories, the ld.so cache,
+``site-packages/nvidia/*/lib`` (``nvidia/nccl/lib`` too) and ``torch/lib``. A uprobe belongs to the file, so a
 target that loads one of them later needs nothing more, and is never stopped. Each attached file is written to the
-``attached_files`` BPF map; a target that opens another ``libcud*`` file is stopped by libload.bpf.c until
-:meth:`Attacher.handle_opens` has attached it (a hold, counted with its duration).
+``attached_files`` BPF map; a target that opens another ``libcud*`` or ``libnccl.*`` file is stopped by
+libload.bpf.c until :meth:`Attacher.handle_opens` has attached it (a hold, counted with its duration). NCCL needs
+nothing else: its probes are never duty-cycled, and its own kernel launches (through libcuda, from inside a
+collective) fold into the collective's call as nested calls.
 
 Launch probes (``--launch-probes``): ``driver`` probes launches once, in libcuda, and a launch whose return address
 lies in libcudart keeps its runtime name (one trap per launch); ``both`` probes both layers (two traps, the nested

@@ -219,6 +219,7 @@ def configure_ops(bpf: Any) -> None:
         v.bytes_arg, v.kind_arg, v.fixed_kind = spec.bytes_arg, spec.kind_arg, spec.fixed_kind
         v.stream_arg, v.stream_deref, v.func_arg = spec.stream_arg, spec.stream_deref, spec.func_arg
         v.rt_twin = OP_IDS[spec.runtime_twin] if spec.runtime_twin else -1
+        v.dtype_arg = spec.dtype_arg
         v.part = int(spec.part)
         v.hot = int(spec.duty_cycled)
         v.sample_every = 1
@@ -290,7 +291,7 @@ class AttachedLibrary:
     """The probes on one library file."""
 
     path: str
-    kind: str  # "cudart" | "cuda"
+    kind: str  # "cudart" | "cuda" | "nccl"
     ops: list[str] = field(default_factory=list)  # op names attached
     skipped: list[str] = field(default_factory=list)  # ops whose symbols the file does not export
     probes: list[ProbeSet] = field(default_factory=list)  # always on

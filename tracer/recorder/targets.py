@@ -3,10 +3,11 @@
 Targets are processes (tgids): the one given by ``--pid`` (or launched after ``--``) and every descendant. The
 descendants alive at attach are found from /proc; later ones join in kernel (lifecycle.bpf.c, task_newtask).
 
-Libraries are found three ways: mapped in a target (``/proc/PID/maps``, through ``/proc/PID/root`` so container
-paths resolve), given with ``--lib``, and in the usual install places (CUDA toolkit dirs, the ld.so cache,
-site-packages ``nvidia/*/lib`` and ``torch/lib``). Each file is attached once, keyed by (device, inode), since a
-uprobe belongs to the file and fires in every process that maps it.
+Libraries (the CUDA runtime and driver, and NCCL's libnccl.so.2) are found three ways: mapped in a target
+(``/proc/PID/maps``, through ``/proc/PID/root`` so container paths resolve), given with ``--lib``, and in the usual
+install places (CUDA toolkit dirs, the ld.so cache, site-packages ``nvidia/*/lib`` and ``torch/lib``). Each file
+is attached once, keyed by (device, inode), since a uprobe belongs to the file and fires in every process that
+maps it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from probes.catalog import LIBRARY_PATTERNS
+from probes.catalog import LIBRARY_MARKERS, LIBRARY_PATTERNS
 from tracer import procfs
 from tracer.errors import TargetError
 
@@ -30,7 +31,8 @@ _LIB_RES = {lib: re.compile(pat) for lib, pat in LIBRARY_PATTERNS.items()}
 
 
 def library_kind(path: str) -> str | None:
-    """Return "cudart" or "cuda" when the file name is a CUDA runtime or driver library, else None."""
+    """Return "cudart", "cuda" or "nccl" when the file name is a CUDA runtime, driver or NCCL library, else
+    None."""
     base = os.path.basename(path)
     for lib, rx in _LIB_RES.items():
         if rx.match(base):
@@ -80,7 +82,7 @@ def exported_functions(path: str) -> frozenset[str]:
 @dataclass(frozen=True)
 class LibraryFile:
     path: str  # as opened by the tracer (through /proc/PID/root for container paths)
-    kind: str  # "cudart" | "cuda"
+    kind: str  # "cudart" | "cuda" | "nccl"
     dev: int
     ino: int
 
@@ -148,6 +150,10 @@ def usual_library_paths() -> list[str]:
         "/usr/lib/aarch64-linux-gnu/libcuda.so*",
         "/usr/lib64/libcuda.so*",
         "/opt/conda/lib/libcudart.so*",
+        "/usr/local/cuda*/lib64/libnccl.so*",
+        "/usr/lib/x86_64-linux-gnu/libnccl.so*",
+        "/usr/lib/aarch64-linux-gnu/libnccl.so*",
+        "/opt/conda/lib/libnccl.so*",
     ]
     for sp in {p for p in sys.path if p.endswith("site-packages")} | set(
         glob.glob("/usr/local/lib/python3*/*-packages") + glob.glob("/opt/conda/lib/python3*/site-packages")
@@ -156,7 +162,10 @@ def usual_library_paths() -> list[str]:
             f"{sp}/nvidia/*/lib/libcudart.so*",
             f"{sp}/nvidia/cu*/lib/libcudart.so*",
             f"{sp}/torch/lib/libcudart*.so*",
+            f"{sp}/nvidia/nccl/lib/libnccl.so*",  # nvidia-nccl-cu12 / -cu13, what torch's CUDA wheels load
         ]
+    # LD_LIBRARY_PATH's libcud* files are the recorder's own search (session.py); its libnccl ones are here
+    patterns += [f"{d}/libnccl.so*" for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
     paths = [p for pat in patterns for p in glob.glob(pat)]
     paths += [p for p in _ldconfig_paths() if library_kind(p)]
     return paths
@@ -185,11 +194,11 @@ def check_library_arg(path: str) -> LibraryFile:
             names = exported_functions(real)
         except Exception as e:
             raise TargetError(f"{path} is not an ELF shared library ({e})") from None
-        kind = "cuda" if "cuLaunchKernel" in names else "cudart" if "cudaLaunchKernel" in names else None
+        kind = next((k for k, marker in LIBRARY_MARKERS.items() if marker in names), None)
     if kind is None:
         raise TargetError(
-            f"{path} exports no CUDA runtime or driver API functions",
-            "--lib takes a libcudart.so* or libcuda.so* file",
+            f"{path} exports no CUDA runtime, driver or NCCL API functions",
+            "--lib takes a libcudart.so*, libcuda.so* or libnccl.so* file",
         )
     key = _file_key(real)
     assert key is not None
