@@ -220,7 +220,7 @@ TABLES: tuple[Table, ...] = (
         ("pid", "INTEGER", "process id"),
         ("tid", "INTEGER", "thread id"),
         ("op", "VARCHAR", "API function, e.g. cudaMalloc, cudaStreamSynchronize, cuLaunchKernel"),
-        ("layer", "VARCHAR", "runtime (libcudart) | driver (libcuda)"),
+        ("layer", "VARCHAR", "runtime (libcudart, and libnccl's collectives) | driver (libcuda)"),
         ("bytes", "BIGINT", "bytes allocated / copied / set, NULL when not applicable"),
         ("kind", "VARCHAR", "memcpy direction HtoD | DtoH | DtoD | HtoH | default, NULL otherwise"),
         ("stream", "UBIGINT", "CUDA stream handle (0 = legacy default stream), NULL when not applicable"),

@@ -96,7 +96,7 @@ def record(
     db: Annotated[Path, typer.Option("--db", help="DuckDB file to write.")] = Path("trace.duckdb"),
     duration: Annotated[float | None, typer.Option("--duration", "-d", help="Stop after S seconds.")] = None,
     lib: Annotated[
-        list[str] | None, typer.Option("--lib", help="Extra libcudart/libcuda file to probe (repeatable).")
+        list[str] | None, typer.Option("--lib", help="Extra libcudart, libcuda or libnccl file to probe (repeatable).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --db file.")] = False,
     max_events: Annotated[
