@@ -513,3 +513,20 @@ def test_flow_ids_are_unique_and_pairs_ordered(exported):
     for e in by_ph(trace, "s") + by_ph(trace, "f"):
         ids[e["id"]].append(e["ph"])
     assert ids and all(sorted(v) == ["f", "s"] for v in ids.values())
+
+
+def test_each_rank_leads_with_its_own_track_named_with_rank_and_host(tmp_path):
+    from tests.test_ranks import AGENT, RANK_PIDS, job
+
+    # GIVEN a 3-rank job under torchrun's agent (the builder's host is gpu-box-1)
+    job().write(tmp_path / "job.duckdb")
+    with open_trace(tmp_path / "job.duckdb") as conn:
+        export_trace(conn, tmp_path / "job.json", max_events=None)
+    meta = [e for e in json.loads((tmp_path / "job.json").read_text())["traceEvents"] if e["ph"] == "M"]
+    names = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    order = {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"}
+    # THEN each rank's process is named with its rank and host, and the ranks come first, in rank order
+    assert [names[p] for p in RANK_PIDS] == [f"rank {r}: python on gpu-box-1" for r in range(3)]
+    assert sorted(order, key=order.get)[:3] == list(RANK_PIDS)
+    # AND the agent, no rank, keeps its own name after them
+    assert not names[AGENT].startswith("rank") and order[AGENT] > max(order[p] for p in RANK_PIDS)

@@ -4,7 +4,9 @@ chrome://tracing and Holistic Trace Analysis, and reads like a torch trace.
 What goes where (the trace-event format: ph, ts and dur in µs, pid/tid tracks, args):
 
 - Each traced process is a pid track, each thread a tid track, named with ``process_name`` / ``thread_name``
-  metadata (Kineto's ``thread N (comm)``), labelled with its role, and ordered main process first.
+  metadata (Kineto's ``thread N (comm)``), labelled with its role, and ordered main process first. In a
+  distributed job each rank's own process leads, in rank order, named ``rank R: comm on HOST``; its DataLoader
+  workers are labelled with its rank.
 - CUDA calls are complete events (``ph: X``) with ``cat`` ``cuda_runtime`` or ``cuda_driver`` as Kineto's, named
   by the API function; args: bytes, kind, stream, kernel, ret, off_cpu_us, runq_us, ``python`` (the innermost
   Python frame) and ``stack`` ('file:line function', outermost first).
@@ -168,14 +170,24 @@ def _tracks(
     """Name and order every process and thread track; return the (pid, tid) pairs named."""
     info = load_recording(conn)
     main = info.main_pid
-    order = sorted(procs, key=lambda p: (p["pid"] != main, info.process_role(int(p["pid"])) == "tracer"))
+    ranks = info.rank_pids  # each rank's own process: its track leads, in rank order, named with rank and host
+    host = rows.session_info(conn).get("host")
+
+    def key(p: dict[str, Any]) -> tuple:
+        pid = int(p["pid"])
+        return (pid not in ranks, ranks.get(pid, 0), pid != main, info.process_role(pid) == "tracer")
+
     comm = {}
-    for rank, p in enumerate(order):
+    for index, p in enumerate(sorted(procs, key=key)):
         pid = int(p["pid"])
         comm[pid] = p["comm"] or str(pid)
-        out.meta("process_name", pid, 0, {"name": comm[pid]})
-        out.meta("process_labels", pid, 0, {"labels": ROLE_LABELS[info.process_role(pid)]})
-        out.meta("process_sort_index", pid, 0, {"sort_index": rank})
+        name = comm[pid] if pid not in ranks else f"rank {ranks[pid]}: {comm[pid]}" + (f" on {host}" if host else "")
+        labels = ROLE_LABELS[info.process_role(pid)]
+        if pid not in ranks and info.procs.get(pid) is not None and info.procs[pid].rank is not None:
+            labels += f", of rank {info.procs[pid].rank}"  # a rank's DataLoader worker
+        out.meta("process_name", pid, 0, {"name": name})
+        out.meta("process_labels", pid, 0, {"labels": labels})
+        out.meta("process_sort_index", pid, 0, {"sort_index": index})
     named: set[tuple[int, int]] = set()
     for t in rows.threads(conn, cols, sel):
         pid, tid = int(t["pid"]), int(t["tid"])
