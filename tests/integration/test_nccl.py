@@ -355,3 +355,38 @@ def test_the_real_libnccl_is_attached_and_its_calls_counted(real: tuple[Path, di
 def test_the_communicator_leaves_nothing_in_dev_shm(ranks: Recording) -> None:
     # GIVEN the finished recording  THEN the communicator's shared object (named with rank 0's pid) is gone
     assert not glob.glob(f"/dev/shm/fake_nccl_{ranks.pid(0)}_*")
+
+
+@pytest.fixture(scope="module")
+def straggler(tmp: Path) -> Recording:
+    """3 ranks for 100 steps, rank 2 asleep 20 ms longer each step: long enough (~2.5 s) for whole seconds."""
+    args = ("--ranks", "3", "--steps", "100", "--slow-rank", str(SLOW_RANK), "--slow-ms", "20")
+    err = _record(tmp, "straggler", [], _ranks_cmd(tmp, "straggler", *args))
+    return Recording(tmp / "straggler.duckdb", tmp / "straggler-counts", _reports(tmp / "straggler-report"), err)
+
+
+def test_the_straggler_chain_names_the_slow_rank_and_the_others_wait_in_the_collective(straggler: Recording) -> None:
+    from tracer.analysis.chains import compute_chains
+    from tracer.analysis.db import open_trace
+    from tracer.analysis.ranks.phases import COLLECTIVE
+    from tracer.analysis.ranks.report import ranks_report
+
+    # GIVEN 3 ranks meeting in ncclAllReduce, rank 2 asleep 20 ms longer each step; WHEN analysed
+    with open_trace(straggler.db) as c:
+        chains = compute_chains(c, limit=100).chains
+        table = ranks_report(c)
+    # THEN the fast ranks' waits in their syncs after an allreduce are collective waits, not GPU work: as long as
+    # the workload's own timing of those syncs (mean per step), less the CPU waits inside them (runq) on a busy host
+    by_rank = {r.rank: r.phases_ms_per_step for r in table.ranks}
+    own = {r: statistics.mean(straggler.reports[r]["sync_ms"]) for r in range(3)}
+    for fast in (r for r in range(3) if r != SLOW_RANK):
+        coll, runq = by_rank[fast][COLLECTIVE], by_rank[fast]["runq"]
+        assert coll <= 1.05 * own[fast] and coll + runq >= 0.85 * own[fast], (by_rank[fast], own)
+        assert by_rank[fast]["sync"] < 0.1 * own[fast]
+    # AND the straggler chain names rank 2, and the others' wait for it in collectives
+    (ch,) = [c for c in chains if c.category == "straggler_rank"]
+    assert ch.severity == "HIGH" and ch.culprit.pid == straggler.pid(SLOW_RANK) and ch.evidence.phase == "asleep"
+    assert f"Rank {SLOW_RANK} (pid {straggler.pid(SLOW_RANK)}" in ch.summary and "in collectives" in ch.summary
+    # per step, what the fast ranks wait beyond the slow rank's own sync (the workload's own timings)
+    extra = statistics.mean(own[r] for r in range(3) if r != SLOW_RANK) - own[SLOW_RANK]
+    assert 0.7 * extra <= ch.evidence.lost_ms_per_step <= 1.1 * extra, (ch.evidence.lost_ms_per_step, extra)

@@ -9,8 +9,12 @@ shares it out in the wakers' proportions (a wakeup's row is counted in the secon
 in the seconds it spanned). Blocked time inside a CUDA call (a sync that sleeps) is in the call's part, so the
 wakers of in-call waits are left out.
 
-A wait for a GPU-side collective (NCCL) is a host sync, the ``sync`` phase: without NCCL probes it cannot be told
-from waiting for the rank's own kernels.
+A wait for a GPU-side collective (NCCL) is a host sync: the collective call enqueues and returns, and the host
+waits for the other ranks in its next synchronize. With the NCCL probes (``OpClass.COLLECTIVE``) such a sync,
+the first after a collective call on the thread, is moved from ``sync`` to the collective phase
+(``gpu_collective``: its ns per second). It also holds the rank's own kernels queued before the collective; the
+ranks are compared with each other, and a rank's own GPU work is the same on every rank of a data-parallel job.
+Without the probes (an older recording, a torch with NCCL linked in statically) it stays ``sync``.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ LABELS: dict[str, str] = {
     "copy": "in async copies",
     "other": "in other CUDA calls",
     "runq": "waiting for a CPU",
-    COLLECTIVE: "waiting in collectives",
+    COLLECTIVE: "waiting in collectives (gloo's, or an NCCL one's next sync)",
     "asleep": "asleep (woken by a timer: time.sleep, a timed wait)",
     "disk_io": "blocked on disk I/O",
     "network": "blocked on the network",
@@ -96,7 +100,11 @@ WakerRow = tuple[int, int, str | None, int]  # sec, waker pid, waker comm, block
 
 
 def phases_by_second(
-    info: RecordingInfo, t: ThreadTime, wakers: Iterable[WakerRow], weights: Mapping[int, float]
+    info: RecordingInfo,
+    t: ThreadTime,
+    wakers: Iterable[WakerRow],
+    weights: Mapping[int, float],
+    gpu_collective: Mapping[int, float] | None = None,
 ) -> dict[int, dict[str, float]]:
     """Return {sec: {phase: ns}} of thread ``t`` in the seconds of ``weights``, each second weighted by its share.
 
@@ -122,12 +130,20 @@ def phases_by_second(
         total = sum(split.values())
         for p in BLOCKED_PHASES:
             ph[p] = blocked * split.get(p, 0.0) / total if total > 0 else 0.0
+        if gpu_collective:
+            moved = min(ph["sync"], gpu_collective.get(sec, 0.0) * k)
+            ph["sync"] -= moved
+            ph[COLLECTIVE] += moved
         out[sec] = ph
     return out
 
 
 def window_total(
-    info: RecordingInfo, t: ThreadTime, wakers: Iterable[WakerRow], weights: Mapping[int, float]
+    info: RecordingInfo,
+    t: ThreadTime,
+    wakers: Iterable[WakerRow],
+    weights: Mapping[int, float],
+    gpu_collective: Mapping[int, float] | None = None,
 ) -> dict[str, float]:
     """Return thread ``t``'s phases over the seconds of ``weights`` (each weighted by its share), its blocked time
     split by the wakers of the whole window: a wait that spans a second boundary is then misplaced only at the
@@ -146,4 +162,8 @@ def window_total(
     norm = sum(split.values())
     for p in BLOCKED_PHASES:
         out[p] = blocked * split.get(p, 0.0) / norm if norm > 0 else (blocked if p == "other_blocked" else 0.0)
+    for sec, k in weights.items() if gpu_collective else ():
+        moved = min(t.by_sec[sec].get("sync", 0) * k, gpu_collective.get(sec, 0.0) * k)  # type: ignore[union-attr]
+        out["sync"] -= moved
+        out[COLLECTIVE] += moved
     return out

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from probes.catalog import OP_NAMES, OpClass, ops_where
 from tracer.analysis.breakdown.thread_time import S, ThreadTime, ThreadTimes
 from tracer.analysis.ranks import phases
 from tracer.analysis.recording import RecordingInfo
@@ -114,6 +115,27 @@ def _count_steps(conn: duckdb.DuckDBPyConnection, ranks: list[RankTime], start: 
         r.steps = r.step_calls * inside / stored if stored else None
 
 
+def _gpu_collective(conn: duckdb.DuckDBPyConnection, tids: list[int]) -> dict[int, dict[int, float]]:
+    """Return {tid: {sec: ns}} of the syncs that waited for an NCCL collective: each first sync after a collective
+    call on the thread (phases' module docstring), by the second it started in. A nested driver sync follows its
+    runtime one, not the collective, so it is never counted twice."""
+    coll = list(ops_where(lambda s: s.op_class == OpClass.COLLECTIVE))
+    syncs = [op for op in OP_NAMES if part_name(op) == "sync"]
+    if not tids:
+        return {}
+    rows = conn.execute(
+        "WITH c AS (SELECT tid, ts_ns, dur_ns, list_contains($coll, op) AS is_coll FROM cuda_calls "
+        "  WHERE list_contains($tids, tid) AND (list_contains($coll, op) OR list_contains($syncs, op))), "
+        "m AS (SELECT *, lag(is_coll) OVER (PARTITION BY tid ORDER BY ts_ns) AS after FROM c) "
+        "SELECT tid, ts_ns // 1000000000, sum(dur_ns) FROM m WHERE NOT is_coll AND after GROUP BY ALL",
+        {"tids": tids, "coll": coll, "syncs": syncs},
+    ).fetchall()
+    out: dict[int, dict[int, float]] = {}
+    for tid, sec, ns in rows:
+        out.setdefault(int(tid), {})[int(sec)] = float(ns or 0)
+    return out
+
+
 def _wakers(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, tids: list[int]) -> dict[int, list]:
     if not info.has_wakers or not tids:
         return {}
@@ -149,7 +171,7 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
     if len(found) < 2:
         return None
     tids = [t.tid for _, _, t in found]
-    spans, wakers = _step_spans(conn, tids), _wakers(conn, info, tids)
+    spans, wakers, gpu_coll = _step_spans(conn, tids), _wakers(conn, info, tids), _gpu_collective(conn, tids)
     ranks = []
     for rank, pid, t in found:
         a, b = spans.get(t.tid, (t.first_ns, t.end_ns))
@@ -172,8 +194,9 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
     _count_steps(conn, ranks, start, end)
     for r in ranks:
         w = phases.second_weights(r.thread, start, end)
-        r.by_sec = phases.phases_by_second(info, r.thread, wakers.get(r.tid, []), w)
-        r.total = phases.window_total(info, r.thread, wakers.get(r.tid, []), w)
+        g = gpu_coll.get(r.tid)
+        r.by_sec = phases.phases_by_second(info, r.thread, wakers.get(r.tid, []), w, g)
+        r.total = phases.window_total(info, r.thread, wakers.get(r.tid, []), w, g)
     if not info.has_wakers:
         note = (note + "; " if note else "") + "no wakers in this recording: blocked time is not split by who ended it"
     procs = [info.procs[pid] for _, pid, _ in found]
