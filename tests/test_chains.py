@@ -236,3 +236,24 @@ def test_write_chains_appends(dbs, tmp_path):
         "alloc_stress.py:74 allocate_batch",
     )
     assert "alloc_stress.py:74" in rows[0][6]
+
+
+def test_a_fork_heavy_job_judges_the_training_thread_and_a_bounded_number_of_others(tmp_path):
+    from tracer.analysis.chains.context import MAX_OTHER_SUBJECTS
+
+    # GIVEN the sync-stall loop, and 200 short-lived children (a monitoring loop's helpers) each making CUDA calls
+    b = builder("sync_stall")
+    for i in range(200):
+        pid = 20_000 + i
+        b.process(pid, "helper", ppid=MAIN_PID, first_ns=1_000 * MS + i * 10 * MS, exit_ns=1_005 * MS + i * 10 * MS)
+        b.call(1_001 * MS + i * 10 * MS, 2 * MS, "cudaStreamSynchronize", pid=pid, tid=pid, stream=7)
+    db = b.write(tmp_path / "churn.duckdb")
+    with open_trace(db) as c:
+        ctx = ChainContext.load(c)
+        res = compute_chains(c, limit=100)
+    # THEN the chains judge the training thread and at most MAX_OTHER_SUBJECTS other processes' threads, the
+    # children with the most GPU work first, so the work stays linear in the children
+    assert ctx.training is not None and ctx.training.pid == MAIN_PID
+    assert len(ctx.subjects) <= 1 + MAX_OTHER_SUBJECTS < 200
+    # AND the training thread's diagnosis is the one the scenario has
+    assert res.chains[0].category == "sync_stall" and res.chains[0].tid == MAIN_PID

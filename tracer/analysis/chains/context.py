@@ -41,6 +41,11 @@ STEP_PARTS = ("launch", "sync")  # the calls that mark a training loop's steps
 MIN_STEPS_NS = 1_000_000_000
 # a second is part of a cause's time range when the cause took >= 10 % of it
 HOT_SECOND_FRAC = 0.10
+# Besides the training thread and each rank's thread, the chains judge this many other processes' CUDA threads,
+# those with the most launch + sync time (drivers are best first). A fork-heavy job has a CUDA thread in each
+# of 10 K short-lived children; judging each cost every detector a query per child (a recording of 10 K
+# processes took minutes to diagnose, issue 21), and a child's own lost milliseconds are not the job's.
+MAX_OTHER_SUBJECTS = 16
 
 
 def grade(share: float, high: float = HIGH_SHARE, medium: float = MEDIUM_SHARE, low: float = LOW_SHARE) -> str | None:
@@ -149,6 +154,9 @@ class ChainContext:
         drivers = self.times.drivers
         out = []
         driver_tids = {t.tid for t in drivers}
+        others = [t for t in drivers if t is not training and t.tid not in rank_tids][:MAX_OTHER_SUBJECTS]
+        judged = {t.tid for t in others} | rank_tids | ({training.tid} if training else set())
+        drivers = [t for t in drivers if t.tid in judged]
         for t in [*drivers, *(r for r in ranks if r.tid not in driver_tids)]:
             if t.wall <= 0:
                 continue
