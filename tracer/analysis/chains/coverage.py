@@ -15,9 +15,9 @@ Two parts are explained without a chain of their own:
   of a training loop;
 - ``runq_tracer``: the tracer's own CPU, which the breakdown names as such (and ``bench/overhead`` measures).
 
-And the thread's CPU outside calls is a chain's when most of its samples (``AT_SITE``) run under that chain's
-code site: the Python of the line that makes the churned calls (the ctypes or binding work around 51,000
-cudaMalloc/cudaFree a second) is part of what that line costs.
+And the thread's CPU outside calls is a chain's when most of its samples (``AT_SITE``) run under the function of
+that chain's code site: the Python of the code that makes the churned calls (the ctypes or binding work around
+51,000 cudaMalloc/cudaFree a second) is part of what that code costs.
 """
 
 from __future__ import annotations
@@ -77,17 +77,32 @@ def _gpu_limited(s: Subject, mine: Sequence[CausalChain]) -> bool:
     return "gpu_bound" in cats or ("sync_stall" not in cats and waits >= MIN_PART)
 
 
+def _function(site: str) -> tuple[str, str]:
+    """Return (file, function) of a code site 'file:line function': the site's function, whatever its line."""
+    where, _, function = site.partition(" ")
+    return where.rsplit(":", 1)[0], function
+
+
 def _cpu_at_sites(ctx: ChainContext, s: Subject, mine: Sequence[CausalChain]) -> list[str]:
-    """Return the categories of the chains under whose code site at least AT_SITE of the thread's sampled CPU
-    outside calls runs (a frame of the sample's stack is the site)."""
-    sited = {c.culprit.code_site: c.category for c in mine if c.culprit is not None and c.culprit.code_site}
+    """Return the categories of the chains under whose code site's function at least AT_SITE of the thread's
+    sampled CPU outside calls runs (a frame of the sample's stack is in that function: the line that makes the
+    calls and its neighbours, a cudaMalloc's and the cudaFree's after it)."""
+    sited: dict[tuple[str, str], str] = {}
+    for c in mine:
+        sites = [c.culprit.code_site] if c.culprit is not None and c.culprit.code_site else []
+        # and where the chain's ops are called from: a churn's cudaFree in another function than its cudaMalloc
+        ops = {c.op} | {o.op for o in getattr(c.evidence, "ops", []) if getattr(o, "op", None)}
+        ops.discard("")
+        if ops:
+            sites += [site for site, *_ in ctx.top_sites(s.pid, ops, s.tid, limit=5) if site]
+        sited.update({_function(site): c.category for site in sites})
     if not sited or not ctx.info.has("cpu_samples"):
         return []
     stacks = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s), outside_calls=True).get(s.tid, [])
     total = sum(x.ns for x in stacks)
-    under: dict[str, float] = {}
+    under: dict[tuple[str, str], float] = {}
     for x in stacks:
-        here = {f"{f[3]}:{f[4]} {f[2]}" for f in x.frames if f[0] == "python"}
+        here = {(f[3] or "", f[2] or "") for f in x.frames if f[0] == "python"}
         for cat in {cat for site, cat in sited.items() if site in here}:
             under[cat] = under.get(cat, 0.0) + x.ns
     return sorted(cat for cat, ns in under.items() if total and ns >= AT_SITE * total)
