@@ -24,7 +24,7 @@ from tracer.analysis.chains.model import CausalChain, Culprit, Evidence
 from tracer.analysis.code_site import code_site
 from tracer.analysis.ranks.table import rank_thread
 from tracer.analysis.recording import RecordingInfo, load_recording
-from tracer.analysis.taxonomy import part_name
+from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES, part_name
 from tracer.hist import OpHistogram
 
 S = 1_000_000_000
@@ -163,7 +163,8 @@ class ChainContext:
             launches = any(o.part == "launch" and o.calls for o in self.ops_of(t.pid)) or t.ns("launch") > 0
             a, b = self._steps(t)
             is_rank = t.tid in rank_tids
-            out.append(Subject(clip(t, a, b), t is training or is_rank, launches or is_rank, a, b))
+            time = clip(t, a, b, self._calls_outside(t, a, b))
+            out.append(Subject(time, t is training or is_rank, launches or is_rank, a, b))
         return out
 
     def _steps(self, t: ThreadTime) -> tuple[int, int]:
@@ -176,6 +177,28 @@ class ChainContext:
             ).fetchone()
         a, b = (r[0], r[1]) if r and r[0] is not None else (t.first_ns, t.end_ns)
         return max(int(a), t.first_ns), min(int(b), t.end_ns) if t.end_ns > a else int(b)
+
+    def _calls_outside(self, t: ThreadTime, a: int, b: int) -> CallsOutside:
+        """Return second -> part -> ns of the thread's stored calls in its first and last second of steps that lie
+        outside [a, b) (the set-up calls before the first launch, the last ones after it): what clip takes out of
+        those seconds' call parts. Counted once per call, as the breakdown does: the ops of ops_of."""
+        ops = [o.op for o in self.ops_of(t.pid)]
+        if not ops or b <= a:
+            return {}
+        out: CallsOutside = {}
+        for lo, hi in ((max(a // S * S, t.first_ns), a), (b, min((b - 1) // S * S + S, t.end_ns))):
+            if hi <= lo:
+                continue
+            rows = self.conn.execute(
+                "SELECT op, sum(least(ts_ns + dur_ns, $hi) - greatest(ts_ns, $lo)) FROM cuda_calls "
+                "WHERE tid = $tid AND ts_ns < $hi AND ts_ns + dur_ns > $lo AND list_contains($ops, op) GROUP BY op",
+                {"tid": t.tid, "lo": lo, "hi": hi, "ops": ops},
+            ).fetchall()
+            sec = lo // S
+            for op, ns in rows:
+                part = part_name(op)
+                out.setdefault(sec, {})[part] = out.get(sec, {}).get(part, 0) + int(ns or 0)
+        return out
 
     @property
     def training(self) -> Subject | None:
@@ -208,7 +231,7 @@ class ChainContext:
     # -- who
     def holders(self, s: Subject) -> tuple[list[Holder], str]:
         """Return who held the CPU while the subject waited, within its steps."""
-        return holders_of(self.conn, self.info, s.time, limit=20, scale=self._in_steps(s))
+        return holders_of(self.conn, self.info, s.time, limit=20, scale=self._in_steps(s, RUNQ_WAIT))
 
     def other_holders(self, threads: list[ThreadTime]) -> list[Holder]:
         """Return the other tenants' processes that held the CPU while any of ``threads`` waited, each thread
@@ -248,23 +271,30 @@ class ChainContext:
     def wakers(self, s: Subject, limit: int | None = None) -> list[Waker]:
         """Return who woke the subject, within its steps: every waker unless ``limit`` (detectors sum them; a
         loader that respawns its workers each epoch has hundreds, and a top 50 lost most of its waits)."""
-        return wakers_of(self.conn, self.info, s.time, limit=limit, scale=self._in_steps(s))
+        return wakers_of(self.conn, self.info, s.time, limit=limit, scale=self._in_steps(s, OFF_CPU_WAIT))
 
-    def in_steps(self, s: Subject) -> Callable[[int], float]:
-        """Return sec -> the share of that second inside the subject's steps (per-second rows are weighted by it)."""
-        return self._in_steps(s)
+    def in_steps(self, s: Subject, part: str | tuple[str, ...] = "wall") -> Callable[[int], float]:
+        """Return sec -> the share of that second inside the subject's steps (per-second rows are weighted by it).
 
-    def _in_steps(self, s: Subject) -> Callable[[int], float]:
-        """Return sec -> the share of that second's accounted time that lies in the subject's steps: per-second
-        rows (preemptors, wakers) are weighted by it, as the thread's own seconds are by :func:`clip`."""
+        ``part``: the share of that part's time, for rows that belong to it (on-CPU samples: "cpu"; off-CPU
+        stacks: "blocked"): an edge second's outside time leaves the parts unevenly (see :func:`clip`), so a
+        second with start-up imports keeps less of its CPU samples than of its wall."""
+        return self._in_steps(s, part)
+
+    def _in_steps(self, s: Subject, part: str | tuple[str, ...] = "wall") -> Callable[[int], float]:
+        """Return sec -> the share of that second's ``part`` time (the sum of several) that lies in the subject's
+        steps: per-second rows (preemptors, wakers) are weighted by it, as the thread's own seconds are by
+        :func:`clip`."""
         full = self.times.by_tid(s.tid)
         whole = full.by_sec if full else {}
+        parts = (part,) if isinstance(part, str) else part
 
         def k(sec: int) -> float:
             mine, all_ = s.time.by_sec.get(sec), whole.get(sec)
-            if not mine or not all_ or not all_["wall"]:
+            if not mine or not all_:
                 return 0.0
-            return min(mine["wall"] / all_["wall"], 1.0)
+            have = sum(all_.get(p, 0) for p in parts)
+            return min(sum(mine.get(p, 0) for p in parts) / have, 1.0) if have else 0.0
 
         return k
 
@@ -349,8 +379,28 @@ class ChainContext:
         )
 
 
-def clip(t: ThreadTime, start_ns: int, end_ns: int) -> ThreadTime:
-    """Return ``t`` restricted to [start_ns, end_ns): whole seconds inside, edge seconds pro-rated by overlap."""
+# The parts of a thread's time that are not CUDA calls: an edge second's time outside the steps comes out of them
+# first (see clip); their extras follow them
+NON_CALL_PARTS = ("cpu", *RUNQ_PART_NAMES, "blocked")
+# the thread's waits for a CPU and its blocked time, inside calls or not: what holders' and wakers' rows weigh
+RUNQ_WAIT = (*RUNQ_PART_NAMES, "call_runq")
+OFF_CPU_WAIT = ("blocked", "call_off_cpu")
+_FOLLOWS = {"io": ("blocked",), "call_off_cpu": CALL_PART_NAMES, "call_runq": CALL_PART_NAMES}
+
+# calls outside the steps: second -> part -> ns of the thread's calls in that second outside [start, end)
+CallsOutside = dict[int, dict[str, int]]
+
+
+def clip(t: ThreadTime, start_ns: int, end_ns: int, calls_outside: CallsOutside | None = None) -> ThreadTime:
+    """Return ``t`` restricted to [start_ns, end_ns): whole seconds inside; an edge second loses its time outside.
+
+    An edge second's time outside the steps is start-up or shutdown: imports, the tracer's launch and library
+    holds, the first batch, teardown. It is not a slice of the second's mix: a second with 85 ms of imports and
+    620 ms of a cudaMalloc loop had ~60% of its on-CPU time in those 85 ms. So the outside time leaves the call
+    parts by the thread's calls there (``calls_outside``, from its stored calls), and the rest leaves the parts
+    outside calls (CPU, run queue, blocked) in proportion to them; extras and counts follow their parts (a count,
+    the wall). Where the calls' rows are missing (duty cycle) more comes out of the parts outside calls; what they
+    cannot give comes out of the call parts in proportion."""
     out = ThreadTime(
         pid=t.pid,
         tid=t.tid,
@@ -369,8 +419,42 @@ def clip(t: ThreadTime, start_ns: int, end_ns: int) -> ThreadTime:
         if ov <= 0:
             continue
         k = min(ov / (hi - lo), 1.0)
-        r = {f: int(round(v * k)) for f, v in row.items()} if k < 1 else dict(row)
+        r = _without(row, row.get("wall", 0) * (1 - k), (calls_outside or {}).get(sec, {})) if k < 1 else dict(row)
         out.by_sec[sec] = r
         for f, v in r.items():
             out.total[f] = out.total.get(f, 0) + v
     return out
+
+
+def _without(row: dict[str, int], outside: float, calls: dict[str, int]) -> dict[str, int]:
+    """Return ``row`` less ``outside`` ns of its wall: the calls' ns per part first, then the parts outside calls
+    in proportion, then (what is left) the call parts in proportion (see :func:`clip`)."""
+    keep = {f: float(v) for f, v in row.items()}
+    left = outside
+
+    def take(parts: Iterable[str], amount: float) -> float:
+        """Remove ``amount`` from ``parts`` in proportion to them (at most all of them); return what was taken."""
+        parts = list(parts)
+        have = sum(keep[p] for p in parts)
+        if have <= 0 or amount <= 0:
+            return 0.0
+        got = min(amount, have)
+        for p in parts:
+            keep[p] -= keep[p] * got / have
+        return got
+
+    for part in CALL_PART_NAMES:
+        left -= take([part], min(calls.get(part, 0), left))
+    left -= take(NON_CALL_PARTS, left)
+    take(CALL_PART_NAMES, left)
+    wall = row.get("wall", 0)
+    keep["wall"] = max(wall - outside, 0.0)
+    for extra, parts in _FOLLOWS.items():
+        before = sum(row.get(p, 0) for p in parts)
+        if extra in keep:
+            keep[extra] = row[extra] * (sum(keep[p] for p in parts) / before) if before else 0.0
+    k = keep["wall"] / wall if wall else 0.0
+    for f in ("reclaim", "faults", "page_alloc_bytes"):
+        if f in keep:
+            keep[f] = row[f] * k
+    return {f: int(round(v)) for f, v in keep.items()}

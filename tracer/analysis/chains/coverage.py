@@ -98,7 +98,7 @@ def _cpu_at_sites(ctx: ChainContext, s: Subject, mine: Sequence[CausalChain]) ->
         sited.update({_function(site): c.category for site in sites})
     if not sited or not ctx.info.has("cpu_samples"):
         return []
-    stacks = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s), outside_calls=True).get(s.tid, [])
+    stacks = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s, "cpu"), outside_calls=True).get(s.tid, [])
     total = sum(x.ns for x in stacks)
     under: dict[tuple[str, str], float] = {}
     for x in stacks:
@@ -110,12 +110,11 @@ def _cpu_at_sites(ctx: ChainContext, s: Subject, mine: Sequence[CausalChain]) ->
 
 def _sites(ctx: ChainContext, s: Subject, part: str) -> list[str]:
     """Return where the thread spent ``part``: 'site (ms)' of its heaviest code sites or holders."""
-    weight = ctx.in_steps(s)
     if part == "cpu" and ctx.info.has("cpu_samples"):
-        stacks = sampled_stacks(ctx.conn, [s.tid], weight, outside_calls=True).get(s.tid, [])
+        stacks = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s, "cpu"), outside_calls=True).get(s.tid, [])
         return [f"{x.site or '(no Python frame)'} ({x.ns / MS:,.0f} ms sampled)" for x in top_lines(stacks, SITES)]
     if part == "blocked" and ctx.info.has("offcpu_stacks"):
-        stacks = [b for b in blocked_stacks(ctx.conn, s.tid, weight) if not b.in_call]
+        stacks = [b for b in blocked_stacks(ctx.conn, s.tid, ctx.in_steps(s, "blocked")) if not b.in_call]
         return [f"{x.site or '(no Python frame)'} ({x.ns / MS:,.0f} ms)" for x in top_lines(stacks, SITES)]
     if part in CALL_PART_NAMES:
         ops = [o.op for o in ctx.ops_of(s.pid, lambda o: o.part == part)]
