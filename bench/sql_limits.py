@@ -7,7 +7,7 @@ server runs that tree on the same DB and calls alternate between the two, so bot
 the figure that matters is the difference of the medians (the issue's budget: the pool may add <= 20 ms). It
 also times ``tracer sql`` (a process per call; the CLI spawns one query worker) for both trees.
 
-With ``--corpus`` it then sends the hostile-query corpus (``tests/hostile_corpus.py``) to the current server and
+With ``--corpus`` it then sends the hostile-query corpus (``bench/hostile_corpus.py``) to the current server and
 records, per attack: the outcome, how long it took, how long a plain ``run_sql("select 1")`` and
 ``get_trace_stats`` took right after, and the peak RSS of the server and its query workers above idle.
 
@@ -131,10 +131,9 @@ def cli_ms(src: Path, db: Path, runs: int) -> list[float]:
 
 
 def corpus_module() -> Any:
-    sys.path.insert(0, str(REPO))  # tests/ is not a package on the default path
-    import tests.hostile_corpus as corpus
+    from bench import hostile_corpus
 
-    return corpus
+    return hostile_corpus
 
 
 def run_corpus(db: Path) -> dict[str, Any]:

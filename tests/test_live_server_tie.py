@@ -24,9 +24,9 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from hostile_corpus import call
 from tracedb import build
 
+from bench.hostile_corpus import call
 from tracer import procfs
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import anyio
 from mcp import Client
 
 from mcp_server.server import build_server
-from tracer.commands.analysis import mcp_serve
+from tracer.commands.analysis import MCP_SERVE_HELP
 
 
 def test_help_names_every_tool(tmp_path):
@@ -16,5 +16,7 @@ def test_help_names_every_tool(tmp_path):
 
     tools = anyio.run(names)
     assert len(tools) >= 6
-    text = " ".join((mcp_serve.__doc__ or "").split())
+    text = " ".join(MCP_SERVE_HELP.split())
     assert sorted(n for n in tools if n not in text) == []
+    # and each paragraph is one line: rich prints a help text's line breaks as they are (it once broke mid-list)
+    assert all("\n" not in para for para in MCP_SERVE_HELP.split("\n\n"))

@@ -1,4 +1,4 @@
-"""Issues 11 and 17: the hostile-query corpus (tests/hostile_corpus.py) through the real MCP SDK client against a
+"""Issues 11 and 17: the hostile-query corpus (bench/hostile_corpus.py) through the real MCP SDK client against a
 real ``tracer mcp serve --http`` subprocess on a hand-built trace DB.
 
 Each attack must get its expected answer, and right after it a plain ``run_sql("select 1")`` and
@@ -26,9 +26,9 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from hostile_corpus import ATTACKS, Attack, RssSampler, arguments, call, evaluate, liveness, tree_rss_bytes
 from tracedb import build
 
+from bench.hostile_corpus import ATTACKS, Attack, RssSampler, arguments, call, evaluate, liveness, tree_rss_bytes
 from tests.support.serving import wait_healthy
 from tracer import procfs
 

@@ -25,10 +25,10 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from hostile_corpus import liveness
 from mcp import Client
 from tracedb import build
 
+from bench.hostile_corpus import liveness
 from mcp_server.server import build_server
 from mcp_server.sessions import SessionLimits
 from tests.support.serving import wait_healthy

@@ -16,7 +16,7 @@ import anyio
 from conftest import PY, ROOT, TRACER, workload
 
 sys.path.insert(0, str(ROOT / "tests"))
-from hostile_corpus import call
+from bench.hostile_corpus import call
 
 
 def _free_port() -> int:

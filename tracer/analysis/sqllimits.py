@@ -41,13 +41,6 @@ class SqlLimits:
     query_chars: int = 100_000
     queue_wait_s: float = 15.0
 
-    def describe(self) -> str:
-        """One line naming the limits, for help texts and tool descriptions."""
-        return (
-            f"{self.timeout_s:g} s wall clock, {self.memory_bytes // MiB} MiB of memory, "
-            f"{self.reply_bytes // MiB} MiB of reply (values cut at {self.value_chars:,} characters)"
-        )
-
 
 LIMITS = SqlLimits()
 

@@ -428,7 +428,20 @@ mcp_app = typer.Typer(
 )
 
 
-@mcp_app.command("serve")
+# rich keeps a help text's line breaks: each paragraph is one line
+MCP_SERVE_HELP = "\n\n".join(
+    [
+        "Serve the recording to an AI assistant over MCP (stdio or streamable HTTP at /mcp).",
+        "Tools: get_trace_stats (start here), get_causal_chains, get_time_breakdown, get_step_series, get_waits, "
+        "get_stacks, get_thread_stacks, get_ranks, compare_processes, compare_traces and run_sql (read-only SQL); "
+        "the schema as the resource trace://schema, and the investigate prompt.",
+        "Example: tracer mcp serve --db trace.duckdb --http :8090",
+        "Then: claude mcp add --transport http tracer http://127.0.0.1:8090/mcp",
+    ]
+)
+
+
+@mcp_app.command("serve", help=MCP_SERVE_HELP)
 def mcp_serve(
     db: DbOption = DEFAULT_DB,
     http: Annotated[
@@ -457,15 +470,7 @@ def mcp_serve(
         ),
     ] = False,
 ) -> None:
-    """Serve the recording to an AI assistant over MCP (stdio or streamable HTTP at /mcp).
-
-    Tools: get_trace_stats (start here), get_causal_chains, get_time_breakdown, get_step_series, get_waits,
-    get_stacks, get_thread_stacks, get_ranks, compare_processes, compare_traces and run_sql (read-only SQL);
-    the schema as the resource trace://schema, and the investigate prompt.
-
-    Example: tracer mcp serve --db trace.duckdb --http :8090   (then: claude mcp add --transport http tracer
-    http://127.0.0.1:8090/mcp)
-    """
+    """Serve the recording to an AI assistant over MCP (help: MCP_SERVE_HELP)."""
     from mcp_server.http import parse_listen, read_token, serve_http, serve_stdio
     from tracer.analysis.db import open_trace
 
