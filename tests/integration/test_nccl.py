@@ -380,9 +380,10 @@ def test_the_straggler_chain_names_the_slow_rank_and_the_others_wait_in_the_coll
     by_rank = {r.rank: r.phases_ms_per_step for r in table.ranks}
     own = {r: statistics.mean(straggler.reports[r]["sync_ms"]) for r in range(3)}
     for fast in (r for r in range(3) if r != SLOW_RANK):
-        coll, runq = by_rank[fast][COLLECTIVE], by_rank[fast]["runq"]
+        # (a phase under 0.1 ms in all is left out of the table: none is 0)
+        coll, runq = by_rank[fast][COLLECTIVE], by_rank[fast].get("runq", 0.0)
         assert coll <= 1.05 * own[fast] and coll + runq >= 0.85 * own[fast], (by_rank[fast], own)
-        assert by_rank[fast]["sync"] < 0.1 * own[fast]
+        assert by_rank[fast].get("sync", 0.0) < 0.1 * own[fast]
     # AND the straggler chain names rank 2, and the others' wait for it in collectives
     (ch,) = [c for c in chains if c.category == "straggler_rank"]
     assert ch.severity == "HIGH" and ch.culprit.pid == straggler.pid(SLOW_RANK) and ch.evidence.phase == "asleep"
