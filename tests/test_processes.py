@@ -6,7 +6,13 @@ import pytest
 from tracedb import MAIN_PID, build
 
 from tracer.analysis.db import open_trace
-from tracer.analysis.processes import BUSY_CORE_SHARE, group_processes
+from tracer.analysis.processes import (
+    BUSY_CORE_SHARE,
+    TOP_BUSY_THREADS,
+    BusyThread,
+    group_processes,
+    top_busy_threads,
+)
 from tracer.analysis.recording import load_recording
 from tracer.analysis.stats import ProcessStat, trace_stats
 
@@ -63,11 +69,41 @@ def test_the_overview_lists_top_groups_and_busy_threads(tmp_path):
         ("pt_data_worker", 24)
     ]
     assert short.processes == [] and len(full.processes) == sum(g.processes for g in full.process_groups)
-    # AND the threads on CPU for >= 5% of the recording are listed, busiest first, up to the cap, none other
+    # AND the threads on CPU for >= 5% of the recording are listed, busiest first: by default the main thread and
+    # the busiest others up to the cap, with the count of those left out; with detail every one, none other
     busy = sorted(
         ((ns, t, p) for (p, t), ns in cpu.items() if ns >= BUSY_CORE_SHARE * info.duration_ns),
         key=lambda x: (-x[0], x[1]),
     )
-    assert len(busy) > 5  # the cap applies here: 24 workers and the main thread are busy
-    assert [(b.pid, b.tid) for b in short.busy_threads] == [(p, t) for _, t, p in busy[:5]]
+    assert len(busy) > TOP_BUSY_THREADS  # the cap applies here: 24 workers and the main thread are busy
+    every = [(p, t) for _, t, p in busy]
+    assert [(b.pid, b.tid) for b in full.busy_threads] == every and full.more_busy_threads == 0
+    top = [x for x in every if x == (MAIN_PID, MAIN_PID)]
+    top += [x for x in every if x != (MAIN_PID, MAIN_PID)][: TOP_BUSY_THREADS - len(top)]
+    assert [(b.pid, b.tid) for b in short.busy_threads] == [x for x in every if x in top]
+    assert short.more_busy_threads == len(busy) - TOP_BUSY_THREADS
     assert all(b.role == "dataloader_worker" or b.pid == MAIN_PID for b in short.busy_threads)
+
+
+def _busy(pid: int, tid: int, role: str, core: float) -> BusyThread:
+    return BusyThread(
+        pid=pid, tid=tid, comm="t", process_comm="python", role=role, core_share=core, cuda_calls=0, headline="cpu"
+    )
+
+
+def test_the_overview_never_drops_a_rank_main_thread_for_another():
+    # GIVEN 3 ranks' gloo threads busier than any rank's main thread, rank 2's (the straggler) the least busy of
+    # all, and a busy launcher thread
+    threads = [_busy(3001 + r, 3101 + r, "rank", 0.99) for r in range(3)]
+    threads += [_busy(3000, 3000, "launcher", 0.6)]
+    threads += [_busy(3001 + r, 3001 + r, "rank", 0.35 - 0.1 * r) for r in range(3)]
+    # WHEN the overview caps them at 5
+    shown, more = top_busy_threads(threads, limit=5)
+    # THEN every rank's main thread is listed, the busiest others fill the cap, in the busiest-first order
+    assert [(b.pid, b.tid) for b in shown] == [(3001, 3101), (3002, 3102), (3001, 3001), (3002, 3002), (3003, 3003)]
+    assert more == 2
+    # AND with more ranks than the cap, every rank's main thread still is, and nothing else
+    shown, more = top_busy_threads(threads, limit=2)
+    assert {b.tid for b in shown} == {3001, 3002, 3003} and more == 4
+    # AND under the cap nothing is left out
+    assert top_busy_threads(threads, limit=10) == (threads, 0)

@@ -4,7 +4,8 @@ draw their wakers, holder classes, roles and part names from tracer/vocabulary.p
 Ground truth for the waker names: the hand-built checkpoint loop (tests/support/checkpoint.py, with its odd
 wakers) has 421 in-call waits ended by the GPU's interrupt ([irq]), 40 sleeps ended by [timer], one by no waker
 seen and one by swapper/1, and 10 fsync waits ended by [block], several kinds in the same seconds; the issue's bug
-was one name for all of them (the least, [block]).
+was one name for all of them (the least, [block]). Beside it lie the stacks its thread blocked and ran in (for
+get_thread_stacks) and the same loop recorded without checkpoints (before.duckdb, for compare_traces).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import duckdb
 import numpy as np
 import pytest
 from mcp import Client
 from tracedb import MAIN_PID, TraceBuilder, builder
 
 from mcp_server.server import build_server
+from tests.support.builder import MS, insert_rows
 from tests.support.checkpoint import checkpoint_loop
 from tracer.analysis.breakdown import time_breakdown
 from tracer.analysis.breakdown.holders import HolderClass
@@ -54,15 +57,41 @@ TOOLS: dict[str, dict[str, Any]] = {
     "get_step_series": {},
     "get_waits": {},
     "compare_processes": {},
+    "get_thread_stacks": {"mode": "off-cpu"},
+    "compare_traces": {"before": "before.duckdb"},
 }
+# the checkpoint loop's stacks outside calls: where it blocks (fsync, sleep) and where it runs (serialising)
+FSYNC = [("python", "checkpoint.py", "save", "checkpoint.py", 40), ("native", "libc.so.6", "fsync", None, None)]
+SLEEP = [
+    ("python", "checkpoint.py", "train_step", "checkpoint.py", 35),
+    ("native", "libc.so.6", "nanosleep", None, None),
+]
+SERIALISE = [("python", "checkpoint.py", "save", "checkpoint.py", 38)]
 
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:
     b = TraceBuilder()
     checkpoint_loop(b, odd_wakers=True)
-    p = tmp_path_factory.mktemp("vocab") / "ckpt.duckdb"
-    b.write(p)
+    fsync, sleep, serialise = b.stack(FSYNC), b.stack(SLEEP), b.stack(SERIALISE)
+    b.samples(1, serialise, 4, pid=MAIN_PID)
+    d = tmp_path_factory.mktemp("vocab")
+    p = b.write(d / "ckpt.duckdb")
+    blocked = [(fsync, "D", "[block]", 10, 500 * MS), (sleep, "S", "[timer]", 40, 40 * MS)]
+    with duckdb.connect(str(p)) as con:
+        con.execute("UPDATE session SET sample_hz = 99, offcpu_stacks = true")
+        insert_rows(
+            con,
+            "offcpu_stacks",
+            [
+                dict(sec=1, pid=MAIN_PID, tid=MAIN_PID, stack_id=sid, state=state, in_call=False, waker_pid=0,
+                     waker_comm=waker, intervals=n, blocked_ns=ns)
+                for sid, state, waker, n, ns in blocked
+            ],
+        )  # fmt: skip
+    before = TraceBuilder()
+    checkpoint_loop(before, every=0)
+    before.write(d / "before.duckdb")
     return p
 
 
@@ -118,6 +147,18 @@ def test_every_tool_speaks_the_vocabulary(db, tool):
     doc = _call(db, tool, TOOLS[tool])
     # THEN every waker, holder class, role and part it names is in the vocabulary
     assert not _check_document(doc), _check_document(doc)
+
+
+def test_the_stack_and_comparison_tools_have_names_to_check(db):
+    # GIVEN the loop's stacks and the loop without checkpoints beside it  THEN get_thread_stacks lists the blocked
+    # stacks and compare_traces the training thread's parts: the check above reads real answers, not empty ones
+    stacks = _call(db, "get_thread_stacks", TOOLS["get_thread_stacks"])["stacks"]
+    assert [(x["wait"], x["site"]) for x in stacks] == [
+        ("io", "checkpoint.py:40 save"),
+        ("sleep", "checkpoint.py:35 train_step"),
+    ]
+    parts = {v for k, v, _ in _walk(_call(db, "compare_traces", TOOLS["compare_traces"])) if k == "part"}
+    assert {"cpu", "sync", "blocked"} <= parts <= set(PART_NAMES)
 
 
 @pytest.mark.parametrize("scenario", ["fault_storm", "cpu_contention", "process_churn", "dataloader_starvation"])

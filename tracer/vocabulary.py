@@ -64,7 +64,13 @@ PROCESS_ROLES: tuple[str, ...] = (MAIN_ROLE, RANK_ROLE, LAUNCHER_ROLE, DATALOADE
 DATALOADER_COMM = "pt_data_worker"  # torch's DataLoader workers rename themselves so
 
 # -- what a thread is (the breakdown's threads) -------------------------------------------------------------------
-THREAD_ROLES: tuple[str, ...] = ("training", "driver", "cuda", "thread")
+# the training thread (most launch + sync time), and under a launcher every rank's: its driver thread, else its main
+# thread (a rank training on the CPU makes no CUDA call)
+TRAINING_THREAD = "training"
+DRIVER_THREAD = "driver"  # another process's main CUDA thread (most launch + sync time of its process)
+CUDA_THREAD = "cuda"  # another thread that makes CUDA calls
+PLAIN_THREAD = "thread"  # a thread with no CUDA call
+THREAD_ROLES: tuple[str, ...] = (TRAINING_THREAD, DRIVER_THREAD, CUDA_THREAD, PLAIN_THREAD)
 
 # -- the parts of a thread's time ---------------------------------------------------------------------------------
 # thread_breakdown's columns are f"{part}_ns" in this order, and they add up to wall_ns: on CPU outside calls,

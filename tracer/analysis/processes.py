@@ -4,7 +4,9 @@ A fork-heavy job has thousands of processes (a monitoring loop's commands, DataL
 epoch): one row each made `get_trace_stats` megabytes long and hid the few that matter. Processes are grouped by
 (comm, parent, role, rank): the workers one loader re-forked are one row, each rank stays its own. The busy threads
 are listed whatever they do, CUDA or not: a metrics thread holding the interpreter lock uses a core and makes no
-CUDA call.
+CUDA call. The overview lists the busiest :data:`TOP_BUSY_THREADS` and says how many it left out
+(:func:`top_busy_threads`); a thread that trains (each rank's main thread, the main process's) is never left out
+for another: on a 3-rank torchrun job the straggler rank's main thread was dropped for three gloo threads.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from pydantic import Field
 
 from tracer.analysis import Record
 from tracer.analysis.recording import RecordingInfo
+from tracer.vocabulary import MAIN_ROLE, RANK_ROLE, TRACER_ROLE
 
-S = 1_000_000_000
 # a thread on CPU for at least this share of the recording (of one core) is listed among the busy threads
 BUSY_CORE_SHARE = 0.05
 TOP_BUSY_THREADS = 5
@@ -54,8 +56,9 @@ class BusyThread(Record):
     comm: str
     process_comm: str
     role: Annotated[str, Field(description="its process's role")]
-    cpu_s: Annotated[float, Field(description="seconds on CPU")]
-    core_share: Annotated[float, Field(description="cpu_s over the recording's length: the share of one core")]
+    core_share: Annotated[
+        float, Field(description="its time on CPU over the recording's length: the share of one core")
+    ]
     cuda_calls: int
     headline: Annotated[str, Field(description="its time by part, largest first, e.g. 'cpu 85%, blocked 12%'")]
 
@@ -103,10 +106,8 @@ _HEADLINE_PARTS = {
 }
 
 
-def busy_threads(
-    conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None = None, limit: int = TOP_BUSY_THREADS
-) -> list[BusyThread]:
-    """Return the threads on CPU for at least BUSY_CORE_SHARE of the recording, busiest first (the tracer's own
+def busy_threads(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None = None) -> list[BusyThread]:
+    """Return every thread on CPU for at least BUSY_CORE_SHARE of the recording, busiest first (the tracer's own
     left out: its cost has a line of its own)."""
     if not info.has("thread_breakdown") or info.duration_ns <= 0:
         return []
@@ -121,7 +122,7 @@ def busy_threads(
     out = []
     for tpid, tid, comm, wall, n_calls, *parts in rows:
         role = info.process_role(tpid)
-        if role == "tracer":
+        if role == TRACER_ROLE:
             continue
         shares = sorted(
             ((name, ns / wall) for name, ns in zip(_HEADLINE_PARTS, parts, strict=True) if wall and ns),
@@ -134,12 +135,26 @@ def busy_threads(
                 comm=comm or info.comm(tpid),
                 process_comm=info.comm(tpid),
                 role=role,
-                cpu_s=round(parts[0] / S, 3),
                 core_share=round(parts[0] / info.duration_ns, 3),
                 cuda_calls=int(n_calls or 0),
                 headline=", ".join(f"{name} {share:.0%}" for name, share in shares if share >= 0.01),
             )
         )
-        if len(out) == limit:
-            break
     return out
+
+
+def trains(b: BusyThread) -> bool:
+    """True for a thread that trains as the overview sees it: the main thread of a rank or of the main process."""
+    return b.tid == b.pid and b.role in (RANK_ROLE, MAIN_ROLE)
+
+
+def top_busy_threads(threads: list[BusyThread], limit: int = TOP_BUSY_THREADS) -> tuple[list[BusyThread], int]:
+    """Return the busy threads the overview lists, busiest first, and how many it leaves out: every main thread
+    of a rank or of the main process (:func:`trains`), then the busiest others up to ``limit`` in all."""
+    keep = {id(b) for b in threads if trains(b)}
+    for b in threads:
+        if len(keep) >= limit:
+            break
+        keep.add(id(b))
+    shown = [b for b in threads if id(b) in keep]
+    return shown, len(threads) - len(shown)

@@ -19,7 +19,16 @@ from functools import cached_property
 import duckdb
 
 from tracer.analysis.db import session_row
-from tracer.vocabulary import DATALOADER_COMM, LAUNCHER_ROLE, RANK_ROLE
+from tracer.vocabulary import (
+    CHILD_ROLE,
+    DATALOADER_COMM,
+    DATALOADER_ROLE,
+    LAUNCHER_ROLE,
+    MAIN_ROLE,
+    RANK_ROLE,
+    TARGET_ROLE,
+    TRACER_ROLE,
+)
 
 S = 1_000_000_000
 # The recorder's process name (the `tracer` console script): how a v1 recording, which has no role or
@@ -34,7 +43,7 @@ class Proc:
     pid: int
     ppid: int | None
     comm: str
-    role: str  # target | tracer
+    role: str  # as the recorder wrote it: tracer.vocabulary.RECORDED_ROLES (target | tracer)
     first_ns: int
     exit_ns: int | None
     exit_code: int | None
@@ -74,7 +83,7 @@ class RecordingInfo:
     def tracer_pids(self) -> frozenset[int]:
         """The recorder's own pids. Computed once: roles and holders ask per process, and a fork-heavy recording
         has tens of thousands (rebuilt per call, this set was 59% of `tracer stats` at 16 K processes)."""
-        pids = {p.pid for p in self.procs.values() if p.role == "tracer"}
+        pids = {p.pid for p in self.procs.values() if p.role == TRACER_ROLE}
         if self.recorder_pid:
             pids.add(self.recorder_pid)
         return frozenset(pids)
@@ -99,7 +108,7 @@ class RecordingInfo:
     def in_tree(self, pid: int | None) -> bool:
         """Return True when ``pid`` is a process of the traced tree (not the tracer)."""
         p = self.procs.get(pid) if pid is not None else None
-        return p is not None and p.role != "tracer"
+        return p is not None and p.role != TRACER_ROLE
 
     @cached_property
     def rank_pids(self) -> dict[int, int]:
@@ -107,7 +116,7 @@ class RecordingInfo:
         (a rank's forked DataLoader workers inherit its environment, so its rank, and are not ranks)."""
         out: dict[int, int] = {}
         for p in self.procs.values():
-            if p.rank is None or p.role == "tracer":
+            if p.rank is None or p.role == TRACER_ROLE:
                 continue
             parent = self.procs.get(p.ppid) if p.ppid is not None else None
             if parent is None or (parent.rank, parent.job_id) != (p.rank, p.job_id):
@@ -119,21 +128,21 @@ class RecordingInfo:
         process's role, which every analysis, view and export uses. In a distributed job each rank's own process
         is a ``rank`` (each one trains) and the process that started them (torchrun's agent) a ``launcher``."""
         p = self.procs.get(pid)
-        if p is not None and p.role == "tracer" or pid in self.tracer_pids:
-            return "tracer"
+        if p is not None and p.role == TRACER_ROLE or pid in self.tracer_pids:
+            return TRACER_ROLE
         if pid in self.rank_pids:
             return RANK_ROLE
         if p is not None and p.launcher:
             return LAUNCHER_ROLE
         if pid == self.main_pid:
-            return "main"
+            return MAIN_ROLE
         if p is not None and p.comm == DATALOADER_COMM:
-            return "dataloader_worker"
-        return "child"
+            return DATALOADER_ROLE
+        return CHILD_ROLE
 
     def target_pids(self) -> list[int]:
         """Return the traced tree's pids (tracer processes left out), in pid order."""
-        return sorted(p.pid for p in self.procs.values() if p.role != "tracer" and p.pid not in self.tracer_pids)
+        return sorted(p.pid for p in self.procs.values() if p.role != TRACER_ROLE and p.pid not in self.tracer_pids)
 
     def descendants(self, pid: int) -> list[Proc]:
         """Return every process forked (directly or not) from ``pid``, in pid order."""
@@ -179,7 +188,7 @@ def load_recording(conn: duckdb.DuckDBPyConnection) -> RecordingInfo:
         info.duration_ns = int((s["duration_s"] or 0) * S)
         info.cpu_cores, info.mem_bytes = int(s["cpu_cores"] or 0), int(s["mem_bytes"] or 0)
         info.target, info.recorder_pid = s["target"] or "", s["recorder_pid"]
-    role = "coalesce(role, 'target')" if info.has("processes", "role") else "'target'"
+    role = f"coalesce(role, '{TARGET_ROLE}')" if info.has("processes", "role") else f"'{TARGET_ROLE}'"
     dist = ("rank", "local_rank", "world_size", "job_id", "launcher")
     dist_sql = ", ".join(c if info.has("processes", c) else "NULL" for c in dist)  # v3 columns
     for pid, ppid, comm, r, first, exit_ns, code, *d in conn.execute(
@@ -210,7 +219,7 @@ def _main_pid(info: RecordingInfo) -> int | None:
             pass
     # the root of the traced tree: a target process whose parent is not a target process (the recorder that
     # launched the command is in processes as role tracer, so it cannot be the root)
-    tree = {p.pid for p in info.procs.values() if p.role != "tracer" and p.pid not in info.tracer_pids}
+    tree = {p.pid for p in info.procs.values() if p.role != TRACER_ROLE and p.pid not in info.tracer_pids}
     roots = [p for p in info.procs.values() if p.pid in tree and (p.ppid is None or p.ppid not in tree)]
     roots.sort(key=lambda p: (p.first_ns, p.pid))
     return roots[0].pid if roots else None

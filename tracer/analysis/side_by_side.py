@@ -1,10 +1,11 @@
 """Processes (or the threads of one process) side by side: one column each, one row per measure, so a reader sees
 at a glance which rank is slower and where its time went ("How do these processes compare?", issue 23).
 
-A process is shown by the thread that does its work: its driver thread (most launch + sync time), else (a rank
-training on the CPU, a process with no CUDA call) its busiest thread. Each column has the thread's exact
-breakdown (the parts add up to its wall time), its steps (:mod:`tracer.analysis.steps`) and who woke and held
-it most; each row has one value per column, null where a column has none.
+A process is shown by the thread that does its work: its driver thread (most launch + sync time), else a rank's
+main thread (a rank training on the CPU: the thread the ranks' table follows), else (a process with no CUDA call)
+its busiest thread. Every rank's column is a ``training`` thread: under a launcher each rank trains. Each column
+has the thread's exact breakdown (the parts add up to its wall time), its steps (:mod:`tracer.analysis.steps`) and
+who woke and held it most; each row has one value per column, null where a column has none.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ def _default_pids(info: RecordingInfo, times: ThreadTimes) -> list[int]:
 
 
 def _working_thread(times: ThreadTimes, pid: int) -> ThreadTime | None:
-    """The thread that does the process's work: its driver thread, else its busiest one."""
+    """The thread that does the process's work: its driver thread, else a rank's main thread, else its busiest."""
     d = next((x for x in times.drivers if x.pid == pid), None)
+    if d is None and pid in times.rank_pids:
+        d = times.rank_thread(pid)
     if d is not None:
         return d
     mine = [t for t in times.threads if t.pid == pid]

@@ -22,12 +22,22 @@ from tracer.analysis.breakdown.thread_time import ThreadTimes
 from tracer.analysis.breakdown.tracer_cost import TracerCost, tracer_cost
 from tracer.analysis.chains import ChainContext, compute_chains
 from tracer.analysis.db import RecordingState, recording_state, session_row
-from tracer.analysis.processes import BusyThread, ProcessGroup, busy_threads, group_processes
+from tracer.analysis.processes import (
+    TOP_BUSY_THREADS,
+    BusyThread,
+    ProcessGroup,
+    busy_threads,
+    group_processes,
+    top_busy_threads,
+)
 from tracer.analysis.recording import DATALOADER_COMM, RecordingInfo, load_recording, main_pid
 from tracer.analysis.taxonomy import part_name
 from tracer.hist import OpHistogram
 
 TOP_PROCESS_GROUPS = 6  # process groups in the overview unless detail
+# the worst chain's summary in the overview, cut to this many characters: a pointer to get_causal_chains, which
+# has it whole (a straggler's summary alone was 466 bytes of a 4 KB answer)
+TOP_CHAIN_CHARS = 200
 
 __all__ = ["DATALOADER_COMM", "main_pid", "op_stats", "process_stats", "trace_stats"]
 
@@ -146,14 +156,26 @@ class TraceStats(Record):
     ] = None
     busy_threads: Annotated[
         list[BusyThread],
-        Field(description="threads on CPU for >= 5% of the recording (of one core), CUDA or not, busiest first"),
+        Field(
+            description="threads on CPU for >= 5% of the recording (of one core), CUDA or not, busiest first: every "
+            f"rank's main thread and the {TOP_BUSY_THREADS} busiest in all unless detail (more_busy_threads: the rest)"
+        ),
     ]
+    more_busy_threads: Annotated[
+        int, Field(description="busy threads left out of busy_threads (detail=True lists them all); 0 if none")
+    ] = 0
     processes: Annotated[
         list[ProcessStat], Field(description="one row per process: only with detail=True or a pid filter")
     ]
     host: HostPeaks
     chains_by_severity: Annotated[dict[str, int], Field(description="causal chains found, by severity")]
-    top_chain: Annotated[str | None, Field(description="summary of the worst chain, if any")]
+    top_chain: Annotated[
+        str | None,
+        Field(
+            description=f"the worst chain's summary, cut to {TOP_CHAIN_CHARS} characters (get_causal_chains has it "
+            "whole); null if none"
+        ),
+    ]
     training_thread: Annotated[
         TrainingTime | None, Field(description="where the training thread's time went (get_time_breakdown: more)")
     ]
@@ -272,10 +294,13 @@ def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: Recording
     shown = groups if detail else groups[:TOP_PROCESS_GROUPS]
     rest = groups[len(shown) :]
     more = f"{len(rest):,} more groups, {sum(g.processes for g in rest):,} processes (detail=True)" if rest else None
+    busy = busy_threads(conn, info, pid)
+    busy, more_busy = (busy, 0) if detail else top_busy_threads(busy)
     return {
         "process_groups": shown,
         "more_processes": more,
-        "busy_threads": busy_threads(conn, info, pid),
+        "busy_threads": busy,
+        "more_busy_threads": more_busy,
         "processes": procs if detail or pid is not None else [],
     }
 
@@ -337,8 +362,17 @@ def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None, detail:
         **_processes(conn, pid, ctx.info, detail),
         host=host_peaks(conn),
         chains_by_severity=chains.by_severity,
-        top_chain=chains.chains[0].summary if chains.chains else None,
+        top_chain=_cut(chains.chains[0].summary, TOP_CHAIN_CHARS) if chains.chains else None,
         training_thread=training,
         tracer=cost,
         recording=recording_state(conn),
     )
+
+
+def _cut(text: str, chars: int) -> str:
+    """Return ``text`` cut at a word boundary to at most ``chars`` characters, marked with an ellipsis."""
+    if len(text) <= chars:
+        return text
+    head = text[: chars - 1]
+    head = head[: head.rfind(" ")] if " " in head else head
+    return head.rstrip(" ,;:") + "…"

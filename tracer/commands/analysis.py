@@ -365,7 +365,7 @@ def steps(
 
 def waits(db: DbOption = DEFAULT_DB, pid: PidOption = None, tid: TidOption = None, json: JsonOption = False) -> None:
     """Show how long a thread's waits were, by who ended them: per waker (a thread, a worker, an interrupt such
-    as [timer] or [block]) its exact wakeups and blocked time, the typical and longest wait, and a histogram.
+    as \\[timer] or \\[block]) its exact wakeups and blocked time, the typical and longest wait, and a histogram.
 
     Example: tracer waits --db trace.duckdb   ·   tracer waits --db trace.duckdb --tid 12006
     """

@@ -21,17 +21,19 @@ def load_thread_times(
     """Return every accounted thread's time (of ``pid`` only when given): exact when the recording has
     ``thread_breakdown`` rows, else estimated from op_stats, sched_stats and the stored calls."""
     info = info or load_recording(conn)
+    ranks = frozenset(info.rank_pids)  # each rank's process: each has a training thread of its own
     if info.has_breakdown:
-        return ThreadTimes("exact", "", _exact(conn, info, pid))
+        return ThreadTimes("exact", "", _exact(conn, info, pid), ranks)
     threads = estimate_thread_times(conn, info, pid)
     if not threads:
-        return ThreadTimes("none", f"{NO_BREAKDOWN}, and no CUDA calls to estimate one from", [])
+        return ThreadTimes("none", f"{NO_BREAKDOWN}, and no CUDA calls to estimate one from", [], ranks)
     return ThreadTimes(
         "estimated",
         f"{NO_BREAKDOWN} (recorded without per-thread time accounting): estimated from op_stats (exact call time "
         "per process), sched_stats (exact off-CPU and run-queue time per thread) and the stored calls; no page "
         "faults, no wakers",
         threads,
+        ranks,
     )
 
 

@@ -8,7 +8,9 @@ per second; :class:`ThreadTimes` holds every accounted thread of a recording and
 The training thread is the thread with the most time issuing and waiting for GPU work (launch + sync), ties
 broken by CUDA calls then tid: it is the one whose time a job's step time is made of, and unlike a call count
 it is not inflated by cheap calls nor deflated when launch probes are duty-cycled. Each process that issues CUDA
-calls has such a *driver* thread; the training thread is the top one.
+calls has such a *driver* thread; the training thread is the top one. In a distributed job every rank trains: each
+rank's own process (``RecordingInfo.rank_pids``) has a training thread too, its driver thread, else (a rank with
+no CUDA call) its main thread, and :meth:`ThreadTimes.role_of` calls every one of them ``training``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Literal
 import numpy as np
 
 from tracer.analysis.taxonomy import CALL_PART_NAMES, PART_NAMES, RUNQ_PART_NAMES
+from tracer.vocabulary import CUDA_THREAD, DRIVER_THREAD, PLAIN_THREAD, TRAINING_THREAD
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -129,6 +132,8 @@ class ThreadTimes:
     basis: Basis
     note: str
     threads: list[ThreadTime]
+    # each rank's own process in a distributed job (RecordingInfo.rank_pids): each one has a training thread
+    rank_pids: frozenset[int] = frozenset()
 
     def by_tid(self, tid: int) -> ThreadTime | None:
         return next((t for t in self.threads if t.tid == tid), None)
@@ -151,15 +156,31 @@ class ThreadTimes:
         d = self.drivers
         return d[0] if d else None
 
+    def rank_thread(self, pid: int, drivers: list[ThreadTime] | None = None) -> ThreadTime | None:
+        """Return the thread that trains in rank process ``pid``: its driver thread, else its main thread
+        (``drivers``: :attr:`drivers`, when the caller has them)."""
+        d = next((x for x in (self.drivers if drivers is None else drivers) if x.pid == pid), None)
+        return d if d is not None else self.by_tid(pid)
+
+    def training_tids(self, drivers: list[ThreadTime] | None = None) -> frozenset[int]:
+        """Return the tids of the threads that train: the training thread and each rank's (:meth:`rank_thread`)."""
+        drivers = self.drivers if drivers is None else drivers
+        out = {drivers[0].tid} if drivers else set()
+        for pid in self.rank_pids:
+            if (t := self.rank_thread(pid, drivers)) is not None:
+                out.add(t.tid)
+        return frozenset(out)
+
     def role_of(self, t: ThreadTime) -> str:
-        """Return what thread ``t`` is (tracer.vocabulary.THREAD_ROLES): the training thread, another process's
-        driver thread, another CUDA thread, or a thread with no CUDA call."""
-        training = self.training
-        if training is not None and t.tid == training.tid:
-            return "training"
-        if any(d.tid == t.tid for d in self.drivers):
-            return "driver"
-        return "cuda" if t.cuda_calls else "thread"
+        """Return what thread ``t`` is (tracer.vocabulary.THREAD_ROLES): a training thread (the training thread,
+        or under a launcher any rank's), another process's driver thread, another CUDA thread, or a thread with
+        no CUDA call."""
+        drivers = self.drivers
+        if t.tid in self.training_tids(drivers):
+            return TRAINING_THREAD
+        if any(d.tid == t.tid for d in drivers):
+            return DRIVER_THREAD
+        return CUDA_THREAD if t.cuda_calls else PLAIN_THREAD
 
     def pick(self, pid: int | None = None, tid: int | None = None) -> ThreadTime | None:
         """Return the thread a question is about: ``tid``; else ``pid``'s driver thread; else the training

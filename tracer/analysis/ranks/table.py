@@ -74,11 +74,9 @@ class RankTable:
 
 
 def rank_thread(times: ThreadTimes, pid: int) -> ThreadTime | None:
-    """Return the training thread of rank process ``pid``: its driver thread, else its main thread."""
-    drivers = [t for t in times.drivers if t.pid == pid]
-    if drivers:
-        return drivers[0]
-    return next((t for t in times.threads if t.tid == pid), None)
+    """Return the training thread of rank process ``pid``: its driver thread, else its main thread
+    (:meth:`ThreadTimes.rank_thread`, which the threads' roles use too)."""
+    return times.rank_thread(pid)
 
 
 def _step_spans(conn: duckdb.DuckDBPyConnection, tids: list[int]) -> dict[int, tuple[int, int]]:
