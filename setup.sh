@@ -6,7 +6,8 @@
 #      bcc looks (/lib/modules/$(uname -r)/{build,source}); uprobes and tracepoints only need them for types.
 #   2. .venv on /usr/bin/python3 with --system-site-packages (bcc is a Debian package, not a PyPI one), with the
 #      project installed editable with its dev extras (torch==2.13.0 from the machine's disk; nvidia-nccl-cu13, the
-#      real libnccl.so.2, from the index); skipped when already there.
+#      real libnccl.so.2, from the index; pyspark, ~1 min and ~490 MB, whose local Spark needs java >= 17, which
+#      is checked first); skipped when already there.
 #   3. /usr/local/bin/tracer, so `sudo tracer ...` works.
 #   4. The stand-in CUDA libraries and C fixtures in fixtures/build/.
 set -euo pipefail
@@ -51,6 +52,29 @@ if [ ! -e "/lib/modules/$KVER/build/include" ]; then
         [ -n "$common" ] && ln -sfn "$common" "/lib/modules/$KVER/source"
         warn "kernel $KVER has no headers package; using $(basename "$hdr") for bcc. Uprobes and tracepoints only"
         warn "need them for type definitions; task_struct offsets are read from /sys/kernel/btf/vmlinux at run time."
+    fi
+fi
+
+# Spark 4 (pyspark, dev extras: tests/test_export_spark.py runs the Parquet dataset's query in it) runs on Java 17+:
+# installed from Debian when missing or older.
+java_major() {
+    local v=""
+    if command -v java >/dev/null; then
+        v=$(java -version 2>&1 | sed -n 's/.* version "\([^"]*\)".*/\1/p' | head -n 1) || true
+    fi
+    v=${v#1.}          # Java 8 says "1.8.0_402"
+    echo "${v%%[!0-9]*}"  # "17.0.15", "21-ea" -> 17, 21
+}
+jm=$(java_major)
+if [ -z "$jm" ] || [ "$jm" -lt 17 ]; then
+    say "installing Java 17 for Spark (openjdk-17-jre-headless)"
+    apt-get update -qq
+    apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    jm=$(java_major)
+    if [ -z "$jm" ] || [ "$jm" -lt 17 ]; then
+        echo "error: Spark 4 (pyspark, for tests/test_export_spark.py) needs Java >= 17 as \`java\` on PATH;" \
+            "found ${jm:-no java} after installing openjdk-17-jre-headless. Put Java 17+ first on PATH." >&2
+        exit 3
     fi
 fi
 
@@ -114,8 +138,8 @@ fi
 say "building the stand-in CUDA libraries and fixtures"
 make -s -C fixtures
 
-.venv/bin/python -c "import bcc, duckdb, mcp, torch" || {
-    echo "error: the virtualenv cannot import bcc/duckdb/mcp/torch" >&2
+.venv/bin/python -c "import bcc, duckdb, mcp, pyspark, torch" || {
+    echo "error: the virtualenv cannot import bcc/duckdb/mcp/pyspark/torch" >&2
     exit 3
 }
 say "done. Next: .venv/bin/pytest   (tests)   and   sudo tracer demo   (a recorded investigation)"

@@ -21,7 +21,7 @@ import ipaddress
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -34,8 +34,9 @@ from starlette.routing import Mount
 from mcp_server import sessions
 from mcp_server.auth import BearerTokenMiddleware, authorized
 from mcp_server.server import Connect, build_server
+from tracer.analysis.db import recordings
 from tracer.analysis.sqlpool import SqlPool
-from tracer.errors import UsageError
+from tracer.errors import StoreError, UsageError
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 # The SDK's own session cap, a backstop behind mcp_server.sessions' (which ends sessions after they open, so the
@@ -93,8 +94,22 @@ def security_for(host: str, port: int, extra_hosts: list[str]) -> TransportSecur
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
 
+def _paths(db: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The recordings ``db`` names (several: a job); as given when they cannot be listed (opening says why)."""
+    try:
+        return recordings(db)
+    except StoreError:
+        return [Path(str(db))]
+
+
+def sql_file(db: str | Path | Sequence[str | Path]) -> Path | None:
+    """The one file run_sql's query workers open as they start; None for a job (run_sql refuses it)."""
+    paths = _paths(db)
+    return paths[0] if len(paths) == 1 else None
+
+
 def build_app(
-    db: str | Path,
+    db: str | Path | Sequence[str | Path],
     host: str = "127.0.0.1",
     port: int = 8090,
     *,
@@ -134,7 +149,7 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if connect is None:
-            pool.start(db)
+            pool.start(sql_file(db))
         try:
             async with mcp.session_manager.run():
                 try:
@@ -153,7 +168,7 @@ def build_app(
         body = {"status": "ok", "mcp": "/mcp"}
         trusted = await checks.validate_request(request) is None
         if trusted and (token is None or authorized(dict(request.scope.get("headers") or []), token)):
-            body["db"] = Path(db).name
+            body["db"] = "+".join(p.name for p in _paths(db))
         return body
 
     app.router.routes.append(Mount("/", app=sessions.SessionLimits(mcp_app, "/mcp")))
@@ -180,7 +195,7 @@ class HostCheck:
 
 
 def serve_http(
-    db: str | Path,
+    db: str | Path | Sequence[str | Path],
     host: str,
     port: int,
     *,
@@ -233,10 +248,10 @@ class _DeadlineServer(uvicorn.Server):
         os.kill(os.getpid(), sig)
 
 
-def serve_stdio(db: str | Path) -> None:
+def serve_stdio(db: str | Path | Sequence[str | Path]) -> None:
     """Serve over stdin/stdout; stdout is the wire, so nothing else may print to it (query workers have their
     own pipes)."""
-    pool = SqlPool().start(db)
+    pool = SqlPool().start(sql_file(db))
     try:
         build_server(db, sql_pool=pool).run()
     finally:

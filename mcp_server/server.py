@@ -16,7 +16,7 @@ swapped underneath the server) becomes a ToolError, raised after the connection 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -33,7 +33,7 @@ from tracer.analysis.arguments import check_args
 from tracer.analysis.breakdown import Breakdown, time_breakdown
 from tracer.analysis.chains import ChainsResult, compute_chains
 from tracer.analysis.compare import Comparison
-from tracer.analysis.db import open_trace, read_error
+from tracer.analysis.db import open_trace, read_error, recordings
 from tracer.analysis.ranks.report import RanksResult, ranks_report
 from tracer.analysis.side_by_side import SideBySide
 from tracer.analysis.side_by_side import compare_processes as side_by_side
@@ -90,14 +90,16 @@ Connect = Callable[[], duckdb.DuckDBPyConnection]
 
 
 def build_server(
-    db_path: str | Path,
+    db_path: str | Path | Sequence[str | Path],
     *,
     connect: Connect | None = None,
     sql_pool: SqlPool | None = None,
     freshen: Callable[[], None] | None = None,
     recordings_dir: str | Path | None = None,
 ) -> MCPServer:
-    """Return the MCP server for the trace DB at ``db_path``.
+    """Return the MCP server for the trace DB at ``db_path``: one recording, or several analysed as one job (a
+    list, a directory of ``*.duckdb`` files or a glob: :func:`tracer.analysis.job.recordings`), on which run_sql is
+    refused (its query worker reads one file).
 
     Args:
         connect: open a read connection per tool call. Default: :func:`tracer.analysis.db.open_trace` on ``db_path``.
@@ -110,8 +112,11 @@ def build_server(
             directory, the one the user pointed the server at. Only ``*.duckdb`` files directly in it that open
             as trace DBs are read (:func:`tracer.analysis.db.open_trace`); a name with a path in it is refused.
     """
-    path = Path(db_path)
-    opener: Connect = connect or (lambda: open_trace(path))
+    paths = recordings(db_path) if connect is None else [Path(str(db_path))]
+    job = len(paths) > 1
+    path = paths[0]
+    served_name = "+".join(p.name for p in paths)  # the name answers give the served recording(s)
+    opener: Connect = connect or (lambda: open_trace(paths if job else path))
     siblings = Path(recordings_dir) if recordings_dir is not None else path.resolve().parent
 
     @contextmanager
@@ -126,7 +131,7 @@ def build_server(
         try:
             yield c
         except duckdb.Error as e:  # the file changed or is damaged (or an analysis bug): a clear answer, not a crash
-            failed = read_error(path.name, e)
+            failed = read_error(served_name, e)
         finally:
             c.close()
         if failed is not None:  # raised here, outside the except block: no traceback keeps the query alive
@@ -325,8 +330,10 @@ def build_server(
                 served = stack.enter_context(conn())
                 conns.setdefault("before", served)
                 conns.setdefault("after", served)
-            names = {k: named[k].name if k in named else path.name for k in ("before", "after")}
-            where = {k: named[k].resolve() if k in named else (None if connect else path.resolve()) for k in names}
+            names = {k: named[k].name if k in named else served_name for k in ("before", "after")}
+            where = {
+                k: named[k].resolve() if k in named else (None if connect or job else path.resolve()) for k in names
+            }
             try:
                 return compare.compare_traces(
                     conns["before"],
@@ -409,6 +416,12 @@ def build_server(
     ) -> Annotated[CallToolResult, SqlResult]:
         """One read-only statement; the tool description (:data:`RUN_SQL_DESCRIPTION`) states the limits."""
         client = sql_client(ctx)
+        if job:
+            raise ToolError(
+                f"run_sql reads one recording, and this server serves a job of {len(paths)} recordings "
+                f"({served_name}): use the other tools, which analyse the job as one, or serve one recording "
+                "(tracer mcp serve --db FILE) to query it"
+            )
 
         def run() -> SqlResult:
             if connect is not None:  # the recorder's live DB: only its own DuckDB instance can read it

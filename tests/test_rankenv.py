@@ -118,3 +118,19 @@ def test_exec_reads_the_new_environment():
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_recorder_that_launched_a_rank_is_no_launcher():
+    # GIVEN a recording of one rank, launched by the recorder itself (`srun tracer record -- python train.py`, one
+    # recording per rank or host): the rank's parent is the tracer's process
+    tree = ProcessTree(START)
+    tree.procs[100] = ProcInfo(100, 1, "tracer", "tracer record -- python train.py", 0, role="tracer")
+    tree.procs[101] = ProcInfo(101, 100, "python", "python train.py", 5, dist=rankenv.identity(TORCHRUN_RANK_2))
+    cols = columns.process_columns(tree.procs.values())
+    rows = {pid: i for i, pid in enumerate(cols["pid"])}
+    # THEN neither process is a launcher: the rank is still rank 2, and the tracer is no part of the job
+    assert [cols["launcher"][rows[p]] for p in (100, 101)] == [None, None]
+    assert cols["rank"][rows[101]] == 2
+    # AND the same tree with a target parent (torchrun's agent) keeps its launcher
+    tree.procs[100] = ProcInfo(100, 1, "pt_elastic", "torchrun train.py", 0)
+    assert columns.process_columns(tree.procs.values())["launcher"][0] == "torchrun"

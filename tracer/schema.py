@@ -4,7 +4,9 @@ that tell a trace DB from any other file.
 Timestamps are nanoseconds since the session start (``ts_ns``), so ``ts_ns // 10_000_000_000`` buckets by 10 s.
 Bump :data:`SCHEMA_VERSION` on any incompatible change; readers refuse a DB from a newer schema. v3 added the
 distributed-job columns of ``processes`` (rank, local_rank, node_rank, world_size, job_id, launcher): readers
-check for them (``RecordingInfo.has``), so v2 files stay readable.
+check for them (``RecordingInfo.has``), so v2 files stay readable. ``session.realtime_at_start_ns`` and
+``clock_read_ns`` came later without a bump: a job of several recordings (tracer.analysis.job) falls back to
+``started_at`` where they are missing.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ TABLES: tuple[Table, ...] = (
         ("session_id", "INTEGER", "1 for the first recording in the file"),
         ("started_at", "TIMESTAMPTZ", "wall-clock start (UTC)"),
         ("start_mono_ns", "BIGINT", "CLOCK_MONOTONIC at start; ts_ns columns are relative to it"),
+        (
+            "realtime_at_start_ns",
+            "BIGINT",
+            "CLOCK_REALTIME (Unix ns) read right after start_mono_ns: lines up recordings of one job made on several "
+            "hosts (tracer ... --db a.duckdb --db b.duckdb)",
+        ),
+        (
+            "clock_read_ns",
+            "BIGINT",
+            "bound of that read: the realtime at start_mono_ns is within clock_read_ns before realtime_at_start_ns",
+        ),
         ("duration_s", "DOUBLE", "recording length in seconds"),
         (
             "status",

@@ -21,6 +21,7 @@ holds; :func:`recording_state` says how it ended.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import stat
@@ -32,6 +33,7 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
+from tracer.analysis.job import GLOB_CHARS, JOB_SESSION, define_views, is_job, sql_text
 from tracer.errors import StoreError
 from tracer.procfs import boot_id, process_start_ticks
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLE_BY_NAME
@@ -44,6 +46,7 @@ READ_CONFIG: dict[str, str | bool | int] = {
     "lock_configuration": True,
 }
 
+# the one-row view that combines a job's session rows (tracer.analysis.job): what session_row reads on a job
 LIVE_HINT = "Stop the recorder (Ctrl-C), or query it live through `tracer record --mcp-http`."
 _RECORD_HINT = "Pass a trace DB written by `tracer record`."
 _DAMAGED_HINT = (
@@ -181,7 +184,8 @@ def session_row(
     conn: duckdb.DuckDBPyConnection, columns: Sequence[str], expressions: Mapping[str, str] | None = None
 ) -> dict[str, Any] | None:
     """Return the recording's session row (the last one) as {name: value} for ``columns`` then ``expressions``,
-    in that order; None when the table has no row.
+    in that order; None when the table has no row. On a job of several recordings, its one combined row
+    (``job_session``: the rules per column are :data:`tracer.analysis.job.SESSION_RULES`).
 
     A column the file's schema lacks (written by an older recorder: a v1 file has no recorder identity) reads
     None, as a NULL would, so callers need not check the schema version.
@@ -195,10 +199,11 @@ def session_row(
     if not all(c.isidentifier() for c in columns):  # names from our code, spliced into the query's regex
         raise ValueError(f"not session column names: {list(columns)}")
     extra = "".join(f", {sql} AS {name}" for name, sql in (expressions or {}).items())
+    table = JOB_SESSION if is_job(conn) else "session"
     # COLUMNS(regex) selects those of the names this file's schema has, in one query; session_id is in every
     # schema, so the match is never empty (DuckDB refuses an empty one)
     cur = conn.execute(
-        f"SELECT COLUMNS('^({'|'.join(('session_id', *columns))})$'){extra} FROM session "
+        f"SELECT COLUMNS('^({'|'.join(('session_id', *columns))})$'){extra} FROM {table} "
         "ORDER BY session_id DESC LIMIT 1"
     )
     row = cur.fetchone()
@@ -292,17 +297,25 @@ def validate(conn: duckdb.DuckDBPyConnection, name: str = "the DB") -> Recording
     return state
 
 
-def open_trace(path: str | Path, *, config: Mapping[str, str | bool | int] | None = None) -> duckdb.DuckDBPyConnection:
+def open_trace(
+    path: str | Path | Sequence[str | Path], *, config: Mapping[str, str | bool | int] | None = None
+) -> duckdb.DuckDBPyConnection:
     """Return a validated, hardened read-only connection to the trace DB at ``path``.
 
     Args:
         config: settings added to :data:`READ_CONFIG` (see :func:`connect_read_only`).
-    ``path`` may also be a Parquet dataset directory (:func:`open_dataset`).
+    ``path`` may also be a Parquet dataset directory (:func:`open_dataset`), or name several recordings analysed
+    as one job (:func:`tracer.analysis.job.open_job`): a list of paths, a directory of ``*.duckdb`` files, or a
+    glob (:func:`tracer.analysis.job.recordings`).
 
     Raises:
         StoreError: missing, not a regular file, not a DuckDB file, damaged, not ours, newer schema, or still
             being written.
     """
+    paths = recordings(path)
+    if len(paths) > 1:
+        return open_job(paths, config=config)
+    path = paths[0] if paths else Path(str(path))
     if Path(path).is_dir() and dataset_files(path):
         return open_dataset(path, config=config)
     conn = connect_read_only(path, config)
@@ -437,6 +450,98 @@ def open_dataset(
     except duckdb.Error as e:
         conn.close()
         raise read_error(path, e) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+# --- several recordings as one job (tracer.analysis.job: the views, pids and clocks) ----------------------------------
+
+
+def recordings(spec: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Return the recordings ``spec`` names, in order, each once: for each item, a file as given; a directory that
+    is a Parquet dataset as given (it opens as one recording's dataset); another directory, the ``*.duckdb`` files
+    directly in it (by name; none: the directory, which opening refuses); a path that does not exist but has glob
+    characters, the paths matching it (by name).
+
+    Raises:
+        StoreError: a glob that matches nothing.
+    """
+    items = [spec] if isinstance(spec, str | Path) else list(spec)
+    if not items:
+        raise StoreError("no recording given", "Pass a trace DB with --db PATH (repeat --db for a job's recordings).")
+    out: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir() and not dataset_files(p):
+            found = sorted(f for f in p.glob("*.duckdb") if f.is_file())
+            out += found or [p]
+        elif not p.exists() and any(c in str(p) for c in GLOB_CHARS):
+            found = [Path(f) for f in sorted(glob.glob(str(p)))]
+            if not found:
+                raise StoreError(f"no recording matches {p}", "Check the pattern, e.g. --db 'runs/*.duckdb'.")
+            out += found
+        else:
+            out.append(p)
+    seen: set[Path] = set()
+    unique = []
+    for p in out:  # a file named twice (a glob and a path) is one recording
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def open_job(
+    paths: Sequence[str | Path], *, config: Mapping[str, str | bool | int] | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Return a validated connection to the job made of the recordings at ``paths`` (.duckdb files; see the
+    module docstring for its views).
+
+    Each file is checked as :func:`tracer.analysis.db.open_trace` checks one (ours, readable, not live), then
+    attached READ_ONLY to an in-memory DuckDB hardened as a trace DB's connection is: no file access but to those
+    files (DuckDB's ``allowed_paths``), no extensions, configuration locked.
+
+    Args:
+        config: settings added to :data:`tracer.analysis.db.READ_CONFIG` (memory_limit, threads).
+    Raises:
+        StoreError: a path that is no trace DB file (a Parquet dataset among them), or one that cannot be read.
+    """
+    files = []
+    for p in paths:
+        if Path(p).is_dir() and dataset_files(p):
+            raise StoreError(
+                f"{p} is a Parquet dataset: it cannot be analysed together with other recordings",
+                "Pass the .duckdb recordings of the job (--db a.duckdb --db b.duckdb), or the dataset alone.",
+            )
+        files.append(check_file(p).resolve())
+    for f in files:  # each one as open_trace checks it, with its own error
+        c = connect_read_only(f, config)
+        try:
+            validate(c, str(f))
+        finally:
+            c.close()
+    settings = {**READ_CONFIG, **(config or {})}
+    lock = settings.pop("lock_configuration", True)
+    external = settings.pop("enable_external_access", False)
+    conn = duckdb.connect(":memory:", config=settings)
+    try:
+        # the recordings (and a write-ahead log a cut-off recording may have left) are the only files it reads
+        conn.execute("SET allowed_paths = ?", [[str(f) for f in files] + [f"{f}.wal" for f in files]])
+        conn.execute(f"SET enable_external_access = {bool(external)}")
+        for i, f in enumerate(files):
+            try:
+                conn.execute(f"ATTACH {sql_text(str(f))} AS rec{i} (READ_ONLY)")
+            except duckdb.Error as e:
+                raise read_error(f, e) from None
+        define_views(conn, files)
+        if lock:
+            conn.execute("SET lock_configuration = true")
+    except duckdb.Error as e:
+        conn.close()
+        raise read_error(", ".join(os.path.basename(f) for f in files), e) from None
     except BaseException:
         conn.close()
         raise

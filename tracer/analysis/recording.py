@@ -53,6 +53,7 @@ class Proc:
     world_size: int | None = None
     job_id: str | None = None
     launcher: str | None = None  # set on a process that started ranks (torchrun's agent, mpirun)
+    host: str | None = None  # its recording's host, in a job of several recordings (tracer.analysis.job)
 
 
 @dataclass
@@ -171,10 +172,11 @@ def most_alive_at_once(procs: list[Proc], end_ns: int) -> int:
 
 
 def table_columns(conn: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
-    """Return {table: its columns} for the DB's main schema."""
+    """Return {table: its columns} for the DB's main schema (not an attached one's: a job's recordings)."""
     cols: dict[str, set[str]] = {}
     for t, c in conn.execute(
-        "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main' AND NOT internal"
+        "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main' AND NOT internal "
+        "AND database_name = current_database()"
     ).fetchall():
         cols.setdefault(t, set()).add(c)
     return {t: frozenset(c) for t, c in cols.items()}
@@ -189,7 +191,7 @@ def load_recording(conn: duckdb.DuckDBPyConnection) -> RecordingInfo:
         info.cpu_cores, info.mem_bytes = int(s["cpu_cores"] or 0), int(s["mem_bytes"] or 0)
         info.target, info.recorder_pid = s["target"] or "", s["recorder_pid"]
     role = f"coalesce(role, '{TARGET_ROLE}')" if info.has("processes", "role") else f"'{TARGET_ROLE}'"
-    dist = ("rank", "local_rank", "world_size", "job_id", "launcher")
+    dist = ("rank", "local_rank", "world_size", "job_id", "launcher", "host")  # host: a job's (tracer.analysis.job)
     dist_sql = ", ".join(c if info.has("processes", c) else "NULL" for c in dist)  # v3 columns
     for pid, ppid, comm, r, first, exit_ns, code, *d in conn.execute(
         f"SELECT pid, ppid, comm, {role}, first_ns, exit_ns, exit_code, {dist_sql} FROM processes ORDER BY pid"

@@ -22,6 +22,7 @@ from tracer.analysis.breakdown.thread_time import ThreadTimes
 from tracer.analysis.breakdown.tracer_cost import TracerCost, tracer_cost
 from tracer.analysis.chains import ChainContext, compute_chains
 from tracer.analysis.db import RecordingState, recording_state, session_row
+from tracer.analysis.job import job_alignment
 from tracer.analysis.processes import (
     TOP_BUSY_THREADS,
     BusyThread,
@@ -187,6 +188,10 @@ class TraceStats(Record):
             "flushed so far) or was cut off (exact aggregates may be missing)"
         ),
     ]
+    job: Annotated[
+        str | None,
+        Field(description="several recordings analysed as one job: how many, and how well their clocks line up"),
+    ] = None
 
 
 def op_stats(conn: duckdb.DuckDBPyConnection, *, pid: int | None = None) -> list[OpStat]:
@@ -366,6 +371,7 @@ def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None, detail:
         training_thread=training,
         tracer=cost,
         recording=recording_state(conn),
+        job=job.note if (job := job_alignment(conn)) is not None else None,
     )
 
 

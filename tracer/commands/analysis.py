@@ -27,6 +27,17 @@ DbOption = Annotated[
         help="Trace DB written by `tracer record`, or a dataset directory from `tracer export --format parquet`.",
     ),
 ]
+# the analyses' --db: one recording as DbOption, or several analysed as one job (tracer.analysis.job)
+DbsOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--db",
+        help="Trace DB written by `tracer record` (default trace.duckdb), or a dataset directory from `tracer "
+        "export --format parquet`. Several recordings of one job (a host each): repeat --db, or pass a directory "
+        "of *.duckdb files or a quoted glob ('runs/*.duckdb').",
+        show_default=False,
+    ),
+]
 PidOption = Annotated[int | None, typer.Option("--pid", help="Only this process (default: the whole tree).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the MCP tool's output).")]
 DEFAULT_DB = Path("trace.duckdb")
@@ -36,24 +47,30 @@ err = make_console(stderr=True)
 
 
 @contextmanager
-def _open(db: Path) -> Iterator[Any]:
-    """Yield a read-only connection to the trace DB; say on stderr when its recording did not finish.
+def _open(db: Path | list[Path] | None) -> Iterator[Any]:
+    """Yield a read-only connection to the trace DB (several: the job they make, whose alignment is said on
+    stderr); say on stderr when its recording did not finish.
 
     A read that fails inside DuckDB (a damaged file, or one changed while read) becomes one clear StoreError.
     """
     import duckdb
 
     from tracer.analysis.db import open_trace, read_error, recording_state
+    from tracer.analysis.job import job_alignment
 
-    conn = open_trace(db)
+    dbs = db if isinstance(db, list) else [db or DEFAULT_DB]
+    conn = open_trace(dbs[0] if len(dbs) == 1 else dbs)  # one --db: exactly as before
     failed = None
     try:
         state = recording_state(conn)
         if not state.finished:
             err.print(f"[yellow]note:[/] {state.ended}", highlight=False)
+        job = job_alignment(conn)
+        if job is not None:
+            err.print(f"[dim]{job.note}[/]", highlight=False)
         yield conn
     except duckdb.Error as e:
-        failed = read_error(db, e)
+        failed = read_error(", ".join(str(d) for d in dbs), e)
     finally:
         conn.close()
     if failed is not None:  # raised outside the except block: one error line, no DuckDB traceback
@@ -67,7 +84,7 @@ def _print(record, as_json: bool) -> None:
 
 
 def stats(
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     pid: PidOption = None,
     show_all: Annotated[
         bool,
@@ -92,7 +109,7 @@ def stats(
 
 
 def chains(
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     pid: PidOption = None,
     severity: Annotated[
         str | None,
@@ -114,7 +131,7 @@ def chains(
 
 def stacks(
     op: Annotated[str, typer.Option("--op", help="CUDA op, e.g. cudaMalloc, cudaStreamSynchronize.")],
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     pid: PidOption = None,
     limit: Annotated[int, typer.Option("--limit", help="Show the N most frequent stacks.")] = 10,
     json: JsonOption = False,
@@ -138,7 +155,7 @@ def stacks(
 
 def sql(
     query: Annotated[str, typer.Argument(help="One read-only statement (SELECT/WITH/DESCRIBE/SHOW/...).")],
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     limit: Annotated[int, typer.Option("--limit", help="Return at most N rows.")] = 1000,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Stop the query after S seconds, even inside one long function call.")
@@ -152,16 +169,23 @@ def sql(
 
     Example: tracer sql --db trace.duckdb "SELECT op, count(*) FROM cuda_calls GROUP BY op"
     """
+    if db is not None and len(db) > 1:  # a repeated --db: refused, not the last one queried silently
+        raise UsageError(
+            f"tracer sql reads one recording, and {len(db)} were given",
+            "Query each with its own --db; the other commands (tracer ranks, stats, chains, ...) take a job's "
+            "recordings together.",
+        )
+    one = db[0] if db else DEFAULT_DB
     from tracer.analysis.sqlpool import default_pool
 
-    default_pool().spawn(db)  # the query worker starts while this process imports the rest
+    default_pool().spawn(one)  # the query worker starts while this process imports the rest
     from tracer.analysis.sql import run_sql
 
-    _print(run_sql(db, query, limit=limit, timeout_s=timeout), json)
+    _print(run_sql(one, query, limit=limit, timeout_s=timeout), json)
 
 
 def timeline(
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     pid: PidOption = None,
     bucket: Annotated[int, typer.Option("--bucket", help="Bucket width in seconds.")] = 10,
     around: Annotated[
@@ -194,7 +218,7 @@ def export(
             "--output",
             "-o",
             help="File to write: .json, or .json.gz compressed; '-' writes to stdout (default trace.json). "
-            "--format parquet: the dataset directory (created if missing; several hosts' recordings share it).",
+            "--format parquet or --per-rank: the directory (created if missing; several hosts' recordings share it).",
         ),
     ] = None,
     db: DbOption = DEFAULT_DB,
@@ -223,6 +247,15 @@ def export(
         bool,
         typer.Option("--force", help="Overwrite an existing output file (parquet: this host's partition)."),
     ] = False,
+    per_rank: Annotated[
+        bool,
+        typer.Option(
+            "--per-rank",
+            help="A distributed job: one file per rank, DIR/rank<R>.json, led by its distributedInfo (rank, "
+            "world_size), the directory Holistic Trace Analysis loads as a job; a launcher is in no file. "
+            "--max-events bounds each file.",
+        ),
+    ] = False,
     json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON on stdout.")] = False,
 ) -> None:
     """Write the recording as a timeline for a viewer: CUDA calls, off-CPU slices with who held the CPU,
@@ -234,22 +267,30 @@ def export(
     With --format parquet: every table, as a Parquet dataset several hosts share (host=/rank= partitions, read
     with DuckDB or given back to any tracer command as --db DIR).
 
+    With --per-rank: one file per rank in a directory every host of the job can export into, for HTA's
+    TraceAnalysis(trace_dir=DIR).
+
     Example: tracer export --db trace.duckdb -o trace.json --start 20 --end 40
     """
     if fmt == "parquet":
+        if per_rank:
+            raise UsageError("--per-rank applies to --format chrome", "A Parquet dataset is partitioned by rank.")
         _export_parquet(db, output, start, end, force, json)
         return
     from tracer.views.export import FORMATS, export_trace
 
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", f"Use --format {' or '.join((*FORMATS, 'parquet'))}.")
-    output = output or "trace.json"
+    output = output or ("trace.json" if not per_rank else "")
     if start is not None and start < 0:
         raise UsageError(f"--start {start:g} is before the recording began", "Pass seconds since its start, >= 0.")
     if start is not None and end is not None and end <= start:
         raise UsageError(f"--end {end:g} is not after --start {start:g}", "Pass a window with end > start.")
     if max_events < 0:
         raise UsageError(f"--max-events {max_events} is negative", "Pass a count, or 0 for no limit.")
+    if per_rank:
+        _export_ranks(db, output, start, end, max_events, force, json)
+        return
     path = None if output == "-" else Path(output)
     if path is None and json:
         raise UsageError("--json and -o - both write to stdout", "Write the trace to a file, or drop --json.")
@@ -272,6 +313,41 @@ def export(
             "https://ui.perfetto.dev or chrome://tracing.",
             highlight=False,
         )
+    if json:
+        _print(summary, True)
+
+
+def _export_ranks(
+    db: Path, output: str, start: float | None, end: float | None, max_events: int, force: bool, json: bool
+) -> None:
+    """`tracer export --per-rank`: one Chrome trace per rank into the directory ``output``."""
+    if not output or output == "-":
+        raise UsageError("--per-rank writes a directory", "Pass it with -o DIR, e.g. -o traces/.")
+    directory = Path(output)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory", "Pass a directory with -o DIR.")
+    from rich.markup import escape
+
+    from tracer.views.export import export_ranks
+
+    with _open(db) as conn:
+        summary = export_ranks(conn, directory, start_s=start, end_s=end, max_events=max_events or None, force=force)
+    for f in summary.files:
+        for note in f.notes:
+            err.print(f"[yellow]note:[/] {Path(f.path).name}: {note}", highlight=False)
+    if summary.left_out:
+        err.print(
+            f"[yellow]note:[/] in no rank's file (no rank): {escape(', '.join(summary.left_out))}; the whole export "
+            "(without --per-rank) has them.",
+            highlight=False,
+        )
+    n = sum(sum(f.events.values()) for f in summary.files)
+    err.print(
+        f"wrote {len(summary.files)} files into {directory} (ranks {', '.join(map(str, summary.ranks))} of "
+        f"{summary.world_size}): {n:,} events. Load them with Holistic Trace Analysis, "
+        f"TraceAnalysis(trace_dir={str(directory)!r}), or open each in https://ui.perfetto.dev.",
+        highlight=False,
+    )
     if json:
         _print(summary, True)
 
@@ -302,7 +378,7 @@ def _export_parquet(
 
 
 def breakdown(
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     pid: PidOption = None,
     tid: Annotated[
         int | None, typer.Option("--tid", help="Only this thread (default: every thread that made CUDA calls).")
@@ -326,7 +402,7 @@ def breakdown(
         _print(time_breakdown(conn, pid=pid, tid=tid, bucket_s=bucket), json)
 
 
-def ranks(db: DbOption = DEFAULT_DB, json: JsonOption = False) -> None:
+def ranks(db: DbsOption = None, json: JsonOption = False) -> None:
     """Show each rank of a distributed job (torchrun, MPI, Slurm: read from the processes' environment) over the
     steps they all ran: its training thread's time by phase (on CPU, asleep, waiting for a CPU, for the GPU, in
     collectives, ...), per step, and the straggler rank the others wait for, with its slow phase.
@@ -345,7 +421,7 @@ TidOption = Annotated[
 
 
 def steps(
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     pid: PidOption = None,
     tid: TidOption = None,
     detail: Annotated[bool, typer.Option("--detail", help="With --json: every step's ms too.")] = False,
@@ -363,7 +439,7 @@ def steps(
         _print(step_series(conn, pid=pid, tid=tid, detail=detail), json)
 
 
-def waits(db: DbOption = DEFAULT_DB, pid: PidOption = None, tid: TidOption = None, json: JsonOption = False) -> None:
+def waits(db: DbsOption = None, pid: PidOption = None, tid: TidOption = None, json: JsonOption = False) -> None:
     """Show how long a thread's waits were, by who ended them: per waker (a thread, a worker, an interrupt such
     as \\[timer] or \\[block]) its exact wakeups and blocked time, the typical and longest wait, and a histogram.
 
@@ -383,7 +459,7 @@ def compare_processes(
     threads_of: Annotated[
         int | None, typer.Option("--threads-of", help="Instead: the threads of this process, busiest first.")
     ] = None,
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     json: JsonOption = False,
 ) -> None:
     """Show processes (by the thread that does their work) or the threads of one process side by side: one column
@@ -443,7 +519,7 @@ MCP_SERVE_HELP = "\n\n".join(
 
 @mcp_app.command("serve", help=MCP_SERVE_HELP)
 def mcp_serve(
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     http: Annotated[
         str | None,
         typer.Option(
@@ -476,21 +552,25 @@ def mcp_serve(
 
     if http and stdio:
         raise UsageError("--http and --stdio are exclusive", "Pick one transport.")
+    dbs = db or [DEFAULT_DB]
+    if live and len(dbs) > 1:
+        raise UsageError("--live serves one recording in progress", "Pass one --db with --live.")
+    source: Path | list[Path] = dbs[0] if len(dbs) == 1 else dbs  # several: a job (run_sql refuses it)
     freshen = None
     if live:
         from tracer.live import freshen as live_freshen
         from tracer.live import wait_for_snapshot
 
-        if not wait_for_snapshot(db):
-            raise UsageError(f"no live snapshot appeared at {db}", "--live is started by tracer record --mcp-http.")
-        freshen = live_freshen(db)
-    open_trace(db).close()  # fail now, with the reason, rather than on the first tool call
+        if not wait_for_snapshot(dbs[0]):
+            raise UsageError(f"no live snapshot appeared at {dbs[0]}", "--live is started by tracer record --mcp-http.")
+        freshen = live_freshen(dbs[0])
+    open_trace(source).close()  # fail now, with the reason, rather than on the first tool call
     if http is None:
-        serve_stdio(db)
+        serve_stdio(source)
         return
     host, port = parse_listen(http)
     token = read_token(token_file, os.environ.get("TRACER_MCP_TOKEN"))
-    serve_http(db, host, port, token=token, allowed_hosts=allow_host or [], log=err, freshen=freshen)
+    serve_http(source, host, port, token=token, allowed_hosts=allow_host or [], log=err, freshen=freshen)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from tracer.commands.analysis import DEFAULT_DB, DbOption, PidOption, _open, err
+from tracer.commands.analysis import DEFAULT_DB, DbsOption, PidOption, _open, err
 from tracer.errors import UsageError
 
 
@@ -24,7 +24,7 @@ def flame(
             "--output", "-o", help="File to write (default flame-on-cpu.speedscope.json / .folded); '-': stdout."
         ),
     ] = "",
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     pid: PidOption = None,
     thread: Annotated[int | None, typer.Option("--thread", help="Only this thread (tid).")] = None,
     on_cpu: Annotated[bool, typer.Option("--on-cpu", help="Where CPU time went (samples; the default).")] = False,
@@ -70,7 +70,7 @@ def flame(
             ) from None
     if not result.stacks:
         raise UsageError(f"no {mode} stacks" + (f" for thread {thread}" if thread else ""), "Check --thread / --pid.")
-    name = f"{Path(db).name} {mode}"
+    name = f"{'+'.join(Path(d).name for d in db or [DEFAULT_DB])} {mode}"
     if path is None:
         import sys
 

@@ -18,7 +18,7 @@ from probes.catalog import CATALOG, MEMCPY_KIND_NAMES, NO_ARG, OP_COUNT_MAX, OpC
 from tracer.hist import percentile, slot_bounds
 from tracer.recorder import events, rankenv
 from tracer.recorder.proctree import ProcInfo, ThreadInfo
-from tracer.vocabulary import UNSEEN_WAKER, WAKER_KINDS
+from tracer.vocabulary import TRACER_ROLE, UNSEEN_WAKER, WAKER_KINDS
 
 Columns = dict[str, Any]
 
@@ -325,7 +325,10 @@ def op_stats_columns(
 def process_columns(procs: Iterable[ProcInfo]) -> Columns:
     """processes columns, in order of appearance."""
     ps = sorted(procs, key=lambda p: (p.first_ns, p.pid))
-    launchers = rankenv.launchers(ps)
+    # the recorder that launched a rank itself (`srun tracer record -- python train.py`: one recording per rank or
+    # host) is its parent, not its launcher: the tracer is never part of the job
+    tracer = {p.pid for p in ps if p.role == TRACER_ROLE}
+    launchers = {pid: k for pid, k in rankenv.launchers(ps).items() if pid not in tracer}
     return {
         "pid": [p.pid for p in ps],
         "ppid": [p.ppid for p in ps],

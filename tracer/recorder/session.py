@@ -44,6 +44,7 @@ from tracer.recorder.budget import (
     clear_stale_launches,
     trap_cost,
 )
+from tracer.recorder.clocks import read_start_clocks
 from tracer.recorder.command import LaunchedCommand
 from tracer.recorder.preflight import check_environment
 from tracer.recorder.procmaps import MapCache, Mapping, kernel_dev
@@ -232,8 +233,11 @@ class Recorder:
         """Record until stopped; return the summary. Raises TracerError before anything is written."""
         self._validate()
         check_environment()
-        self.start_mono = time.monotonic_ns()
-        self.started_at = datetime.now(timezone.utc)
+        # both clocks read back to back: the realtime one lines this recording up with other hosts' (a job)
+        clocks = read_start_clocks()
+        self.start_mono = clocks.mono_ns
+        self.realtime_at_start_ns, self.clock_read_ns = clocks.realtime_ns, clocks.read_ns
+        self.started_at = datetime.fromtimestamp(clocks.realtime_ns // 1000 / 1e6, timezone.utc)
         use_py = self.opts.python_stacks
         t = time.monotonic()
         try:
@@ -824,6 +828,8 @@ class Recorder:
             "session_id": 1,
             "started_at": self.started_at,
             "start_mono_ns": self.start_mono,
+            "realtime_at_start_ns": self.realtime_at_start_ns,
+            "clock_read_ns": self.clock_read_ns,
             "duration_s": getattr(self, "duration", 0.0),
             "status": status,
             "host": env.host,

@@ -102,8 +102,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     theirs = sites.wait_stretch(totals, st.tid, others)
     slow_at = sites.name(*mine, named, [st.tid], ctx.frame_of) if mine else None
     wait_at = sites.name(*theirs, named, others, ctx.frame_of) if theirs else None
-    host = (session_row(ctx.conn, ("host",)) or {}).get("host") or ""
     proc = ctx.info.procs.get(st.pid)
+    # a job of several recordings knows each process's host; one recording has one
+    host = (proc.host if proc is not None else None) or (session_row(ctx.conn, ("host",)) or {}).get("host") or ""
     label = LABELS.get(st.phase, st.phase)
     waiting = _ranks_text([w.rank for w in st.waits])
     unit = "per step" if steps else "in all"

@@ -12,6 +12,7 @@ from tracer.analysis import Record
 from tracer.analysis.chains import ChainContext
 from tracer.analysis.chains.model import StragglerRankEvidence
 from tracer.analysis.chains.straggler_rank import detect, table_of
+from tracer.analysis.job import job_alignment
 from tracer.analysis.ranks.phases import COLLECTIVE, LABELS, PHASES
 from tracer.analysis.ranks.straggler import MIN_WINDOW_NS
 from tracer.analysis.ranks.table import RankTime
@@ -90,6 +91,8 @@ def ranks_report(conn: duckdb.DuckDBPyConnection) -> RanksResult:
     """Return the per-rank table of the recording and its straggler."""
     ctx = ChainContext.load(conn)
     info = ctx.info
+    job = job_alignment(conn)  # several recordings: how well their clocks line up
+    job_note = job.note if job is not None else ""
     launchers = [LauncherProc(pid=p.pid, comm=p.comm, launcher=p.launcher) for p in info.procs.values() if p.launcher]
     table = table_of(ctx)
     if table is None:
@@ -115,7 +118,7 @@ def ranks_report(conn: duckdb.DuckDBPyConnection) -> RanksResult:
             straggler_summary=None,
             chain_id=None,
             legend=LABELS,
-            note=why,
+            note="; ".join(n for n in (why, job_note) if n),
         )
     chains = detect(ctx)
     chain = chains[0] if chains else None
@@ -149,5 +152,5 @@ def ranks_report(conn: duckdb.DuckDBPyConnection) -> RanksResult:
         straggler_summary=chain.summary if chain else None,
         chain_id=chain.id if chain else None,
         legend=LABELS,
-        note="; ".join(n for n in (table.note, short) if n),
+        note="; ".join(n for n in (table.note, short, job_note) if n),
     )

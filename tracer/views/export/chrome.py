@@ -25,6 +25,10 @@ What goes where (the trace-event format: ph, ts and dur in µs, pid/tid tracks, 
 
 Timestamps are µs since the session start with three decimals, so nanoseconds survive; the session's wall-clock
 start is ``baseTimeNanoseconds``, as Kineto writes it. Events are streamed, one per line, never held in memory.
+
+One rank's file (``tracer export --per-rank``, :func:`tracer.views.export.export_ranks`) holds the processes of
+that rank (its own and its DataLoader workers) with their threads, calls, off-CPU slices, samples and events, the
+chains that name one of them, and the host's counters; its ``distributedInfo`` leads the file (see :func:`write`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Any, TextIO
 
 import duckdb
 
-from tracer.analysis.recording import load_recording
+from tracer.analysis.recording import RecordingInfo, load_recording
 from tracer.views.export import rows
 from tracer.vocabulary import waker_name
 
@@ -46,6 +50,7 @@ from tracer.vocabulary import waker_name
 PID_LIMIT = 1 << 22
 HOST_PID = PID_LIMIT
 NOT_TRACED = "not traced: took the CPU from traced threads"
+IN_OTHER_FILE = "traced, in another rank's file: took the CPU from this rank's threads"
 
 
 def _us(ns: int) -> str:
@@ -112,21 +117,50 @@ class _Out:
         self.event("metadata", "M", name, pid, tid, 0, args=args)
 
 
-def write(conn: duckdb.DuckDBPyConnection, fh: TextIO, sel: rows.Selection) -> dict[str, int]:
-    """Stream the selection as a Kineto-shaped JSON object to ``fh``; return the events written by kind."""
+def write(
+    conn: duckdb.DuckDBPyConnection,
+    fh: TextIO,
+    sel: rows.Selection,
+    *,
+    distributed: dict[str, Any] | None = None,
+    chains: list[Any] | None = None,
+) -> dict[str, int]:
+    """Stream the selection as a Kineto-shaped JSON object to ``fh``; return the events written by kind.
+
+    Args:
+        distributed: a rank's file: its ``distributedInfo`` (``rank`` first, then scalars only), written before
+            ``traceEvents``. Holistic Trace Analysis finds a file's rank by a regex over the file's first lines,
+            ``rank_re = re.compile(r'"rank":\\s+(\\d+)')`` (hta 0.5, hta/common/trace_file.py:45,
+            create_rank_to_trace_dict), reading line by line until one matches: so ``"rank": R`` with a space,
+            on a line before any event; its metadata parser (parse_metadata_ijson, trace_parser.py) stops at
+            ``traceEvents`` and skips nested maps or arrays inside ``distributedInfo``.
+        chains: the recording's chains (:func:`tracer.analysis.chains.compute_chains`), computed once for every
+            rank's file; None computes them.
+    """
     cols = rows.Columns(conn)
     duration_ns, base_ns = rows.session_span(conn)
     session = rows.session_info(conn)
-    fh.write('{\n"schemaVersion": 1,\n"deviceProperties": [],\n"traceEvents": [')
+    fh.write('{\n"schemaVersion": 1,\n"deviceProperties": [],\n')
+    if distributed is not None:
+        fh.write(f'"distributedInfo": {{"rank": {int(distributed["rank"])}')
+        for k, v in distributed.items():
+            if k != "rank" and v is not None:
+                fh.write(f", {_str(k)}: {json.dumps(v, default=str)}")
+        fh.write("},\n")
+    fh.write('"traceEvents": [')
     out = _Out(fh)
+    info = load_recording(conn)
     procs = rows.processes(conn, cols, sel)
-    known = _tracks(conn, cols, sel, out, procs)
+    known = _tracks(conn, cols, sel, out, procs, info)
     _calls(conn, cols, sel, out)
     _off_cpu(conn, cols, sel, out)
     _samples(conn, cols, sel, out)
-    _holders(conn, cols, sel, out, known, {int(p["pid"]) for p in procs}, len(procs))  # type: ignore[arg-type]
+    traced = {int(p["pid"]) for p in procs}  # type: ignore[arg-type]
+    # a rank's file: the job's other processes that took this rank's CPU are traced, in their own rank's file
+    elsewhere = set(info.target_pids()) - traced if sel.pids is not None else set()
+    _holders(conn, cols, sel, out, known, traced, len(procs), elsewhere)
     _lifecycle(conn, sel, out)
-    _chains(conn, sel, out)
+    _chains(conn, sel, out, chains)
     _counters(conn, cols, sel, out)
     for note in sel.notes:
         out.event(
@@ -166,9 +200,9 @@ def _tracks(
     sel: rows.Selection,
     out: _Out,
     procs: list[dict[str, Any]],
+    info: RecordingInfo,
 ) -> set[tuple[int, int]]:
     """Name and order every process and thread track; return the (pid, tid) pairs named."""
-    info = load_recording(conn)
     main = info.main_pid
     ranks = info.rank_pids  # each rank's own process: its track leads, in rank order, named with rank and host
     host = rows.session_info(conn).get("host")
@@ -346,8 +380,12 @@ def _holders(
     named: set[tuple[int, int]],
     traced: set[int],
     n_procs: int,
+    elsewhere: set[int] | frozenset[int] = frozenset(),
 ) -> None:
-    """Write a 'held the CPU' slice on each holder's track and a flow arrow to it from the waiting thread."""
+    """Write a 'held the CPU' slice on each holder's track and a flow arrow to it from the waiting thread.
+
+    A holder outside ``traced`` gets a track labelled not traced, or, in ``elsewhere`` (a rank's file: another
+    rank's or the launcher's process), as traced in another file."""
     lanes: dict[int, list[int]] = {}  # holder pid -> end ns of the last hold in each lane
     untraced: dict[int, str] = {}
     flow = 0
@@ -401,7 +439,7 @@ def _holders(
             )
     for rank, (pid, name) in enumerate(sorted(untraced.items()), start=n_procs):
         out.meta("process_name", pid, 0, {"name": name})
-        out.meta("process_labels", pid, 0, {"labels": NOT_TRACED})
+        out.meta("process_labels", pid, 0, {"labels": IN_OTHER_FILE if pid in elsewhere else NOT_TRACED})
         out.meta("process_sort_index", pid, 0, {"sort_index": rank})
 
 
@@ -426,12 +464,18 @@ def _lifecycle(conn: duckdb.DuckDBPyConnection, sel: rows.Selection, out: _Out) 
         )
 
 
-def _chains(conn: duckdb.DuckDBPyConnection, sel: rows.Selection, out: _Out) -> None:
-    from tracer.analysis.chains import compute_chains
+def _chains(conn: duckdb.DuckDBPyConnection, sel: rows.Selection, out: _Out, chains: list[Any] | None) -> None:
+    """Write each chain of the window as a global instant; in a rank's file, the chains that name one of its
+    processes, or none (the host's own)."""
+    if chains is None:
+        from tracer.analysis.chains import compute_chains
 
-    res = compute_chains(conn, limit=1_000_000)
-    for c in res.chains:
+        chains = compute_chains(conn, limit=1_000_000).chains
+    mine = set(sel.pids) if sel.pids is not None else None
+    for c in chains:
         if not sel.start_ns <= c.start_ns < sel.end_ns:
+            continue
+        if mine is not None and c.pids and not mine.intersection(c.pids):
             continue
         out.event(
             "chain",

@@ -43,6 +43,14 @@ Reading it: :func:`tracer.analysis.db.open_dataset` (``tracer stats --db DIR``),
 
     SELECT host, rank, op, count(*) FROM read_parquet('DIR/**/cuda_calls_[0-9]*.parquet',
         hive_partitioning = true, union_by_name = true) GROUP BY ALL
+
+or any engine that reads hive-partitioned Parquet: :data:`STRAGGLER_SQL`, the cross-rank straggler table, runs
+unchanged in DuckDB and in Spark SQL over a view ``cuda_calls`` of the dataset (tests/test_export_spark.py)::
+
+    CREATE VIEW cuda_calls AS SELECT * FROM read_parquet('DIR/**/cuda_calls_[0-9]*.parquet',
+        hive_partitioning = true, union_by_name = true)                                 -- DuckDB
+    spark.read.option("basePath", DIR).parquet(DIR + "/host=*/rank=*/cuda_calls_[0-9]*.parquet")
+        .createOrReplaceTempView("cuda_calls")                                          # Spark
 """
 
 from __future__ import annotations
@@ -66,6 +74,39 @@ from tracer.schema import APP_ID, SCHEMA_VERSION, TABLES, Table
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # what DuckDB (as Hive and Spark) names a NULL partition value
 SCHEMA_FILE = "schema.json"
+# The cross-rank straggler table, in SQL that DuckDB and Spark SQL both run unchanged over a view (or table)
+# ``cuda_calls`` of the dataset with its host and rank partition columns; the README shows it.
+# - A step is the time between the ends of a process's consecutive cudaStreamSynchronize calls. It splits into work
+#   (up to the latest end of the process's CUDA calls started before the step's sync, a nested driver call's outer
+#   call included: the rank's own host-side time) and wait (from there to the sync's end: the GPU, and a
+#   collective's wait for the other ranks).
+# - Ranks in lockstep share one step time, so the straggler is the rank with the most work per step: first.
+# - Only what both engines accept and compute alike: median (an even count's two middle values averaged, exact in
+#   both) and percentile_disc (a step's own time). percentile_cont interpolates differently in the last bits of a
+#   double (DuckDB 2.0 and Spark 4.3: 49 of 400 random groups differ, by ~1e-16 relative). Plain SQL otherwise
+#   (explicit GROUP BY columns), for engines beyond these two.
+STRAGGLER_SQL = """\
+WITH calls AS (
+  SELECT host, rank, pid, op, ts_ns + dur_ns AS end_ns,
+         max(ts_ns + dur_ns) OVER (PARTITION BY host, pid ORDER BY ts_ns
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end_ns
+  FROM cuda_calls
+  WHERE rank IS NOT NULL
+), steps AS (
+  SELECT host, rank, end_ns - prev_end_ns AS wait_ns,
+         end_ns - lag(end_ns) OVER (PARTITION BY host, pid ORDER BY end_ns) AS step_ns
+  FROM calls
+  WHERE op = 'cudaStreamSynchronize'
+)
+SELECT host, rank, count(step_ns) AS steps,
+       median(step_ns) / 1e6 AS step_ms,
+       percentile_disc(0.99) WITHIN GROUP (ORDER BY step_ns) / 1e6 AS p99_ms,
+       median(step_ns - wait_ns) / 1e6 AS work_ms,
+       median(wait_ns) / 1e6 AS wait_ms
+FROM steps
+GROUP BY host, rank
+ORDER BY work_ms DESC, host, rank   -- the straggler first
+"""
 # tables with a pid whose rank is not that pid's: preemptors.pid is the preempting task, tid the thread that waited
 _RANK_BY_TID = frozenset({"preemptors"})
 _WRITE_CONFIG: dict[str, str | bool | int] = {

@@ -42,6 +42,14 @@ class Selection:
     calls_kept: int = 0
     off_cpu_kept: int = 0
     notes: list[str] = field(default_factory=list)
+    # only these processes' rows (a rank's file of `tracer export --per-rank`); None: every process
+    pids: tuple[int, ...] | None = None
+
+    def only(self, column: str = "pid") -> str:
+        """Return `` AND column IN (...)`` restricting a query to the selection's processes, or '' for all."""
+        if self.pids is None:
+            return ""
+        return f" AND {column} IN ({', '.join(str(int(p)) for p in self.pids) or 'NULL'})"
 
     @property
     def params(self) -> dict[str, int]:
@@ -61,7 +69,10 @@ class Columns:
 
     def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
         self._cols: dict[str, set[str]] = {}
-        for t, c in conn.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall():
+        for t, c in conn.execute(
+            # this database's own: a job's attached recordings are in information_schema too
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_catalog = current_database()"
+        ).fetchall():
             self._cols.setdefault(t, set()).add(c)
 
     def has_table(self, table: str) -> bool:
@@ -91,16 +102,24 @@ def session_info(conn: duckdb.DuckDBPyConnection) -> Row:
     return session_row(conn, header.split()) or {}
 
 
-def select(conn: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int, max_events: int | None) -> Selection:
+def select(
+    conn: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    max_events: int | None,
+    pids: tuple[int, ...] | None = None,
+) -> Selection:
     """Return the selection for the window [start_ns, end_ns): counts, the budget cut when it binds, and notes
     saying what the export will not hold.
 
     Args:
         max_events: most call and off-CPU rows to keep, longest first; None or 0 for all of them.
+        pids: only these processes' rows (the budget is theirs alone); None for every process.
     """
     w = {"t0": start_ns, "t1": end_ns}
-    n_calls = _count(conn, f"SELECT count(*) FROM cuda_calls WHERE {_WINDOW}", w)
-    n_off = _count(conn, f"SELECT count(*) FROM sched WHERE {_WINDOW}", w)
+    only = Selection(start_ns, end_ns, pids=pids).only()
+    n_calls = _count(conn, f"SELECT count(*) FROM cuda_calls WHERE {_WINDOW}{only}", w)
+    n_off = _count(conn, f"SELECT count(*) FROM sched WHERE {_WINDOW}{only}", w)
     notes = []
     ev = session_row(conn, ("events_traced", "events_stored")) or {}
     traced, stored = ev.get("events_traced"), ev.get("events_stored")
@@ -110,22 +129,22 @@ def select(conn: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int, max_even
             "sample of the rest): exact counts and percentiles are in tracer stats"
         )
     if not max_events or n_calls + n_off <= max_events:
-        return Selection(start_ns, end_ns, None, n_calls, n_off, n_calls, n_off, notes)
+        return Selection(start_ns, end_ns, None, n_calls, n_off, n_calls, n_off, notes, pids)
     cut = conn.execute(
-        f"SELECT dur_ns, ts_ns FROM (SELECT dur_ns, ts_ns FROM cuda_calls WHERE {_WINDOW} UNION ALL "
-        f"SELECT dur_ns, ts_ns FROM sched WHERE {_WINDOW}) ORDER BY dur_ns DESC, ts_ns LIMIT 1 OFFSET $n",
+        f"SELECT dur_ns, ts_ns FROM (SELECT dur_ns, ts_ns FROM cuda_calls WHERE {_WINDOW}{only} UNION ALL "
+        f"SELECT dur_ns, ts_ns FROM sched WHERE {_WINDOW}{only}) ORDER BY dur_ns DESC, ts_ns LIMIT 1 OFFSET $n",
         {**w, "n": max_events - 1},
     ).fetchall()[0]  # there are more than max_events >= 1 rows
     keep = (int(cut[0]), int(cut[1]))
-    sel = Selection(start_ns, end_ns, keep)
-    kept_calls = _count(conn, f"SELECT count(*) FROM cuda_calls WHERE {_IN}", sel.params)
-    kept_off = _count(conn, f"SELECT count(*) FROM sched WHERE {_IN}", sel.params)
+    sel = Selection(start_ns, end_ns, keep, pids=pids)
+    kept_calls = _count(conn, f"SELECT count(*) FROM cuda_calls WHERE {_IN}{only}", sel.params)
+    kept_off = _count(conn, f"SELECT count(*) FROM sched WHERE {_IN}{only}", sel.params)
     notes.append(
         f"--max-events {max_events:,}: kept the longest {kept_calls + kept_off:,} of {n_calls + n_off:,} CUDA calls "
         f"and off-CPU intervals (all of at least {keep[0] / 1e3:,.1f} µs); left out {n_calls - kept_calls:,} calls "
         f"and {n_off - kept_off:,} intervals. Narrow the window (--start/--end) or raise --max-events for them."
     )
-    return Selection(start_ns, end_ns, keep, n_calls, n_off, kept_calls, kept_off, notes)
+    return Selection(start_ns, end_ns, keep, n_calls, n_off, kept_calls, kept_off, notes, pids)
 
 
 def _count(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, int]) -> int:
@@ -160,8 +179,8 @@ def processes(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) ->
     return _dicts(
         conn,
         f"SELECT pid, ppid, comm, cmdline, first_ns, exit_ns, exit_code, {cols.pick('processes', 'role')} "
-        "FROM processes WHERE coalesce(first_ns, 0) < $t1 AND (exit_ns IS NULL OR exit_ns >= $t0) "
-        "ORDER BY coalesce(first_ns, 0), pid",
+        "FROM processes WHERE coalesce(first_ns, 0) < $t1 AND (exit_ns IS NULL OR exit_ns >= $t0)"
+        f"{sel.only()} ORDER BY coalesce(first_ns, 0), pid",
         {"t0": sel.start_ns, "t1": sel.end_ns},
     )
 
@@ -183,6 +202,7 @@ def threads(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -> l
               UNION ALL SELECT DISTINCT pid, tid, NULL FROM cuda_calls WHERE {_IN}
               {known}
               {sampled})
+            WHERE true{sel.only()}
             GROUP BY pid, tid ORDER BY pid, tid""",
         sel.params,
     )
@@ -203,7 +223,8 @@ def stacks(conn: duckdb.DuckDBPyConnection, sel: Selection) -> dict[int, tuple[l
                           ELSE coalesce(regexp_extract(module, '[^/]*$'), '?') END
                      || ' ' || coalesce(function, '?') AS frame
               FROM stacks
-              WHERE stack_id IN (SELECT DISTINCT stack_id FROM cuda_calls WHERE {_IN} AND stack_id IS NOT NULL))
+              WHERE stack_id IN (
+                SELECT DISTINCT stack_id FROM cuda_calls WHERE {_IN} AND stack_id IS NOT NULL{sel.only()}))
             GROUP BY stack_id""",
         sel.params,
     ).fetchall()
@@ -230,7 +251,7 @@ def calls(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -> Ite
         "runq_ns",
         "kernel_note",
     )
-    return _batches(conn, f"SELECT {pick} FROM cuda_calls WHERE {_IN}", sel.params)
+    return _batches(conn, f"SELECT {pick} FROM cuda_calls WHERE {_IN}{sel.only()}", sel.params)
 
 
 def off_cpu(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -> Iterator[list[Row]]:
@@ -252,7 +273,7 @@ def off_cpu(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -> I
         "waker_comm",
         "in_call",
     )
-    return _batches(conn, f"SELECT {pick} FROM sched WHERE {_IN}", sel.params)
+    return _batches(conn, f"SELECT {pick} FROM sched WHERE {_IN}{sel.only()}", sel.params)
 
 
 def held_cpu(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -> Iterator[list[Row]]:
@@ -274,7 +295,7 @@ def held_cpu(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -> 
                    s.preempted_by_comm AS holder_comm, s.ts_ns + s.dur_ns - s.runq_ns AS hold_ns
             FROM sched s
             WHERE {_IN.replace("ts_ns", "s.ts_ns").replace("dur_ns", "s.dur_ns")}
-              AND s.preempted_by_pid IS NOT NULL AND s.runq_ns > 0 AND {in_call}
+              AND s.preempted_by_pid IS NOT NULL AND s.runq_ns > 0 AND {in_call}{sel.only("s.pid")}
             ORDER BY holder_pid, hold_ns""",
         sel.params,
     )
@@ -285,7 +306,7 @@ def lifecycle(conn: duckdb.DuckDBPyConnection, sel: Selection) -> list[Row]:
     return _dicts(
         conn,
         "SELECT ts_ns, kind, pid, ppid, child, comm, filename, exit_code FROM process_events "
-        "WHERE ts_ns >= $t0 AND ts_ns < $t1 ORDER BY ts_ns",
+        f"WHERE ts_ns >= $t0 AND ts_ns < $t1{sel.only()} ORDER BY ts_ns",
         {"t0": sel.start_ns, "t1": sel.end_ns},
     )
 
@@ -325,7 +346,7 @@ def page_alloc(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection) -
     return _dicts(
         conn,
         "SELECT pid, sec, CAST(sum(page_alloc_bytes) AS BIGINT) AS page_alloc_bytes FROM thread_breakdown "
-        f"WHERE {_SEC} GROUP BY pid, sec ORDER BY pid, sec",
+        f"WHERE {_SEC}{sel.only()} GROUP BY pid, sec ORDER BY pid, sec",
         {"t0": sel.start_ns, "t1": sel.end_ns},
     )
 
@@ -365,7 +386,8 @@ def sample_lines(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection,
     sids = [
         int(r[0])
         for r in conn.execute(
-            f"SELECT DISTINCT stack_id FROM cpu_samples WHERE {_SEC} AND stack_id IS NOT NULL ORDER BY 1", w
+            f"SELECT DISTINCT stack_id FROM cpu_samples WHERE {_SEC} AND stack_id IS NOT NULL{sel.only()} ORDER BY 1",
+            w,
         ).fetchall()
     ]
     # stack -> line index: the lines are told apart by their full path, labelled by the base name
@@ -400,7 +422,7 @@ def sample_lines(conn: duckdb.DuckDBPyConnection, cols: Columns, sel: Selection,
                    CAST(sum({kernel}) AS BIGINT) AS kernel_samples
             FROM cpu_samples c
             LEFT JOIN (SELECT unnest($sids) AS sid, unnest($lines) AS line) m ON c.stack_id = m.sid
-            WHERE {_SEC.replace("sec", "c.sec")}
+            WHERE {_SEC.replace("sec", "c.sec")}{sel.only("c.pid")}
             GROUP BY ALL))
         WHERE rank <= $top
         ORDER BY pid, tid, sec, rank"""

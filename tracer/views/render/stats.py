@@ -31,6 +31,8 @@ def render_stats(st: TraceStats, *, show_all: bool = False) -> RenderableType:
     )
     if not st.recording.finished:  # live, or cut off: the numbers are partial
         head.append(f"\nrecording: {st.recording.ended}", "yellow")
+    if st.job:  # several recordings: their processes' pids carry the recording (see the note)
+        head.append(f"\n{st.job}", "dim")
     ops = Table(title="CUDA operations (exact, every call)", title_justify="left")
     for c in ("op", "layer", "calls", "p50", "p95", "p99", "max", "tail p99/p50", "bytes", "total"):
         ops.add_column(c, justify="left" if c in ("op", "layer") else "right", no_wrap=c != "op")
