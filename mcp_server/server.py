@@ -360,7 +360,7 @@ def build_server(
         cuda, module, function, file, line). Calls without a captured stack are grouped as "(no stack
         captured)"; coverage says how many calls have a stack and why the others have none (duty_cycle: the
         launch probes were off; row_budget: counted, not stored; stack_budget: stored, not walked, as launches
-        are walked 1 in 64; lost_walk). Counts are of stored calls; op_calls_total is the exact count. Cannot
+        are walked 1 in 8; lost_walk). Counts are of stored calls; op_calls_total is the exact count. Cannot
         see code outside CUDA calls. Next: run_sql on cuda_calls WHERE stack_id = N for when those calls
         happened.
         """

@@ -9,7 +9,7 @@ from rich.console import Console, Group
 from tracer.analysis.breakdown import Holder
 from tracer.analysis.chains import CausalChain, ChainsResult
 from tracer.analysis.chains.model import CpuContentionEvidence, Culprit
-from tracer.analysis.processes import group_processes
+from tracer.analysis.processes import BusyThread, group_processes
 from tracer.analysis.sql import SqlResult
 from tracer.analysis.stacks import Frame, StacksResult, StackStat
 from tracer.analysis.stats import ProcessStat
@@ -17,6 +17,7 @@ from tracer.views.render import (
     NATIVE_RUN,
     nbytes,
     print_record,
+    render_busy_threads,
     render_processes,
     to_json,
     us,
@@ -172,6 +173,14 @@ def test_process_table_shows_the_groups_then_what_was_left_out():
     assert " 184 " in worker and "200…" in worker and "46.00s" in worker and "1 failed" in worker
     assert "and 5 more groups, 5 processes (tracer stats --all)" in out
     assert "processes grouped by (comm, parent, role, rank); one row each: tracer stats --all" in out
+
+
+def test_busy_threads_say_how_many_were_left_out():
+    b = BusyThread(
+        pid=7, tid=7, comm="py", process_comm="py", role="rank", core_share=0.9, cuda_calls=1, headline="cpu 90%"
+    )
+    assert "and 3 more busy threads: tracer stats --all" in table_text(render_busy_threads([b], more=3))
+    assert "more" not in table_text(render_busy_threads([b]))
 
 
 def test_process_table_all_has_one_row_per_process():

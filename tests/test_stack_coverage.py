@@ -13,6 +13,7 @@ import duckdb
 import pytest
 from tracedb import MAIN_PID, MS, US, TraceBuilder
 
+from probes.catalog import STACK_EVERY, OpClass
 from tracer.analysis.db import open_trace
 from tracer.analysis.stacks import top_stacks
 from tracer.commands.cli import main
@@ -60,7 +61,8 @@ def test_launch_coverage_by_reason(db):
     assert by == {"duty_cycle": 500, "row_budget": 100, "stack_budget": 290, "lost_walk": 10}
     assert sum(by.values()) + cov.with_stack == cov.calls
     assert [m.reason for m in cov.missing] == ["duty_cycle", "stack_budget", "row_budget", "lost_walk"]
-    assert "1 stored call in 64" in next(m.why for m in cov.missing if m.reason == "stack_budget")
+    every = STACK_EVERY[OpClass.LAUNCH]  # the rate the recorder walks at: the reason names it
+    assert f"1 stored call in {every} " in next(m.why for m in cov.missing if m.reason == "stack_budget")
     assert cov.summary.startswith("cudaLaunchKernel: 100 of 1,000 calls have a stack (10.0%); without: 500 duty cycle")
 
 

@@ -70,8 +70,9 @@ def test_the_tool_reports_the_checkpoint_steps_period_count_and_cost(run):
     # AND the slow steps come back every 40 steps, one per checkpoint, from step 41, exactly
     p = s["patterns"][0]
     assert (p["every"], p["count"], p["first_step"]) == (EVERY, len(slow_at), slow_at[0])
-    # AND each adds what the run's clock says, within the recording's own resolution (its steps' jitter)
-    assert abs(p["added_ms"] - added) <= s["spread_ms"], (p["added_ms"], added, s["spread_ms"])
+    # AND each adds what the run's clock says, within the recording's own resolution (its steps' jitter) and the
+    # tool's: added_ms is given to 0.01 ms (a quiet run's jitter of 0.011 ms read 17.08 against 17.094)
+    assert abs(p["added_ms"] - added) <= s["spread_ms"] + 0.005, (p["added_ms"], added, s["spread_ms"])
     assert p["summary"].startswith(f"every 40th step: +{p['added_ms']:,.1f} ms ({len(slow_at)} steps")
     # AND what the slow steps spent it on adds up to it
     assert sum(x["ms"] for x in p["extra"]) == pytest.approx(p["added_ms"], abs=0.05 * len(p["extra"]) + 0.01)

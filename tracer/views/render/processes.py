@@ -65,8 +65,9 @@ def render_processes(
     return t
 
 
-def render_busy_threads(threads: Sequence[BusyThread]) -> Table | None:
-    """Return the table of threads that used a meaningful share of a core, or None when there are none."""
+def render_busy_threads(threads: Sequence[BusyThread], more: int = 0) -> Table | None:
+    """Return the table of threads that used a meaningful share of a core, or None when there are none
+    (``more``: the busy threads the overview left out, named in the caption)."""
     if not threads:
         return None
     t = Table(title="Busy threads (>= 5% of a core)", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
@@ -81,4 +82,6 @@ def render_busy_threads(threads: Sequence[BusyThread]) -> Table | None:
             f"{b.cuda_calls:,}",
             b.headline,
         )
+    if more:
+        t.caption = f"and {more} more busy thread{'s' if more > 1 else ''}: tracer stats --all"
     return t

@@ -53,7 +53,7 @@ def render_stats(st: TraceStats, *, show_all: bool = False) -> RenderableType:
     if any(o.sampled_fraction < 1 for o in st.ops):
         ops.caption = "* scaled from a sample"
     procs = render_processes(st.process_groups, more=st.more_processes, every=st.processes if show_all else ())
-    busy = render_busy_threads(st.busy_threads)
+    busy = render_busy_threads(st.busy_threads, st.more_busy_threads)
     h = st.host
     host = Text(
         f"Host peaks ({h.samples} samples): load1 {h.max_load1 if h.max_load1 is not None else '-'}, CPU busy "
