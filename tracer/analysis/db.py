@@ -33,7 +33,8 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
-from tracer.analysis.job import GLOB_CHARS, JOB_SESSION, define_views, is_job, sql_text
+from tracer.analysis.job import GLOB_CHARS, JOB_SESSION, define_views, is_job
+from tracer.analysis.sqltext import ident, literal, union_view
 from tracer.errors import StoreError
 from tracer.procfs import boot_id, process_start_ticks
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLE_BY_NAME
@@ -353,10 +354,6 @@ def dataset_files(root: str | Path) -> dict[str, list[Path]]:
     return found
 
 
-def _sql_text(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
 def _dataset_view(conn: duckdb.DuckDBPyConnection, root: Path, table: str, files: list[Path]) -> str:
     """Return the SELECT behind ``table``'s view: its files read with their hive partitions, the table's own
     columns in the schema's order (a partition key the table does not declare, such as rank on cuda_calls or
@@ -369,12 +366,12 @@ def _dataset_view(conn: duckdb.DuckDBPyConnection, root: Path, table: str, files
     for rel, group in groups.items():
         keys = {d.split("=", 1)[0] for d in group[0].parent.parts if "=" in d}  # DuckDB reads all of the path's
         types = ", ".join(f"{k!r}: {PARTITION_TYPES[k]}" for k in sorted(keys) if k in PARTITION_TYPES)
-        glob = str(root.joinpath(*(f"{k}=*" for k in rel), f"{table}_[0-9]*.parquet"))
+        pattern = str(root.joinpath(*(f"{k}=*" for k in rel), f"{table}_[0-9]*.parquet"))
         # a root whose name has glob characters is read by its file list
         source = (
-            _sql_text(glob)
-            if not any(c in str(root) for c in "*?[")
-            else f"[{', '.join(_sql_text(str(f)) for f in group)}]"
+            literal(pattern)
+            if not any(c in str(root) for c in GLOB_CHARS)
+            else f"[{', '.join(literal(str(f)) for f in group)}]"
         )
         rel_sql = (
             f"read_parquet({source}, hive_partitioning = true, union_by_name = true"
@@ -383,18 +380,8 @@ def _dataset_view(conn: duckdb.DuckDBPyConnection, root: Path, table: str, files
         )
         have = [r[0] for r in conn.execute(f"DESCRIBE SELECT * FROM {rel_sql}").fetchall()]
         cols = [c for c in have if c not in keys or c in declared]
-        parts.append((rel_sql, cols))
-    order = {c: i for i, c in enumerate(declared)}
-    every = sorted({c for _, cols in parts for c in cols}, key=lambda c: (order.get(c, len(order)), c))
-    if len(parts) == 1:
-        rel_sql, _ = parts[0]
-        return f"SELECT {', '.join(_quote(c) for c in every)} FROM {rel_sql}"
-    union = " UNION ALL BY NAME ".join(f"SELECT {', '.join(_quote(c) for c in cols)} FROM {r}" for r, cols in parts)
-    return f"SELECT {', '.join(_quote(c) for c in every)} FROM ({union})"
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+        parts.append((f"SELECT {', '.join(ident(c) for c in cols)} FROM {rel_sql}", cols))
+    return union_view(table, parts)
 
 
 def open_dataset(
@@ -533,7 +520,7 @@ def open_job(
         conn.execute(f"SET enable_external_access = {bool(external)}")
         for i, f in enumerate(files):
             try:
-                conn.execute(f"ATTACH {sql_text(str(f))} AS rec{i} (READ_ONLY)")
+                conn.execute(f"ATTACH {literal(str(f))} AS rec{i} (READ_ONLY)")
             except duckdb.Error as e:
                 raise read_error(f, e) from None
         define_views(conn, files)

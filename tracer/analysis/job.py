@@ -39,8 +39,9 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
+from tracer.analysis.sqltext import ident, literal, union_view
 from tracer.errors import StoreError
-from tracer.schema import TABLE_BY_NAME, TABLES
+from tracer.schema import TABLES
 
 S = 1_000_000_000
 PID_STRIDE = 10_000_000  # > PID_MAX_LIMIT (2**22): recording i's pid p reads i * PID_STRIDE + p
@@ -241,14 +242,6 @@ def job_alignment(conn: duckdb.DuckDBPyConnection) -> JobAlignment | None:
 # --- the job's connection -------------------------------------------------------------------------------------
 
 
-def sql_text(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _columns(conn: duckdb.DuckDBPyConnection, alias: str) -> dict[str, list[str]]:
     """Return {table: its columns in order} of attached recording ``alias``."""
     out: dict[str, list[str]] = {}
@@ -286,7 +279,7 @@ def _clock(conn: duckdb.DuckDBPyConnection, alias: str, cols: list[str]) -> tupl
 
 def _expr(table: str, col: str, i: int, clock: Clock) -> str:
     """Return the SQL reading ``col`` of recording ``i``'s ``table`` as the job sees it."""
-    q = _quote(col)
+    q = ident(col)
     if i and col in PID_COLUMNS.get(table, ()):
         return f"CASE WHEN {q} > 0 THEN {q} + {i * PID_STRIDE} ELSE {q} END"
     if i and col in PID_LIST_COLUMNS.get(table, ()):
@@ -301,15 +294,6 @@ def _expr(table: str, col: str, i: int, clock: Clock) -> str:
         n = "TRY_CAST(substr(target, 5) AS BIGINT)"
         return f"CASE WHEN target LIKE 'pid %' AND {n} > 0 THEN 'pid ' || ({n} + {i * PID_STRIDE}) ELSE target END"
     return q
-
-
-def _view(table: str, parts: list[tuple[str, list[str]]]) -> str:
-    """Return the SELECT behind ``table``'s view: its parts' union by name, columns in the schema's order then
-    the added ones."""
-    order = {c: n for n, c in enumerate(TABLE_BY_NAME[table].column_names)}
-    every = sorted({c for _, cols in parts for c in cols}, key=lambda c: (order.get(c, len(order)), c))
-    union = " UNION ALL BY NAME ".join(sql for sql, _ in parts)
-    return f"SELECT {', '.join(_quote(c) for c in every)} FROM ({union})"
 
 
 def define_views(conn: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
@@ -347,11 +331,11 @@ def define_views(conn: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
             have = cols[i].get(t.name)
             if have is None:  # an older recording without this table
                 continue
-            exprs = [f"{_expr(t.name, c, i, clock)} AS {_quote(c)}" for c in have]
+            exprs = [f"{_expr(t.name, c, i, clock)} AS {ident(c)}" for c in have]
             if t.name in ("session", "processes"):
                 exprs.append(f"{i} AS recording")
             if t.name == "processes":
-                exprs.append(f"{sql_text(found[i][1])} AS host")
+                exprs.append(f"{literal(found[i][1])} AS host")
             parts.append((f"SELECT {', '.join(exprs)} FROM rec{i}.main.{t.name}", [*have, *_extra(t.name)]))
         if not parts:
             continue
@@ -363,7 +347,7 @@ def define_views(conn: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
                 "GROUP BY key"
             )
             continue
-        conn.execute(f"CREATE VIEW {t.name} AS {_view(t.name, parts)}")
+        conn.execute(f"CREATE VIEW {t.name} AS {union_view(t.name, parts)}")
     _define_job_session(conn)
 
 
@@ -381,7 +365,7 @@ def _define_job_session(conn: duckdb.DuckDBPyConnection) -> None:
         if c == "recording":
             continue
         rule = SESSION_RULES.get(c, "arg_min({c}, recording)")  # a column with no rule: the first recording's
-        aggs.append(f"{rule.format(c=_quote(c), host_key=host_key)} AS {_quote(c)}")
+        aggs.append(f"{rule.format(c=ident(c), host_key=host_key)} AS {ident(c)}")
     conn.execute(
         f"CREATE VIEW {JOB_SESSION} AS SELECT {', '.join(aggs)} FROM session "
         f"JOIN (SELECT recording, shift_s, offset_ns AS recording_offset_ns FROM {RECORDINGS_TABLE}) USING (recording)"

@@ -51,6 +51,7 @@ from tracer.analysis.db import LIVE_HINT, is_damaged, read_error
 from tracer.analysis.sqlcheck import ALLOWED_TEXT, SET_ADVICE, check_statement, find_refused_names, short, too_deep
 from tracer.analysis.sqllimits import LIMITS, MiB, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
 from tracer.analysis.sqlresult import SqlResult
+from tracer.analysis.sqltext import ident
 from tracer.errors import StoreError, TracerError
 
 MAX_LIMIT = 100_000
@@ -201,8 +202,7 @@ def _as_text(rel: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
         return rel
     cols = []
     for i, (name, t) in enumerate(zip(rel.columns, rel.types, strict=True), 1):
-        quoted = '"' + name.replace('"', '""') + '"'
-        cols.append(f"CAST(#{i} AS VARCHAR) AS {quoted}" if _needs_text(t) else f"#{i} AS {quoted}")
+        cols.append(f"CAST(#{i} AS VARCHAR) AS {ident(name)}" if _needs_text(t) else f"#{i} AS {ident(name)}")
     return rel.project(", ".join(cols))  # by position: duplicate column names stay apart
 
 

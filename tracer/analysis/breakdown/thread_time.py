@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -142,9 +143,10 @@ class ThreadTimes:
     def cuda_threads(self) -> list[ThreadTime]:
         return [t for t in self.threads if t.cuda_calls > 0]
 
-    @property
+    @cached_property
     def drivers(self) -> list[ThreadTime]:
-        """Per process, its CUDA thread with the most launch + sync time; best first."""
+        """Per process, its CUDA thread with the most launch + sync time; best first (once: the threads are fixed
+        when loaded, and every thread's role asks)."""
         best: dict[int, ThreadTime] = {}
         for t in self.cuda_threads:
             if t.pid not in best or t.gpu_work_key > best[t.pid].gpu_work_key:
@@ -156,18 +158,17 @@ class ThreadTimes:
         d = self.drivers
         return d[0] if d else None
 
-    def rank_thread(self, pid: int, drivers: list[ThreadTime] | None = None) -> ThreadTime | None:
-        """Return the thread that trains in rank process ``pid``: its driver thread, else its main thread
-        (``drivers``: :attr:`drivers`, when the caller has them)."""
-        d = next((x for x in (self.drivers if drivers is None else drivers) if x.pid == pid), None)
+    def rank_thread(self, pid: int) -> ThreadTime | None:
+        """Return the thread that trains in rank process ``pid``: its driver thread, else its main thread."""
+        d = next((x for x in self.drivers if x.pid == pid), None)
         return d if d is not None else self.by_tid(pid)
 
-    def training_tids(self, drivers: list[ThreadTime] | None = None) -> frozenset[int]:
-        """Return the tids of the threads that train: the training thread and each rank's (:meth:`rank_thread`)."""
-        drivers = self.drivers if drivers is None else drivers
-        out = {drivers[0].tid} if drivers else set()
+    @cached_property
+    def training_tids(self) -> frozenset[int]:
+        """The tids of the threads that train: the training thread and each rank's (:meth:`rank_thread`)."""
+        out = {self.drivers[0].tid} if self.drivers else set()
         for pid in self.rank_pids:
-            if (t := self.rank_thread(pid, drivers)) is not None:
+            if (t := self.rank_thread(pid)) is not None:
                 out.add(t.tid)
         return frozenset(out)
 
@@ -175,10 +176,9 @@ class ThreadTimes:
         """Return what thread ``t`` is (tracer.vocabulary.THREAD_ROLES): a training thread (the training thread,
         or under a launcher any rank's), another process's driver thread, another CUDA thread, or a thread with
         no CUDA call."""
-        drivers = self.drivers
-        if t.tid in self.training_tids(drivers):
+        if t.tid in self.training_tids:
             return TRAINING_THREAD
-        if any(d.tid == t.tid for d in drivers):
+        if any(d.tid == t.tid for d in self.drivers):
             return DRIVER_THREAD
         return CUDA_THREAD if t.cuda_calls else PLAIN_THREAD
 

@@ -22,7 +22,6 @@ from tracer.analysis.breakdown.load import load_thread_times
 from tracer.analysis.breakdown.thread_time import FIELDS, ThreadTime, ThreadTimes
 from tracer.analysis.chains.model import CausalChain, Culprit, Evidence
 from tracer.analysis.code_site import code_site
-from tracer.analysis.ranks.table import rank_thread
 from tracer.analysis.recording import RecordingInfo, load_recording
 from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES, part_name
 from tracer.hist import OpHistogram
@@ -149,7 +148,7 @@ class ChainContext:
         training = self.times.training
         # In a distributed job every rank trains: each rank's thread (its driver thread, else its main thread: a
         # gloo job on the CPU makes no CUDA call) is a training thread, and its chains are not capped.
-        ranks = [t for pid in sorted(self.info.rank_pids) if (t := rank_thread(self.times, pid)) is not None]
+        ranks = [t for pid in sorted(self.info.rank_pids) if (t := self.times.rank_thread(pid)) is not None]
         rank_tids = {t.tid for t in ranks}
         drivers = self.times.drivers
         out = []

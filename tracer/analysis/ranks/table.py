@@ -73,12 +73,6 @@ class RankTable:
         return counts[len(counts) // 2] if counts else None
 
 
-def rank_thread(times: ThreadTimes, pid: int) -> ThreadTime | None:
-    """Return the training thread of rank process ``pid``: its driver thread, else its main thread
-    (:meth:`ThreadTimes.rank_thread`, which the threads' roles use too)."""
-    return times.rank_thread(pid)
-
-
 def _step_spans(conn: duckdb.DuckDBPyConnection, tids: list[int]) -> dict[int, tuple[int, int]]:
     ops = [o for (o,) in conn.execute("SELECT DISTINCT op FROM op_stats").fetchall() if part_name(o) in STEP_PARTS]
     if not ops or not tids:
@@ -155,7 +149,7 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
     appears more than once (torchrun restarted its workers) is its latest process."""
     jobs: dict[str | None, dict[int, tuple[int, int, ThreadTime]]] = {}
     for pid, rank in info.rank_pids.items():
-        t = rank_thread(times, pid)
+        t = times.rank_thread(pid)
         if t is None or t.wall <= 0:
             continue
         ranks_of = jobs.setdefault(info.procs[pid].job_id, {})

@@ -69,6 +69,7 @@ from pydantic import Field
 from tracer.analysis import Record
 from tracer.analysis.db import PARTITION_TYPES, open_trace, read_error, session_row
 from tracer.analysis.recording import table_columns
+from tracer.analysis.sqltext import literal
 from tracer.errors import StoreError, UsageError
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLES, Table
 
@@ -163,7 +164,7 @@ def schema_document() -> dict:
 
 
 def _text(s: str | None) -> str:
-    return "NULL::VARCHAR" if s is None else "'" + s.replace("'", "''") + "'"
+    return "NULL::VARCHAR" if s is None else literal(s)
 
 
 def check_output(out: Path) -> None:
