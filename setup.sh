@@ -7,7 +7,7 @@
 #   2. .venv on /usr/bin/python3 with --system-site-packages (bcc is a Debian package, not a PyPI one), with the
 #      project installed editable with its dev extras (torch==2.13.0 from the machine's disk; nvidia-nccl-cu13, the
 #      real libnccl.so.2, from the index; pyspark, ~1 min and ~490 MB, whose local Spark needs java >= 17, which
-#      is checked first); skipped when already there.
+#      is checked first), every package at the version constraints.txt pins; skipped when already there.
 #   3. /usr/local/bin/tracer, so `sudo tracer ...` works.
 #   4. The stand-in CUDA libraries and C fixtures in fixtures/build/.
 set -euo pipefail
@@ -83,7 +83,8 @@ if [ ! -x .venv/bin/python ]; then
     /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 # True when .venv already holds this checkout, editable, with pyproject.toml's version and scripts and every
-# requirement (dev extras included) at a version it allows: then pip is not run, so a second run reinstalls nothing.
+# requirement (dev extras included) at a version it and constraints.txt allow: then pip is not run, so a second run
+# reinstalls nothing.
 installed() {
     [ -x .venv/bin/tracer ] || return 1
     # -I: not the checkout's own cuda_host_tracer.egg-info from the working directory
@@ -102,6 +103,10 @@ assert dist.version == project["version"]
 assert {e.name: e.value for e in dist.entry_points if e.group == "console_scripts"} == project.get("scripts", {})
 for req in map(Requirement, project["dependencies"] + project["optional-dependencies"]["dev"]):
     assert req.specifier.contains(metadata.version(req.name), prereleases=True), req
+for line in (root / "constraints.txt").read_text().splitlines():
+    if line.strip() and not line.startswith("#"):
+        req = Requirement(line)
+        assert req.specifier.contains(metadata.version(req.name), prereleases=True), req
 PY
 }
 
@@ -119,7 +124,7 @@ else
     say "installing cuda-host-tracer into .venv (with torch==2.13.0 and nvidia-nccl-cu13 for the tests)"
     [ ${#find_links[@]} -gt 0 ] || warn "no torch-2.13.0 wheel on this disk: pip will look for it in the index"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q "${find_links[@]}" -e ".[dev]"
+    .venv/bin/python -m pip install -q "${find_links[@]}" -c constraints.txt -e ".[dev]"
 fi
 
 cat > /usr/local/bin/tracer <<LAUNCHER

@@ -347,9 +347,12 @@ int cuda_return(struct pt_regs *ctx)
         u32 *cnt = stack_cnt.lookup(&op);
         if (cnt) {
             *cnt += 1;
-            /* the first stack_every calls of an op on each CPU, then 1 in stack_every: a short run still has the
-             * stacks of its launch sites, and stacks are deduplicated, so this costs walks, not data */
-            want_stack = *cnt <= c->stack_every || (*cnt % c->stack_every) == 0;
+            /* the first stack_every calls of an op on each CPU, then 1 in stack_every at random: a short run still
+             * has the stacks of its launch sites, and stacks are deduplicated, so this costs walks, not data. At
+             * random, not every Nth: a step's calls repeat with its period, and a counter whose period shares a
+             * factor with it walks the same call of every step (2 launches a step and 1 in 8: always the first
+             * or always the second, so the launch before the sync could go a whole run without a stack). */
+            want_stack = *cnt <= c->stack_every || (bpf_get_prandom_u32() % c->stack_every) == 0;
         }
     }
     u32 zero = 0;

@@ -1,7 +1,8 @@
 """chains.gil_contention / lock_contention / blocking_io on hand-built recordings: the healthy loop of
 tests/support/scenarios.py with off-CPU stacks and samples added to its training thread and to threads beside it.
-Each chain's cost is exactly the blocked time of its kind in the thread's steps; its culprit is the thread and the
-line the stacks name; a recording without those tables yields none of them."""
+Each chain's cost is exactly the blocked time of its kind in the thread's steps (the GIL's less the sync waits it
+displaced); its culprit is the thread and the line the stacks name; a recording without those tables yields none
+of them."""
 
 from __future__ import annotations
 
@@ -63,11 +64,31 @@ def test_gil_waits_name_the_thread_on_cpu_and_its_line(tmp_path):
     chains = recording(tmp_path, {"gil": 300})
     ch = chains["gil_contention"]
     assert ch.evidence.gil_wait_ms == pytest.approx(40 * 300, rel=1e-6) and ch.severity == "HIGH"
+    # every sync waited as long as an undisturbed one: no GPU work overlapped the waits
+    assert ch.evidence.gpu_overlap_ms == 0
     assert ch.share == pytest.approx(12_000 / 59_998.3, abs=2e-3)
     assert (ch.culprit.tid, ch.culprit.code_site) == (METRICS_TID, "/w/metrics.py:15 aggregate_metrics")
     assert ch.culprit.comm == f"thread {METRICS_TID} (aggregate_metrics, metrics.py:15)"
     assert ch.evidence.waited_at[0].site == "/w/train.py:76 main" and ch.evidence.woken_by == {"[timer]": 12_000.0}
     assert "lock_contention" not in chains and "blocking_io" not in chains
+
+
+def test_gil_waits_while_the_gpu_ran_the_queued_work_are_not_lost(tmp_path):
+    # GIVEN the same GIL waits, but in seconds 10-29 the thread's syncs wait 20 ms less than an undisturbed
+    # step's 77.5 ms: the GPU ran 20 ms of the step's work while the thread waited for the lock
+    recording(tmp_path, {"gil": 300})
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as con:
+        (shortened,) = con.execute(
+            "UPDATE cuda_calls SET dur_ns = dur_ns - 20000000 WHERE tid = ? AND op = 'cudaStreamSynchronize' "
+            "AND ts_ns >= 10000000000 AND ts_ns < 30000000000",
+            [MAIN_PID],
+        ).fetchone()
+    with open_trace(tmp_path / "t.duckdb") as c:
+        ch = {x.category: x for x in compute_chains(c, limit=100).chains}["gil_contention"]
+    # THEN the waits are all still counted, and the overlapped part is taken out of the cost
+    assert shortened == 200 and ch.evidence.gil_wait_ms == pytest.approx(12_000, rel=1e-6)
+    assert ch.evidence.gpu_overlap_ms == pytest.approx(200 * 20, rel=1e-6)
+    assert ch.share == pytest.approx((12_000 - 4_000) / 59_998.3, abs=2e-3)
 
 
 def test_lock_waits_name_the_releasing_thread_and_where_it_was(tmp_path):

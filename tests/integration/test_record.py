@@ -26,6 +26,7 @@ from conftest import (
     BUILD,
     PY,
     TRACER,
+    WORKLOADS,
     expected_ops,
     query,
     read_counts,
@@ -469,3 +470,24 @@ def test_each_thread_gets_its_own_stack(tmp: Path) -> None:
     assert len(by_tid) == 3, by_tid
     assert all(len(fns) == 1 for fns in by_tid.values()), by_tid
     assert len({next(iter(f)) for f in by_tid.values()}) == 3, by_tid
+
+
+def test_launch_stacks_reach_every_launch_of_a_step(tmp: Path) -> None:
+    # GIVEN a loop whose two launches a step come from two lines, walked 1 launch in STACK_EVERY
+    rec = _record_cmd(tmp, "two_sites", "two_sites.py")
+    src = (WORKLOADS / "two_sites.py").read_text().splitlines()
+    first, second = (
+        next(i for i, s in enumerate(src, 1) if s.rstrip().endswith(m)) for m in ("FIRST_LAUNCH", "SECOND_LAUNCH")
+    )
+    # WHEN the walked launches are counted by the line of two_sites.py they were made from
+    rows = dict(
+        query(
+            rec.db,
+            "SELECT s.line, count(*) FROM cuda_calls c JOIN stacks s USING (stack_id) WHERE c.op = 'cudaLaunchKernel' "
+            "AND s.file LIKE '%/two_sites.py' AND s.function = 'main' GROUP BY s.line",
+        )
+    )
+    # THEN both lines get about half: the choice is random, not every Nth call, which follows the step's period
+    # (a per-CPU counter walked the second launch 303 times and the first 4, its first N calls)
+    walked = rows.get(first, 0) + rows.get(second, 0)
+    assert walked >= 100 and 0.35 <= rows.get(first, 0) / walked <= 0.65, rows

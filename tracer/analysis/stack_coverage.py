@@ -5,7 +5,7 @@ with no reason given).
 
 The recorder's policy is the probe catalog's (``probes/catalog.py``): a call at or above its class's ``SLOW_NS``
 is always stored and always walked; of the others a stored call of class C is walked 1 in ``STACK_EVERY[C]``
-(the first N of an op on each CPU, then 1 in N; 1 for every class but launches). So:
+(the first N of an op on each CPU, then 1 in N at random; 1 for every class but launches). So:
 
 - not seen = calls x (1 - sampled_fraction): ``op_stats`` counts a duty-cycled launch op scaled up from the
   windows its probes were live;

@@ -346,6 +346,10 @@ class GilContentionEvidence(Record):
 
     kind: Literal["gil_contention"] = "gil_contention"
     gil_wait_ms: Annotated[float, Field(description="time blocked taking the GIL (take_gil), ms")]
+    gpu_overlap_ms: Annotated[
+        float,
+        Field(description="of that, GPU work the thread had queued ran meanwhile (its syncs waited less): not lost"),
+    ] = 0.0
     waits: Annotated[int, Field(description="blocked intervals taking the GIL")]
     waited_at: Annotated[
         list[LineTime], Field(description="the thread's lines that waited (it re-takes the lock there)")
