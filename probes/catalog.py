@@ -95,9 +95,10 @@ class ProbeSpec:
     # multiplied in BPF at entry (a switch over 12 values), so bytes mean bytes in every table (cuda_calls,
     # op_stats) and no decoder has to know. A register argument (index < 6).
     dtype_arg: int = NO_ARG
-    # ncclCommInitRank's rank and communicator size. Catalog knowledge only, for now: no column of cuda_calls
-    # fits them (bytes and stream mean bytes and streams), so the probes do not read them; a rank's identity
-    # comes from its environment (RANK / WORLD_SIZE, tracer/recorder/rankenv.py).
+    # ncclCommInitRank's rank and communicator size. No column of cuda_calls fits them (bytes and stream mean
+    # bytes and streams): probes/nccl_comm.bpf.c reads them from these registers (PARM2, PARM3) with the unique
+    # id's hash into nccl_comms, where a process without a rank in its environment (RANK / WORLD_SIZE,
+    # tracer/recorder/rankenv.py) gets its rank (tracer.analysis.recording).
     rank_arg: int = NO_ARG
     nranks_arg: int = NO_ARG
     # A driver launch called from inside libcudart is recorded as this runtime op (see maps.h rt_ranges), so the

@@ -270,6 +270,24 @@ struct kname_event {
     char name[KNAME_MAX];
 };
 
+#define NCCL_UNIQUE_ID_BYTES 128 /* sizeof(ncclUniqueId) (nccl.h NCCL_UNIQUE_ID_BYTES) */
+
+/* An NCCL communicator joined (ncclCommInitRank / ncclCommInitRankConfig, nccl_comm.bpf.c): who this rank is in it.
+ * Every rank of one communicator passes the same ncclUniqueId, so id_hash (FNV-1a of its 128 bytes) groups the ranks
+ * of a communicator across processes and hosts; comm is the handle the rank's collectives then pass. 48 bytes. */
+struct comm_event {
+    u64 ts_ns;      /* the call's entry */
+    u64 dur_ns;     /* until it returned: the set-up waits for every rank to join */
+    u64 comm;       /* *comm after the call: the ncclComm_t handle (0 if it failed before writing it) */
+    u64 id_hash;
+    u32 pid;
+    u32 tid;
+    s32 nranks;
+    s32 rank;
+    s32 ret;        /* ncclResult_t: 0 is ncclSuccess */
+    u32 _pad;
+};
+
 #ifndef USTACK_MAX
 #define USTACK_MAX 16384 /* bytes copied from %rsp at most: enough for ~20-40 C/C++ frames */
 #endif

@@ -258,6 +258,7 @@ NOT_PID = {
     ("session", "sample_hz"),
     ("processes", "first_ns"),
     ("processes", "rank"),
+    ("nccl_comms", "rank"),
     ("thread_breakdown", "wall_ns"),
     ("thread_breakdown", "runq_self_ns"),
     ("thread_breakdown", "runq_tree_ns"),

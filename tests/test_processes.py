@@ -52,6 +52,27 @@ def test_groups_by_comm_parent_role_and_rank_with_totals():
     assert (groups[0].exit_s, groups[0].exit_code) == (25.5, 0)
 
 
+def test_the_children_of_a_group_are_one_group():
+    # GIVEN twelve start-up `sh -c` helpers of the main process, each running one `uname`, and a worker that two
+    # different mains forked (two jobs side by side)
+    procs = (
+        [proc(100, "python3", "main"), proc(900, "python3", "main", ppid=2)]
+        + [proc(200 + i, "sh", "child", ppid=100, exit_s=1.0, code=0) for i in range(12)]
+        + [proc(300 + i, "uname", "child", ppid=200 + i, exit_s=1.0, code=0) for i in range(12)]
+        + [proc(400, "worker", "child", ppid=100), proc(401, "worker", "child", ppid=900)]
+    )
+    # THEN the unames are one row under the first sh, as the sh are one row under main: the parent stands for its
+    # group, and the children of different parents stay apart
+    assert [(g.comm, g.ppid, g.processes) for g in group_processes(procs)] == [
+        ("python3", 1, 1),
+        ("python3", 2, 1),
+        ("sh", 100, 12),
+        ("uname", 200, 12),
+        ("worker", 100, 1),
+        ("worker", 900, 1),
+    ]
+
+
 def test_the_overview_lists_top_groups_and_busy_threads(tmp_path):
     # GIVEN the process-churn scenario: a main process re-forking 4 workers 6 times
     db = tmp_path / "t.duckdb"

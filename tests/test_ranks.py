@@ -218,6 +218,32 @@ def test_a_recording_without_rank_columns_reads(tmp_path):
     assert rep.ranks == [] and "schema v3" in rep.note
 
 
+def test_ranks_without_an_environment_come_from_their_nccl_communicator(tmp_path):
+    # GIVEN the job with no rank in any process's environment (a launcher the recorder does not know), but each
+    # rank's ncclCommInitRank recorded: the world's communicator (3 ranks, one id), and for rank 0 also a
+    # communicator of its own (1 rank) and one that failed
+    job().write(tmp_path / "t.duckdb")
+    world, solo = 0xC0FFEE, 0xBEEF
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as c:
+        c.execute("UPDATE processes SET rank = NULL, local_rank = NULL, world_size = NULL, job_id = NULL")
+        rows = [(500 * MS + r, pid, pid, 0x1000 + r, world, 3, r, 0) for r, pid in enumerate(RANK_PIDS)]
+        rows += [(400 * MS, RANK_PIDS[0], RANK_PIDS[0], 0x2000, solo, 1, 0, 0)]
+        rows += [(300 * MS, RANK_PIDS[1], RANK_PIDS[1], 0, 0xBAD, 8, 5, 3)]
+        c.executemany(
+            "INSERT INTO nccl_comms (ts_ns, pid, tid, comm, id_hash, nranks, rank, ret, dur_ns) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1000)",
+            rows,
+        )
+    with open_trace(tmp_path / "t.duckdb") as c:
+        info = load_recording(c)
+        (ch,) = _straggler_chains(c)
+    # THEN each rank is the world communicator's rank, of one job named by that communicator
+    assert info.rank_pids == dict(zip(RANK_PIDS, range(3), strict=True))
+    assert {info.procs[p].job_id for p in RANK_PIDS} == {f"nccl:{world:016x}"}
+    # AND the straggler is named as with the environment's ranks
+    assert (ch.evidence.rank, ch.evidence.pid, ch.evidence.world_size) == (2, 3003, 3)
+
+
 def test_get_ranks_over_mcp_returns_the_report(tmp_path):
     import anyio
     from mcp import Client

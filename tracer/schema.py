@@ -433,6 +433,20 @@ TABLES: tuple[Table, ...] = (
         ("func", "UBIGINT", "host stub address (cudaLaunchKernel) or CUfunction handle (cuLaunchKernel)"),
         ("name", "VARCHAR", "demangled kernel name"),
     ),
+    _t(
+        "nccl_comms",
+        "NCCL communicators each process joined (ncclCommInitRank / ncclCommInitRankConfig): its rank in each, the "
+        "size, and the unique id's hash that every rank of one communicator shares (across processes and hosts).",
+        ("ts_ns", "BIGINT", "ns since session start: the call's entry"),
+        ("dur_ns", "BIGINT", "until it returned: the set-up waits for every rank to join"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("comm", "UBIGINT", "the ncclComm_t handle the call made (0 if it failed before making one)"),
+        ("id_hash", "UBIGINT", "FNV-1a of the 128-byte ncclUniqueId: equal for every rank of one communicator"),
+        ("nranks", "INTEGER", "ranks in the communicator"),
+        ("rank", "INTEGER", "this process's rank in it"),
+        ("ret", "INTEGER", "ncclResult_t: 0 is ncclSuccess"),
+    ),
 )
 
 TABLE_BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}

@@ -21,7 +21,9 @@ from mcp import Client
 from mcp_server.server import build_server
 from tracer.analysis.breakdown import time_breakdown
 from tracer.analysis.chains import CausalChain, compute_chains
+from tracer.analysis.processes import BUSY_CORE_SHARE
 from tracer.analysis.recording import load_recording
+from tracer.analysis.stats import trace_stats
 
 pytestmark = pytest.mark.bpf
 
@@ -114,6 +116,11 @@ SCENARIOS: dict[str, Scenario] = {
         step_loop("--steps 100 --host-ms 0.5 --host-where after --kernel-us 30000 --sync stream"), None
     ),
     "healthy": Scenario(step_loop("--steps 300 --host-ms 1 --host-where after --kernel-us 8000 --sync stream"), None),
+    # the healthy loop after 12 start-up shell commands (`sh -c 'uname -a'`), with no DataLoader: the helpers drew a
+    # LOW process_churn chain with DataLoader advice (issue 23)
+    "helpers": Scenario(
+        step_loop("--helpers 12 --steps 300 --host-ms 1 --host-where after --kernel-us 8000 --sync stream"), None
+    ),
 }
 PROBLEMS = [n for n, s in SCENARIOS.items() if s.top]
 
@@ -170,7 +177,7 @@ def test_top_cause(problem):
     assert top.basis == "exact" and r.pid in top.pids
 
 
-@pytest.mark.parametrize("name", ["healthy", "gpu_bound"])
+@pytest.mark.parametrize("name", ["healthy", "gpu_bound", "helpers"])
 def test_healthy_loops_have_nothing_high(named, name):
     r = named(name)
     high = [c for c in ours(r, chains_of(r)) if c.severity == "HIGH"]
@@ -304,3 +311,47 @@ def test_mcp_time_breakdown_on_a_real_recording(named):
 
     got = anyio.run(go)
     assert not got.is_error and got.structured_content == want
+
+
+# advice that only a torch DataLoader can take
+DATALOADER_WORDS = re.compile(r"DataLoader|num_workers|prefetch_factor|persistent_workers|pin_memory")
+
+
+def test_startup_helpers_make_no_churn_and_no_dataloader_advice(named):
+    # GIVEN a loop that ran 12 shell commands at start-up and has no DataLoader
+    r = named("helpers")
+    with r.conn() as c:
+        helpers = c.execute("SELECT count(*) FROM processes WHERE comm IN ('sh', 'uname')").fetchone()[0]
+    assert helpers == 24, "the scenario's helpers are recorded (else the test below is empty)"
+    # THEN no chain is about churn, and none advises about a DataLoader
+    chains = chains_of(r)
+    assert "process_churn" not in {c.category for c in chains}, [(c.category, c.summary) for c in chains]
+    for ch in chains:
+        text = " ".join([ch.summary, *ch.recommendations])
+        assert not DATALOADER_WORDS.search(text), (ch.category, text)
+
+
+ANSWER_BYTES = 4096  # what get_trace_stats may take by default (issue 23)
+
+
+def test_trace_stats_answer_is_small_and_names_the_busy_threads(any_rec):
+    # GIVEN any real recording; WHEN the assistant's first tool answers (its text is this JSON)
+    name, r = any_rec
+    with r.conn() as c:
+        st = trace_stats(c)
+        info = load_recording(c)
+        busy = [
+            (pid, tid)
+            for pid, tid in c.execute(
+                "SELECT pid, tid FROM thread_breakdown GROUP BY pid, tid HAVING sum(cpu_ns) >= ?",
+                [BUSY_CORE_SHARE * info.duration_ns],
+            ).fetchall()
+            if pid not in info.tracer_pids
+        ]
+    text = st.model_dump_json()
+    # THEN it is under 4 KB
+    assert len(text.encode()) < ANSWER_BYTES, f"{name}: {len(text.encode())} bytes"
+    # AND every thread on CPU for 5% of the recording is listed or counted, the training thread never left out
+    listed = {(b.pid, b.tid) for b in st.busy_threads}
+    assert len(listed) + st.more_busy_threads == len(busy) and listed <= set(busy), (listed, busy)
+    assert (r.pid, r.pid) in listed or (r.pid, r.pid) not in busy, (r.pid, listed)

@@ -22,6 +22,7 @@ import json
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import time
 from dataclasses import dataclass
@@ -289,6 +290,29 @@ def test_ranks_are_named_from_their_environment(ranks: Recording) -> None:
     )
     for rank in range(RANKS):
         assert rows[ranks.pid(rank)] == (rank, RANKS)
+
+
+def fnv1a64_words(data: bytes) -> int:
+    """FNV-1a, 64-bit, over ``data`` as little-endian 8-byte words (what probes/nccl_comm.bpf.c computes)."""
+    h = 0xCBF29CE484222325
+    for (w,) in struct.iter_unpack("<Q", data):
+        h = ((h ^ w) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def test_each_rank_names_its_communicator(ranks: Recording) -> None:
+    # GIVEN ranks that each joined one communicator with ncclCommInitRank
+    rows = query(ranks.db, "SELECT pid, rank, nranks, comm, id_hash, ret, dur_ns FROM nccl_comms ORDER BY rank")
+    # THEN each rank's row says what it passed and got: its rank, the size, the handle the call made (as the
+    # rank reported it), the hash of the 128-byte id (read from the stack, where the by-value struct lies), success
+    want = [
+        (ranks.pid(r), r, RANKS, ranks.reports[r]["comm"], fnv1a64_words(bytes.fromhex(ranks.reports[r]["unique_id"])))
+        for r in range(RANKS)
+    ]
+    assert [row[:5] for row in rows] == want
+    assert all(ret == 0 and dur > 0 for *_, ret, dur in rows)
+    # AND one id across the ranks: the communicator they share
+    assert len({row[4] for row in rows}) == 1
 
 
 # --- attach paths ---------------------------------------------------------------------------------------------

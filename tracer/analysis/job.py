@@ -69,6 +69,7 @@ PID_COLUMNS: dict[str, tuple[str, ...]] = {
     "offcpu_stacks": ("pid", "tid", "waker_pid", "waker_tid"),
     "cpu_samples": ("pid", "tid"),
     "kernel_names": ("pid",),
+    "nccl_comms": ("pid", "tid"),
 }
 PID_LIST_COLUMNS: dict[str, tuple[str, ...]] = {"causal_chains": ("pids",)}
 STACK_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -84,6 +85,7 @@ TIME_NS_COLUMNS: dict[str, tuple[str, ...]] = {
     "process_events": ("ts_ns",),
     "host_samples": ("ts_ns",),
     "causal_chains": ("start_ns", "end_ns"),
+    "nccl_comms": ("ts_ns",),
 }
 SEC_COLUMNS: dict[str, tuple[str, ...]] = {t.name: ("sec",) for t in TABLES if "sec" in t.column_names}
 

@@ -65,12 +65,34 @@ class BusyThread(Record):
 
 def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[ProcessGroup]:
     """Return ``procs`` (ProcessStat rows, in the analysis' ranking: main first, then by CUDA calls and off-CPU
-    time) grouped by (comm, parent, role, rank), in the order of each group's first process."""
+    time) grouped by (comm, parent, role, rank), in the order of each group's first process.
+
+    A parent that is itself traced stands for its group, not its pid: the ``uname`` that each of twelve start-up
+    ``sh -c`` helpers ran is one row beside the ``sh`` row, not twelve rows of one (issue 23: a real recording with
+    12 helpers answered get_trace_stats in 4.6 KB)."""
+    by_pid = {p.pid: p for p in procs}
+    keys: dict[int, tuple] = {}
+
+    def key(p) -> tuple:
+        # iterative: a fork chain can be deeper than Python's recursion limit
+        chain = []
+        while p.pid not in keys:
+            chain.append(p)
+            parent = by_pid.get(p.ppid)
+            if parent is None or parent.pid in (c.pid for c in chain):
+                break
+            p = parent
+        for c in reversed(chain):
+            parent = by_pid.get(c.ppid)
+            keys[c.pid] = (c.comm, keys.get(parent.pid, c.ppid) if parent else c.ppid, c.role, c.rank)
+        return keys[chain[0].pid] if chain else keys[p.pid]
+
     members: dict[tuple, list] = {}
     for p in procs:
-        members.setdefault((p.comm, p.ppid, p.role, p.rank), []).append(p)
+        members.setdefault(key(p), []).append(p)
     out = []
-    for (comm, ppid, role, rank), ps in members.items():
+    for (comm, _, role, rank), ps in members.items():
+        ppid = ps[0].ppid
         exited = [p for p in ps if p.exit_s is not None]
         one = ps[0] if len(ps) == 1 else None
         out.append(

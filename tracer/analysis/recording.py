@@ -13,7 +13,7 @@ there the recorder is recognised by its process name (:data:`TRACER_COMMS`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import duckdb
@@ -197,6 +197,8 @@ def load_recording(conn: duckdb.DuckDBPyConnection) -> RecordingInfo:
         f"SELECT pid, ppid, comm, {role}, first_ns, exit_ns, exit_code, {dist_sql} FROM processes ORDER BY pid"
     ).fetchall():
         info.procs[pid] = Proc(pid, ppid, comm or "", r, int(first or 0), exit_ns, code, *d)
+    if info.has("nccl_comms"):
+        _ranks_from_nccl(conn, info)
     info.main_pid = _main_pid(info)
     if info.has("thread_breakdown"):
         # rows with wall time: a table holding only fault counters is not a time breakdown
@@ -209,6 +211,20 @@ def load_recording(conn: duckdb.DuckDBPyConnection) -> RecordingInfo:
         end = conn.execute("SELECT max(ts_ns + dur_ns) FROM cuda_calls").fetchone()
         info.duration_ns = int(end[0] or 0) if end else 0
     return info
+
+
+def _ranks_from_nccl(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> None:
+    """Give a process that joined an NCCL communicator, but has no rank in its environment (a launcher the recorder
+    does not know, a job that sets up its ranks itself), its rank from the call: in the largest communicator it
+    joined (data-parallel ranks are in the world's; a tensor-parallel group is smaller), the job being that
+    communicator (its unique id's hash). A rank from the environment is kept: it is the launcher's word."""
+    for pid, rank, nranks, id_hash in conn.execute(
+        "WITH k AS (SELECT pid, rank, nranks, id_hash, row_number() OVER (PARTITION BY pid ORDER BY nranks DESC, "
+        "ts_ns) AS n FROM nccl_comms WHERE ret = 0) SELECT pid, rank, nranks, id_hash FROM k WHERE n = 1"
+    ).fetchall():
+        p = info.procs.get(pid)
+        if p is not None and p.rank is None and p.role != TRACER_ROLE:
+            info.procs[pid] = replace(p, rank=int(rank), world_size=int(nranks), job_id=f"nccl:{int(id_hash):016x}")
 
 
 def _main_pid(info: RecordingInfo) -> int | None:

@@ -34,6 +34,7 @@ from tracer.analysis.processes import (
 from tracer.analysis.recording import DATALOADER_COMM, RecordingInfo, load_recording, main_pid
 from tracer.analysis.taxonomy import part_name
 from tracer.hist import OpHistogram
+from tracer.vocabulary import TRACER_ROLE
 
 TOP_PROCESS_GROUPS = 6  # process groups in the overview unless detail
 # the worst chain's summary in the overview, cut to this many characters: a pointer to get_causal_chains, which
@@ -149,7 +150,8 @@ class TraceStats(Record):
         list[ProcessGroup],
         Field(
             description="the traced processes grouped by (comm, parent, role, rank), main first; the top "
-            f"{TOP_PROCESS_GROUPS} unless detail (more_processes says what is left out)"
+            f"{TOP_PROCESS_GROUPS} unless detail (more_processes says what is left out), and the tracer's own only "
+            "with detail (its cost is in tracer)"
         ),
     ]
     more_processes: Annotated[
@@ -296,6 +298,10 @@ def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: Recording
     per process with ``detail`` or a ``pid``."""
     procs = process_stats(conn, pid=pid, info=info)
     groups = group_processes(procs)
+    if not detail:
+        # the recorder's own processes have their section (tracer): listing them here too cost a tenth of the
+        # 4 KB an assistant's first answer is allowed (issue 23)
+        groups = [g for g in groups if g.role != TRACER_ROLE]
     shown = groups if detail else groups[:TOP_PROCESS_GROUPS]
     rest = groups[len(shown) :]
     more = f"{len(rest):,} more groups, {sum(g.processes for g in rest):,} processes (detail=True)" if rest else None

@@ -112,6 +112,21 @@ def sched_columns(ev: np.ndarray, start: int) -> Columns:
     }
 
 
+def comm_columns(ev: np.ndarray, start: int) -> Columns:
+    """nccl_comms columns of a batch of communicator set-ups (events.COMM_DTYPE)."""
+    return {
+        "ts_ns": rel(ev["ts_ns"], start),
+        "dur_ns": ev["dur_ns"].astype(np.int64),
+        "pid": ev["pid"].astype(np.int32),
+        "tid": ev["tid"].astype(np.int32),
+        "comm": ev["comm"].astype(np.uint64),
+        "id_hash": ev["id_hash"].astype(np.uint64),
+        "nranks": ev["nranks"].astype(np.int32),
+        "rank": ev["rank"].astype(np.int32),
+        "ret": ev["ret"].astype(np.int32),
+    }
+
+
 def proc_event_columns(ev: np.ndarray, start: int) -> Columns:
     """process_events columns of a batch of lifecycle events (events.PROC_DTYPE); thread ends excluded (they go
     to the threads table)."""

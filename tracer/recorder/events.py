@@ -96,6 +96,20 @@ PY_FRAME_DTYPE = np.dtype([("code", "<u8"), ("lasti", "<u4"), ("_pad", "<u4")])
 KNAME_DTYPE = np.dtype(
     [("handle", "<u8"), ("stub", "<u8"), ("pid", "<u4"), ("_pad", "<u4"), ("name", f"S{C.KNAME_MAX}")]
 )
+COMM_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"),
+        ("dur_ns", "<u8"),
+        ("comm", "<u8"),
+        ("id_hash", "<u8"),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("nranks", "<i4"),
+        ("rank", "<i4"),
+        ("ret", "<i4"),
+        ("_pad", "<u4"),
+    ]
+)
 CODE_DTYPE = np.dtype(
     [
         ("code", "<u8"),

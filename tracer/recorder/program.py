@@ -36,6 +36,7 @@ SOURCES = (
     "lifecycle.bpf.c",
     "memory.bpf.c",
     "kernel_names.bpf.c",
+    "nccl_comm.bpf.c",
     "profile.bpf.c",
 )
 
@@ -128,6 +129,8 @@ class Programs:
     ret: int
     kname_entry: int
     kname_return: int
+    comm_entry: int
+    comm_return: int
 
 
 def _compile(opts: ProgramOptions) -> Any:
@@ -193,7 +196,14 @@ def load_programs(bpf: Any, with_pyframes: bool) -> Programs:
     def load(name: str) -> int:
         return int(bpf.load_func(name, BPF.KPROBE, attach_type=UPROBE_MULTI).fd)
 
-    progs = Programs(load("cuda_entry"), load("cuda_return"), load("kname_entry"), load("kname_return"))
+    progs = Programs(
+        load("cuda_entry"),
+        load("cuda_return"),
+        load("kname_entry"),
+        load("kname_return"),
+        load("comm_entry"),
+        load("comm_return"),
+    )
     table = bpf["stage_prog"]
     for slot, name in enumerate(STAGES):
         if name == "py_read_codes" and not with_pyframes:
@@ -308,6 +318,11 @@ KERNEL_NAME_SYMBOLS = {
     "cuda": ("cuModuleGetFunction", "cuLibraryGetKernel"),
     "cudart": ("__cudaGetKernel", "cudaGetKernel"),
 }
+# Functions that make a process a rank of an NCCL communicator (probes/nccl_comm.bpf.c), with their pncclX twins
+# (the real library defines pncclX and exports ncclX as a weak alias at the same offset: probed once).
+COMM_INIT_SYMBOLS = {
+    "nccl": tuple(s for f in ("ncclCommInitRank", "ncclCommInitRankConfig") for s in (f, "p" + f)),
+}
 
 
 def attach_library(
@@ -350,6 +365,11 @@ def attach_library(
     if knames:
         cookie = events.C.KNAME_BY_NAME if library == "cuda" else events.C.KNAME_BY_STUB
         ps = ProbeSet(path, tuple(knames), (cookie,) * len(knames), progs.kname_entry, progs.kname_return)
+        ps.open()
+        res.probes.append(ps)
+    inits = list(dict.fromkeys(exports[s] for s in COMM_INIT_SYMBOLS.get(library, ()) if s in exports))
+    if inits:
+        ps = ProbeSet(path, tuple(inits), (0,) * len(inits), progs.comm_entry, progs.comm_return)
         ps.open()
         res.probes.append(ps)
     return res

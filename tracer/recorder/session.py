@@ -344,6 +344,7 @@ class Recorder:
         self.rb_proc = events.RawBuffer(events.PROC_DTYPE)
         self.rb_codes = events.RawBuffer(events.CODE_DTYPE)
         self.rb_knames = events.RawBuffer(events.KNAME_DTYPE)
+        self.rb_comms = events.RawBuffer(events.COMM_DTYPE)
         # the two high-volume rings are read straight from their memory (tracer/recorder/ringbuf.py), the others by bcc
         self.rb_calls = DirectRing(self.bpf["calls"], events.CALL_DTYPE)
         self.rb_sched = DirectRing(self.bpf["sched_rb"], events.SCHED_DTYPE)
@@ -353,6 +354,7 @@ class Recorder:
         b["maps_rb"].open_ring_buffer(self.rb_maps.callback)
         b["proc_rb"].open_ring_buffer(self.rb_proc.callback)
         b["knames_rb"].open_ring_buffer(self.rb_knames.callback)
+        b["comms_rb"].open_ring_buffer(self.rb_comms.callback)
         # stacks before their user-stack copies: a copy that comes a drain early waits for its stack
         b["stacks_rb"].open_ring_buffer(lambda _c, d, n: self.rb_stacks.append(ct.string_at(d, n)))
         b["ustack_rb"].open_ring_buffer(lambda _c, d, n: self.rb_ustacks.append(ct.string_at(d, n)))
@@ -459,6 +461,9 @@ class Recorder:
                 "kernel_names",
                 {"pid": [r[0] for r in found], "func": [r[1] for r in found], "name": [r[2] for r in found]},
             )
+        comms = self.rb_comms.drain()
+        if len(comms):
+            self.store.put("nccl_comms", columns.comm_columns(comms, self.start_mono))
         ustacks, self.rb_ustacks = self.rb_ustacks, []
         stacks, self.rb_stacks = self.rb_stacks, []
         if len(stacks) > 100:  # a first sight of many code paths: resolving them takes a moment
