@@ -337,6 +337,35 @@ def test_cli_ranks_over_several_db(three, capsys):
     assert "tracer sql reads one recording" in capsys.readouterr().err
 
 
+def test_a_dataset_several_hosts_exported_into_is_the_job(three, tmp_path, capsys):
+    # GIVEN the three hosts' recordings exported into one Parquet dataset (one --db each, one command)
+    ds = tmp_path / "ds"
+    assert main(["export", "--format", "parquet", *(a for p in three for a in ("--db", str(p))), "-o", str(ds)]) == 0
+    assert sorted(d.name for d in ds.iterdir() if d.is_dir()) == [f"host={h}" for h in HOSTS]
+    capsys.readouterr()
+    # WHEN the dataset is analysed  THEN it is the job, as from the files: pids keyed by host, clocks lined up
+    assert main(["ranks", "--db", str(ds), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    with open_trace(three) as c:
+        want = json.loads(ranks_report(c).model_dump_json())
+    assert rep["straggler"]["pid"] == 2 * PID_STRIDE + PID and rep["straggler"]["rank"] == 2
+    assert rep == want
+
+
+def test_an_export_of_the_job_is_on_the_jobs_clock(three, tmp_path, capsys):
+    # GIVEN the job's recordings, whose clocks start 7.3 s and 2.9 s apart  WHEN exported one file per rank
+    out = tmp_path / "traces"
+    assert main(["export", *(a for p in three for a in ("--db", str(p))), "--per-rank", "-o", str(out)]) == 0
+    firsts = {}
+    for r in range(3):
+        doc = json.loads((out / f"rank{r}.json").read_text())
+        assert doc["distributedInfo"]["rank"] == r
+        firsts[r] = min(e["ts"] for e in doc["traceEvents"] if e.get("name") == "cudaMemcpyAsync") / 1e6
+    # THEN the ranks' first steps line up as they ran (in lockstep, at 1 s of the job), within the alignment's
+    # bound (0.4 s), not 7.3 s apart as each recording's own clock has them
+    assert max(firsts.values()) - min(firsts.values()) <= 0.4 + 1e-3, firsts
+
+
 def test_mcp_serves_a_job_and_refuses_run_sql_on_it(three):
     async def go():
         async with Client(build_server(three)) as cl:

@@ -384,6 +384,26 @@ def _dataset_view(conn: duckdb.DuckDBPyConnection, root: Path, table: str, files
     return union_view(table, parts)
 
 
+def dataset_hosts(root: Path) -> list[Path]:
+    """Return the host=<h> partitions of the dataset at ``root`` that hold a recording, by name; [] when ``root``
+    is itself one host's partition."""
+    if root.name.startswith("host="):
+        return []
+    return sorted(d for d in root.iterdir() if d.is_dir() and d.name.startswith("host=") and "meta" in dataset_files(d))
+
+
+def _dataset_job(conn: duckdb.DuckDBPyConnection, hosts: list[Path]) -> None:
+    """Define the views of a dataset that several hosts exported into as the job their recordings make
+    (tracer.analysis.job): each host's partition is recording i, in an in-memory database rec<i> of views over its
+    files, so its pids are keyed by host and its clock lined up with the others', as for their .duckdb files."""
+    for i, h in enumerate(hosts):
+        conn.execute(f"ATTACH ':memory:' AS rec{i}")
+        for table, fs in dataset_files(h).items():
+            conn.execute(f"CREATE VIEW rec{i}.main.{table} AS {_dataset_view(conn, h, table, fs)}")
+    conn.execute("DROP VIEW meta")  # the job's meta replaces the one read to check the dataset
+    define_views(conn, hosts)
+
+
 def open_dataset(
     path: str | Path, *, config: Mapping[str, str | bool | int] | None = None
 ) -> duckdb.DuckDBPyConnection:
@@ -391,10 +411,10 @@ def open_dataset(
     an in-memory DuckDB with one view per table over ``read_parquet('<path>/**/<table>_[0-9]*.parquet',
     hive_partitioning = true, union_by_name = true)``, so the analyses run on it as on a trace DB.
 
-    Every host's rows are in each view: pass one host=<h> directory to read one recording alone (pids and ts_ns
-    are per host). Hardened as a trace DB's connection is, except that it can read the files under ``path``
-    (DuckDB's ``allowed_directories``); it is meant for the analyses, not for untrusted SQL (``tracer sql`` and
-    ``run_sql`` take a .duckdb file).
+    A dataset several hosts exported into opens as the job their recordings make (:func:`_dataset_job`: pids
+    keyed by host, clocks lined up); pass one host=<h> directory to read one recording alone. Hardened as a trace
+    DB's connection is, except that it can read the files under ``path`` (DuckDB's ``allowed_directories``); it is
+    meant for the analyses, not for untrusted SQL (``tracer sql`` and ``run_sql`` take a .duckdb file).
 
     Args:
         config: settings added to :data:`READ_CONFIG` (memory_limit, threads).
@@ -428,9 +448,13 @@ def open_dataset(
                 f"{path} holds a recording of schema version {version}; this tracer reads up to {SCHEMA_VERSION}",
                 "Upgrade cuda-host-tracer (pip install -U cuda-host-tracer).",
             )
-        for table, fs in files.items():
-            if table != "meta":
-                conn.execute(f"CREATE VIEW {table} AS {_dataset_view(conn, root, table, fs)}")
+        hosts = dataset_hosts(root)
+        if len(hosts) > 1:
+            _dataset_job(conn, hosts)
+        else:
+            for table, fs in files.items():
+                if table != "meta":
+                    conn.execute(f"CREATE VIEW {table} AS {_dataset_view(conn, root, table, fs)}")
         if lock:
             conn.execute("SET lock_configuration = true")
         validate(conn, str(path))

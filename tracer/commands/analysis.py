@@ -221,7 +221,7 @@ def export(
             "--format parquet or --per-rank: the directory (created if missing; several hosts' recordings share it).",
         ),
     ] = None,
-    db: DbOption = DEFAULT_DB,
+    db: DbsOption = None,
     fmt: Annotated[
         str,
         typer.Option(
@@ -264,8 +264,11 @@ def export(
 
     Open the file in https://ui.perfetto.dev or chrome://tracing, or load it with Holistic Trace Analysis.
 
+    Several --db (a job's recordings, a host each): one timeline on the job's clock (--per-rank: one file per rank,
+    lined up across hosts); with --format parquet, each recording as its host's partition.
+
     With --format parquet: every table, as a Parquet dataset several hosts share (host=/rank= partitions, read
-    with DuckDB or given back to any tracer command as --db DIR).
+    with DuckDB or given back to any tracer command as --db DIR: several hosts there are the job).
 
     With --per-rank: one file per rank in a directory every host of the job can export into, for HTA's
     TraceAnalysis(trace_dir=DIR).
@@ -353,28 +356,37 @@ def _export_ranks(
 
 
 def _export_parquet(
-    db: Path, output: str | None, start: float | None, end: float | None, force: bool, json: bool
+    db: list[Path] | None, output: str | None, start: float | None, end: float | None, force: bool, json: bool
 ) -> None:
-    """`tracer export --format parquet`: the recording's tables into the dataset directory ``output``."""
+    """`tracer export --format parquet`: each recording's tables into the dataset directory ``output``, as its
+    host's partition (several --db: a job's hosts, one after the other)."""
     if output is None or output == "-":
         raise UsageError("--format parquet writes a directory", "Pass it with -o DIR, e.g. -o dataset/.")
     if start is not None or end is not None:
         raise UsageError("--start/--end apply to --format chrome", "A Parquet export holds the whole recording.")
+    from tracer.analysis.db import recordings
     from tracer.views.export.parquet import export_parquet
 
-    summary = export_parquet(db, Path(output), force=force)
-    for note in summary.notes:
-        err.print(f"[yellow]note:[/] {note}", highlight=False)
-    ranks = ", ".join("none" if r is None else str(r) for r in summary.ranks)
-    err.print(
-        f"wrote {summary.partition}: {sum(summary.rows.values()):,} rows of {len(summary.rows)} tables in "
-        f"{summary.files} files{f' (ranks {ranks})' if ranks else ''}"
-        f"{', replacing the earlier export' if summary.replaced else ''}. Query it with "
-        f"`tracer stats --db {output}` or DuckDB's read_parquet (see {summary.path}/schema.json).",
-        highlight=False,
-    )
-    if json:
-        _print(summary, True)
+    summaries = []
+    for one in recordings(db or [DEFAULT_DB]):
+        summary = export_parquet(one, Path(output), force=force)
+        for note in summary.notes:
+            err.print(f"[yellow]note:[/] {note}", highlight=False)
+        ranks = ", ".join("none" if r is None else str(r) for r in summary.ranks)
+        err.print(
+            f"wrote {summary.partition}: {sum(summary.rows.values()):,} rows of {len(summary.rows)} tables in "
+            f"{summary.files} files{f' (ranks {ranks})' if ranks else ''}"
+            f"{', replacing the earlier export' if summary.replaced else ''}. Query it with "
+            f"`tracer stats --db {output}` or DuckDB's read_parquet (see {summary.path}/schema.json).",
+            highlight=False,
+        )
+        summaries.append(summary)
+    if json and len(summaries) == 1:
+        _print(summaries[0], True)
+    elif json:  # one JSON array: each recording's summary
+        import json as js
+
+        out.out(js.dumps([js.loads(x.model_dump_json()) for x in summaries], indent=2), highlight=False)
 
 
 def breakdown(
