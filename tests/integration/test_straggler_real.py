@@ -8,7 +8,9 @@ steps/s against 148-204 without: every rank's step is 20-24 ms longer, the time 
 all_reduce).
 The recording must name the ranks from their environment, torchrun's agent as their launcher, rank 2 as the
 straggler asleep in its data step, and ranks 0 and 1 as waiting for it; the same job with no slow rank must have
-no straggler. Needs root, BPF and torch in .venv (``./setup.sh``).
+no straggler. Two more jobs: rank 2 slow on the CPU (20 ms of decoding a step: the straggler in its cpu phase),
+and rank 1 asleep 20 ms longer in 80 steps of 2,400 only (a straggler confined to those seconds, its excess the
+80 x 20 ms it slept). Needs root, BPF and torch in .venv (``./setup.sh``).
 """
 
 from __future__ import annotations
@@ -59,11 +61,11 @@ class Job:
         return json.loads(r.stdout)
 
 
-def _record(tmp: Path, name: str, slow_ms: float, steps: int = STEPS) -> Job:
+def _record(tmp: Path, name: str, slow_ms: float, steps: int = STEPS, *more: str, rank: int = SLOW_RANK) -> Job:
     need_nothing_missing(_why_not())
     db = tmp / f"{name}.duckdb"
     cmd = [str(VENV / "torchrun"), "--standalone", "--nproc-per-node", "3", str(FIXTURE), "--steps", str(steps)]
-    cmd += ["--slow-rank", str(SLOW_RANK), "--slow-ms", str(slow_ms)]
+    cmd += ["--slow-rank", str(rank), "--slow-ms", str(slow_ms), *more]
     proc = record(["--db", str(db), "--", *cmd], timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -85,6 +87,27 @@ def slow(tmp: Path) -> Job:
 @pytest.fixture(scope="module")
 def healthy(tmp: Path) -> Job:
     return _record(tmp, "healthy", 0.0, steps=HEALTHY_STEPS)
+
+
+# rank 2 decodes its batches on the CPU, 20 ms of CPU time more each step (fixture: 14-24 steps/s untraced against
+# 148-204 without, on a busy 2-vCPU VM)
+COMPUTE_STEPS = 100
+
+
+@pytest.fixture(scope="module")
+def compute(tmp: Path) -> Job:
+    return _record(tmp, "compute", SLOW_MS, COMPUTE_STEPS, "--slow-kind", "cpu")
+
+
+# rank 1 asleep 20 ms longer in steps 1000-1079 of 2400 only: 1.6 s of extra sleep (by construction) in a ~2 s
+# stretch of a ~12 s loop
+WINDOW_STEPS, WINDOW_SLOW = 2400, (1000, 1080)
+
+
+@pytest.fixture(scope="module")
+def window(tmp: Path) -> Job:
+    a, b = WINDOW_SLOW
+    return _record(tmp, "window", SLOW_MS, WINDOW_STEPS, "--slow-from", str(a), "--slow-until", str(b), rank=1)
 
 
 def test_ranks_and_launcher_from_the_environment(slow: Job):
@@ -160,3 +183,36 @@ def test_a_job_with_no_slow_rank_has_no_straggler(healthy: Job):
     assert [r["rank"] for r in res["ranks"]] == [0, 1, 2] and res["straggler"] is None
     chains = healthy.tracer("chains", "--limit", "100")["chains"]
     assert not [c for c in chains if c["category"] == "straggler_rank"]
+
+
+def test_a_rank_slow_on_the_cpu_is_the_straggler_in_its_cpu_phase(compute: Job):
+    st = compute.tracer("ranks")["straggler"]
+    # THEN rank 2 is the straggler on the CPU, by its 20 ms of CPU time a step (its own: the waits for a CPU
+    # that 3 busy ranks on 2 CPUs add are another phase), in its data step
+    assert (st["rank"], st["pid"], st["phase"]) == (SLOW_RANK, compute.pids[SLOW_RANK], "cpu"), st
+    assert SLOW_MS - 2 <= st["phase_excess_ms_per_step"] <= SLOW_MS + 2, st
+    assert sorted(w["rank"] for w in st["waiting"]) == [0, 1] and st["persistent"]
+    assert (
+        st["straggler_stretch"].startswith("between cudaStreamSynchronize at ")
+        and "cudaMemcpyAsync" in (st["straggler_stretch"])
+    )
+
+
+def test_a_straggler_confined_to_a_window_of_steps(window: Job):
+    res = window.tracer("chains", "--limit", "100")
+    (ch,) = [c for c in res["chains"] if c["category"] == "straggler_rank"]
+    ev = ch["evidence"]
+    # THEN rank 1 is the straggler, asleep, but not persistent: confined to the seconds its slow steps ran in (80
+    # steps of ~27 ms: about 2 s, whole seconds at the breakdown's grain), not the ~11 s all ranks stepped
+    assert (ev["rank"], ev["pid"], ev["phase"], ev["persistent"]) == (1, window.pids[1], "asleep", False), ev
+    hot_s = (ch["end_ns"] - ch["start_ns"]) / 1e9
+    assert 2 <= hot_s <= 4 and hot_s < 0.5 * (ev["window_end_s"] - ev["window_start_s"]), (hot_s, ev)
+    assert f"confined to t = {ch['start_ns'] / 1e9:.1f}" in ch["summary"]
+    # AND its excess blocked time over the whole window is the sleep the workload added, 80 x 20 ms: asleep, or
+    # blocked by an unseen waker where the probes missed a sleep's wakeup (1 of 80 in one run: 1,565 + 20 ms),
+    # within a sleep's timer slack (1 ms of 20) and a slow step the window's edge may cut (5%)
+    a, b = WINDOW_SLOW
+    truth = (b - a) * SLOW_MS
+    excess = window.tracer("ranks")["straggler"]["excess_ms"]
+    blocked = excess.get("asleep", 0.0) + excess.get("other_blocked", 0.0)
+    assert 0.95 * truth <= blocked <= 1.05 * truth + (b - a) * 1.0, excess
