@@ -91,6 +91,22 @@ def test_gil_waits_while_the_gpu_ran_the_queued_work_are_not_lost(tmp_path):
     assert ch.share == pytest.approx((12_000 - 4_000) / 59_998.3, abs=2e-3)
 
 
+def test_a_sync_that_waited_for_a_cpu_is_no_longer_gpu_work(tmp_path):
+    # GIVEN the GIL waits, and one sync in 8 woken 30 ms late by a busy host (it waited for a CPU: runq_ns)
+    recording(tmp_path, {"gil": 300})
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as con:
+        (late,) = con.execute(
+            "UPDATE cuda_calls SET dur_ns = dur_ns + 30000000, runq_ns = coalesce(runq_ns, 0) + 30000000 "
+            "WHERE tid = ? AND op = 'cudaStreamSynchronize' AND ts_ns // 1000000 % 8 = 0",
+            [MAIN_PID],
+        ).fetchone()
+    with open_trace(tmp_path / "t.duckdb") as c:
+        ch = {x.category: x for x in compute_chains(c, limit=100).chains}["gil_contention"]
+    # THEN an undisturbed step's sync is still the GPU's 77.5 ms, not 107.5: no sync waited less, nothing overlapped
+    assert late >= 40 and ch.evidence.gpu_overlap_ms == 0
+    assert ch.share == pytest.approx(12_000 / 59_998.3, abs=2e-3)
+
+
 def test_lock_waits_name_the_releasing_thread_and_where_it_was(tmp_path):
     ch = recording(tmp_path, {"lock": 100})["lock_contention"]
     assert ch.evidence.lock_wait_ms == pytest.approx(4_000, rel=1e-6) and ch.severity == "MEDIUM"

@@ -46,13 +46,17 @@ FULL_SYNC_QUANTILE = 0.95
 
 def displaced_sync_ns(ctx: ChainContext, s: Subject) -> float:
     """Return how much less the subject's syncs waited than an undisturbed step's sync, over its steps: the GPU
-    work that ran while the thread was held up elsewhere (stored syncs, scaled to the exact count)."""
+    work that ran while the thread was held up elsewhere (stored syncs, scaled to the exact count).
+
+    A sync's wait for the GPU is its time less its wait for a CPU once woken (runq_ns): on a loaded host that wait
+    made the 95th percentile 7.0 ms against the GPU's 4.0 ms a step, and the waits' cost read 0.24 of the steps
+    against a loss of 0.53."""
     syncs = sync_ops(ctx, s.pid)
     if not syncs:
         return 0.0
     r = ctx.conn.execute(
-        """WITH c AS (SELECT dur_ns, ts_ns >= $a AND ts_ns < $b AS inside FROM cuda_calls
-                      WHERE tid = $tid AND list_contains($ops, op)),
+        """WITH c AS (SELECT dur_ns - coalesce(runq_ns, 0) AS dur_ns, ts_ns >= $a AND ts_ns < $b AS inside
+                      FROM cuda_calls WHERE tid = $tid AND list_contains($ops, op)),
            q AS (SELECT quantile_disc(dur_ns, $q) AS full_ns FROM c WHERE inside)
            SELECT sum(greatest(q.full_ns - c.dur_ns, 0)) FILTER (WHERE inside), count(*) FROM c, q""",
         {"tid": s.tid, "ops": [o.op for o in syncs], "a": s.start_ns, "b": s.end_ns, "q": FULL_SYNC_QUANTILE},
