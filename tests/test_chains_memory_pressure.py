@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import duckdb
 import pytest
-from tracedb import MAIN_PID, MS, STORM_TID, S, builder
+from tracedb import MAIN_PID, MS, STORM_TID, S, builder, insert_rows
 
-from tracer.analysis.chains import compute_chains
-from tracer.analysis.chains.memory_pressure import CATEGORY
+from tracer.analysis.chains import ChainContext, compute_chains
+from tracer.analysis.chains.memory_pressure import CATEGORY, _gil_waits_behind
 from tracer.analysis.db import open_trace
 
 
@@ -126,3 +127,82 @@ def test_a_file_writes_page_cache_is_not_a_fault_storm(tmp_path):
     mine = sum(m["page_alloc_bytes"] for m in b.memory if m["tid"] == STORM_TID)
     assert ch.evidence.trigger == "fault_storm"
     assert ch.evidence.storm_threads[0].page_alloc_bytes == pytest.approx(mine - mine // 3, rel=1e-3)
+
+
+GIL = [
+    ("python", "/w/train.py", "main", "/w/train.py", 76),
+    ("native", "python3.11", "PyEval_RestoreThread", None, None),
+    ("native", "libc.so.6", "pthread_cond_timedwait", None, None),
+]
+OTHER_TID = MAIN_PID + 60  # a second busy thread of the process, on CPU all of t = 10..50 s
+
+
+def test_gil_waits_behind_the_storm_are_its_cost_and_the_gil_chain_is_explained(tmp_path):
+    # GIVEN the fault storm, the training thread's GIL waits as its off-CPU stacks show them (300 ms a second in
+    # t = 10..50 s, ended by the lock's 5 ms timer), and another thread of the process on CPU beside the storm's
+    b = builder("fault_storm")
+    b.thread(MAIN_PID, OTHER_TID, "python3", first_ns=10 * S, end_ns=50 * S)
+    gil = b.stack(GIL)
+    hot = b.stack([("python", "/w/cache.py", "fill_cache", "/w/cache.py", 51)])
+    b.write(tmp_path / "t.duckdb")
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as con:
+        insert_rows(
+            con,
+            "offcpu_stacks",
+            [
+                dict(
+                    sec=sec,
+                    pid=MAIN_PID,
+                    tid=MAIN_PID,
+                    stack_id=gil,
+                    state="S",
+                    in_call=False,
+                    intervals=60,
+                    blocked_ns=300 * MS,
+                    waker_pid=0,
+                    waker_comm="[timer]",
+                )  # fmt: skip
+                for sec in range(10, 50)
+            ],
+        )
+        # the storm thread's on-CPU samples, in the kernel at its faulting line (the other thread has none)
+        insert_rows(
+            con,
+            "cpu_samples",
+            [
+                dict(
+                    sec=sec,
+                    pid=MAIN_PID,
+                    tid=STORM_TID,
+                    stack_id=hot,
+                    in_call=False,
+                    kernel=True,
+                    samples=95,
+                    cpu_ns=95 * S // 99,
+                )  # fmt: skip
+                for sec in range(10, 50)
+            ],
+        )
+        cpu = dict(
+            con.execute(
+                "SELECT tid, sum(cpu_ns) FROM thread_breakdown WHERE sec BETWEEN 10 AND 49 AND tid IN (?, ?) "
+                "GROUP BY tid",
+                [STORM_TID, OTHER_TID],
+            ).fetchall()
+        )
+    with open_trace(tmp_path / "t.duckdb") as c:
+        ctx = ChainContext.load(c)
+        s = next(x for x in ctx.subjects if x.tid == MAIN_PID)
+        storm = ctx.times.by_tid(STORM_TID)
+        behind = _gil_waits_behind(ctx, s, [storm], set(range(10, 50)))
+        weight = ctx.in_steps(s, "blocked")
+        chains = compute_chains(c, limit=100).chains
+    # THEN the GIL waits behind the storm are its share of the CPU the other threads had, second by second
+    share = cpu[STORM_TID] / (cpu[STORM_TID] + cpu[OTHER_TID])
+    assert 0.3 < share < 0.7
+    assert behind == pytest.approx(sum(300 * MS * weight(sec) for sec in range(10, 50)) * share, rel=1e-3)
+    # AND a gil_contention chain naming the storm thread is explained by the storm's chain, which comes first
+    mem = next(x for x in chains if x.category == CATEGORY)
+    gils = [x for x in chains if x.category == "gil_contention"]
+    (g,) = gils
+    assert g.culprit.tid == STORM_TID and g.explained_by == mem.id and chains.index(mem) < chains.index(g)

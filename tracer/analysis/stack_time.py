@@ -185,6 +185,19 @@ def blocked_stacks(
     return sorted(out, key=lambda s: -s.ns)
 
 
+def blocked_seconds(conn: duckdb.DuckDBPyConnection, tid: int, kind: str) -> dict[int, float]:
+    """Return {sec: the thread's blocked ns in waits of ``kind`` (gil, lock, io, ...)} from its off-CPU stacks."""
+    rows = conn.execute(
+        "SELECT sec, stack_id, state, in_call, sum(blocked_ns) FROM offcpu_stacks WHERE tid = ? GROUP BY ALL", [tid]
+    ).fetchall()
+    frames = load_frames(conn, {sid for _, sid, *_ in rows if sid is not None})
+    out: dict[int, float] = {}
+    for sec, sid, state, in_call, ns in rows:
+        if blocked_kind(frames.get(sid, []) if sid is not None else [], state, bool(in_call)) == kind:
+            out[int(sec)] = out.get(int(sec), 0.0) + float(ns or 0)
+    return out
+
+
 def sampled_stacks(
     conn: duckdb.DuckDBPyConnection,
     tids: Iterable[int],

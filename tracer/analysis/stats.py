@@ -37,6 +37,8 @@ from tracer.hist import OpHistogram
 from tracer.vocabulary import TRACER_ROLE
 
 TOP_PROCESS_GROUPS = 6  # process groups in the overview unless detail
+MIN_PART_SHARE = 0.001  # the training thread's parts in the overview: 0.1% of its wall time or more
+TARGET_CHARS = 160  # the launched command in the overview, cut (a long command line with paths is most of 4 KB)
 # the worst chain's summary in the overview, cut to this many characters: a pointer to get_causal_chains, which
 # has it whole (a straggler's summary alone was 466 bytes of a 4 KB answer)
 TOP_CHAIN_CHARS = 200
@@ -59,7 +61,9 @@ class Environment(Record):
     driver: str
     python_version: str
     tracer_version: str
-    target: Annotated[str, Field(description="pid N or the launched command")]
+    target: Annotated[
+        str, Field(description="pid N or the launched command (get_trace_stats: cut to 160 characters unless detail)")
+    ]
     overhead_pct: Annotated[float | None, Field(description="estimated tracing overhead, % of the target's CPU")]
     notes: str
 
@@ -134,7 +138,10 @@ class TrainingTime(Record):
     comm: str
     basis: Annotated[str, Field(description="exact (thread_breakdown) | estimated (older recording)")]
     wall_ms: float
-    parts: Annotated[list[PartTime], Field(description="non-zero parts, largest first")]
+    parts: Annotated[
+        list[PartTime],
+        Field(description="parts of at least 0.1% of its wall time, largest first (get_time_breakdown: every part)"),
+    ]
 
 
 class TraceStats(Record):
@@ -349,7 +356,9 @@ def training_time(
     cost = tracer_cost(conn, info, times.threads)
     if t is None:
         return None, cost
-    parts = sorted((p for p in parts_of(t) if p.ms > 0), key=lambda p: -p.ms)
+    # the parts under 0.1% (a malloc at start-up, the tracer's 1 ms) are get_time_breakdown's: here each took 40
+    # of the 4 KB an overview may have
+    parts = sorted((p for p in parts_of(t) if p.ms > 0 and p.share >= MIN_PART_SHARE), key=lambda p: -p.ms)
     return (
         TrainingTime(pid=t.pid, tid=t.tid, comm=t.comm, basis=times.basis, wall_ms=round(t.wall / 1e6, 3), parts=parts),
         cost,
@@ -363,8 +372,11 @@ def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None, detail:
     ctx = ChainContext.load(conn, pid)  # one load of every thread's time, for the chains and the breakdown
     chains = compute_chains(conn, pid=pid, limit=1, ctx=ctx)
     training, cost = training_time(conn, pid, ctx.info, ctx.times)
+    env = environment(conn)
+    if not detail:
+        env = env.model_copy(update={"target": _cut(env.target, TARGET_CHARS)})
     return TraceStats(
-        environment=environment(conn),
+        environment=env,
         pid=pid,
         events_traced=int(ev.get("events_traced") or 0),
         events_stored=int(ev.get("events_stored") or 0),

@@ -10,9 +10,10 @@ Python function and line (cpu_samples).
 Cost: the blocked time in those waits, in the thread's steps, less the sync waits they displaced. A wait after a
 launch overlaps the GPU running what the thread queued, and the step's sync then waits that much less: that part
 of the wait was not lost. A sync of an undisturbed step waits for the step's whole GPU work (its 95th percentile
-stands for it), so what each stored sync waited less than that is GPU work that ran during the thread's waits
-(:func:`displaced_sync_ns`). Measured on fixtures/workloads/gil_thread.py: 3.5 s of GIL waits, 0.9 s of them
-displaced sync waits, against a with/without loss of the run of 2.6 s.
+stands for it), so what each stored sync waited less than that is GPU work that ran while the thread was held up
+(:func:`displaced_sync_ns`); the GIL waits take their part of it, by their share of the thread's time outside its
+waits for the GPU. Measured on fixtures/workloads/gil_thread.py: 3.4 s of GIL waits, 0.8 s of them displaced
+sync waits, against a with/without loss of the run of 2.6 s.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     """Return a chain per subject that lost time waiting for the GIL."""
     out = []
     for s, gil, blocked, _ in graded_waits(ctx, "gil"):
-        displaced = min(blocked, displaced_sync_ns(ctx, s))
+        # the syncs waited less because the GPU ran during all of the thread's time outside its waits for the GPU
+        # (its own work, its waits for a CPU, every block), not during the GIL waits alone: their part of it
+        held_up = s.time.host_ns + s.time.runq_ns + s.time.ns("blocked")
+        displaced = min(blocked, displaced_sync_ns(ctx, s) * min(1.0, blocked / held_up)) if held_up else 0.0
         cost = blocked - displaced
         sev = grade(s.share(cost), HIGH, MEDIUM, LOW)
         if sev is None:
