@@ -75,17 +75,17 @@ def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[
 
     def key(p) -> tuple:
         # iterative: a fork chain can be deeper than Python's recursion limit
-        chain = []
-        while p.pid not in keys:
-            chain.append(p)
-            parent = by_pid.get(p.ppid)
-            if parent is None or parent.pid in (c.pid for c in chain):
+        chain, seen, q = [], set(), p
+        while q.pid not in keys and q.pid not in seen:
+            chain.append(q)
+            seen.add(q.pid)
+            parent = by_pid.get(q.ppid)
+            if parent is None:
                 break
-            p = parent
-        for c in reversed(chain):
-            parent = by_pid.get(c.ppid)
-            keys[c.pid] = (c.comm, keys.get(parent.pid, c.ppid) if parent else c.ppid, c.role, c.rank)
-        return keys[chain[0].pid] if chain else keys[p.pid]
+            q = parent
+        for c in reversed(chain):  # the topmost unkeyed ancestor first: each parent is keyed before its children
+            keys[c.pid] = (c.comm, keys.get(c.ppid, c.ppid), c.role, c.rank)
+        return keys[p.pid]
 
     members: dict[tuple, list] = {}
     for p in procs:

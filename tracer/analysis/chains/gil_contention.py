@@ -59,12 +59,20 @@ def displaced_sync_ns(ctx: ChainContext, s: Subject) -> float:
         """WITH c AS (SELECT dur_ns - coalesce(runq_ns, 0) AS dur_ns, ts_ns >= $a AND ts_ns < $b AS inside
                       FROM cuda_calls WHERE tid = $tid AND list_contains($ops, op)),
            q AS (SELECT quantile_disc(dur_ns, $q) AS full_ns FROM c WHERE inside)
-           SELECT sum(greatest(q.full_ns - c.dur_ns, 0)) FILTER (WHERE inside), count(*) FROM c, q""",
-        {"tid": s.tid, "ops": [o.op for o in syncs], "a": s.start_ns, "b": s.end_ns, "q": FULL_SYNC_QUANTILE},
+           SELECT sum(greatest(q.full_ns - c.dur_ns, 0)) FILTER (WHERE inside),
+                  (SELECT count(*) FROM cuda_calls WHERE pid = $pid AND list_contains($ops, op)) FROM c, q""",
+        {
+            "tid": s.tid,
+            "pid": s.pid,
+            "ops": [o.op for o in syncs],
+            "a": s.start_ns,
+            "b": s.end_ns,
+            "q": FULL_SYNC_QUANTILE,
+        },
     ).fetchone()
     if not r or not r[1] or r[0] is None:
         return 0.0
-    # stored syncs may be a sample of the thread's: scale to the exact count (its process's, op_stats)
+    # stored syncs may be a sample of the process's (op_stats counts them exactly): scale by that fraction
     return float(r[0]) * max(1.0, sum(o.calls for o in syncs) / r[1])
 
 
