@@ -179,7 +179,7 @@ def test_gil_waits_behind_the_storm_are_its_cost_and_the_gil_chain_is_explained(
                     kernel=True,
                     samples=95,
                     cpu_ns=95 * S // 99,
-                )  # fmt: skip
+                )
                 for sec in range(10, 50)
             ],
         )
@@ -194,7 +194,8 @@ def test_gil_waits_behind_the_storm_are_its_cost_and_the_gil_chain_is_explained(
         ctx = ChainContext.load(c)
         s = next(x for x in ctx.subjects if x.tid == MAIN_PID)
         storm = ctx.times.by_tid(STORM_TID)
-        behind = _gil_waits_behind(ctx, s, [storm], set(range(10, 50)))
+        others = [t for t in ctx.threads_of(MAIN_PID) if t.tid != MAIN_PID]
+        behind = _gil_waits_behind(ctx, s, [storm], others, set(range(10, 50)))
         weight = ctx.in_steps(s, "blocked")
         chains = compute_chains(c, limit=100).chains
     # THEN the GIL waits behind the storm are its share of the CPU the other threads had, second by second

@@ -60,6 +60,12 @@ def recording(tmp_path, per_sec_ms: dict[str, float], seconds=range(10, 50)):
         return {ch.category: ch for ch in compute_chains(c, limit=100).chains}
 
 
+def gil_chain(path):
+    """The gil_contention chain of the recording at ``path`` (after a test changed its rows)."""
+    with open_trace(path) as c:
+        return {x.category: x for x in compute_chains(c, limit=100).chains}["gil_contention"]
+
+
 def test_gil_waits_name_the_thread_on_cpu_and_its_line(tmp_path):
     chains = recording(tmp_path, {"gil": 300})
     ch = chains["gil_contention"]
@@ -89,8 +95,7 @@ def test_gil_waits_while_the_gpu_ran_the_queued_work_are_not_lost(tmp_path):
             "+ runq_other_ns + runq_tracer_ns + blocked_ns) / 1e6 FROM thread_breakdown WHERE tid = ?",
             [MAIN_PID],
         ).fetchone()
-    with open_trace(tmp_path / "t.duckdb") as c:
-        ch = {x.category: x for x in compute_chains(c, limit=100).chains}["gil_contention"]
+    ch = gil_chain(tmp_path / "t.duckdb")
     # THEN the waits are all still counted, and the GIL waits' part of the overlapped 4,000 ms (their share of
     # the time the thread was held up while the GPU ran) is taken out of the cost
     overlap = 200 * 20 * 12_000 / held_up
@@ -108,8 +113,7 @@ def test_a_sync_that_waited_for_a_cpu_is_no_longer_gpu_work(tmp_path):
             "WHERE tid = ? AND op = 'cudaStreamSynchronize' AND ts_ns // 1000000 % 8 = 0",
             [MAIN_PID],
         ).fetchone()
-    with open_trace(tmp_path / "t.duckdb") as c:
-        ch = {x.category: x for x in compute_chains(c, limit=100).chains}["gil_contention"]
+    ch = gil_chain(tmp_path / "t.duckdb")
     # THEN an undisturbed step's sync is still the GPU's 77.5 ms, not 107.5: no sync waited less, nothing overlapped
     assert late >= 40 and ch.evidence.gpu_overlap_ms == 0
     assert ch.share == pytest.approx(12_000 / 59_998.3, abs=2e-3)

@@ -189,17 +189,18 @@ def _lock_waits(ctx: ChainContext, s: Subject, secs: set[int]) -> float:
     )
 
 
-def _gil_waits_behind(ctx: ChainContext, s: Subject, storms: list[ThreadTime], secs: set[int]) -> float:
+def _gil_waits_behind(
+    ctx: ChainContext, s: Subject, storms: list[ThreadTime], others: list[ThreadTime], secs: set[int]
+) -> float:
     """Return the subject's GIL waits (its off-CPU stacks in the interpreter's lock take) in the storm's seconds,
-    each second's in the share of the process's other threads' CPU time the storm threads had: a thread faulting
-    in a chunk's pages inside one bytecode holds the GIL all that time, and the waiter's 5 ms timed waits end by a
-    timer, so neither the holder's wakeups nor a rate above the other seconds (the storm fills every second)
-    counts them (issue 18's storm2 read 21 ms of lock waits against 539 ms of GIL waits behind it)."""
+    each second's in the share of the CPU time of ``others`` (the process's other threads) the storm threads had:
+    a thread faulting in a chunk's pages inside one bytecode holds the GIL all that time, and the waiter's 5 ms
+    timed waits end by a timer, so neither the holder's wakeups nor a rate above the other seconds (the storm fills
+    every second) counts them (issue 18's storm2 read 21 ms of lock waits against 539 ms of GIL waits behind it)."""
     if not ctx.info.has("offcpu_stacks"):
         return 0.0
     gil = blocked_seconds(ctx.conn, s.tid, "gil")
     weight = ctx.in_steps(s, "blocked")
-    others = [t for t in ctx.threads_of(s.pid) if t.tid != s.tid]
     total = 0.0
     for sec in secs & gil.keys():
         cpu = sum(t.by_sec[sec]["cpu"] for t in others if sec in t.by_sec)
@@ -222,12 +223,8 @@ def explained_by_storms(chains: list[CausalChain]) -> list[CausalChain]:
     for c in chains:
         by = storms.get((c.tid, c.culprit.tid)) if c.category == "gil_contention" and c.culprit else None
         if by is not None:
-            c = c.model_copy(
-                update={
-                    "explained_by": by.id,
-                    "summary": f"{c.summary} It holds the lock while the kernel faults its fresh pages in ({by.id}): "
-                    "not a cause of its own.",
-                }
+            c = c.explained(
+                by, f"It holds the lock while the kernel faults its fresh pages in ({by.id}): not a cause of its own."
             )
         out.append(c)
     return out
@@ -252,9 +249,9 @@ def _storm_chain(ctx: ChainContext, s: Subject, storms: list[StormThread], host:
         faulting = sum(max(r["cpu"] - base * r["wall"], 0.0) for r in rows)
     else:
         by_storm = sum(w.blocked_ms * MS - w.in_call_ms * MS for w in ctx.wakers(s) if w.tid == culprit_t.tid)
-        stormers = [t for x in storms if x.tid != s.tid and (t := ctx.times.by_tid(x.tid)) is not None]
-        woken = max(_lock_waits(ctx, s, secs), by_storm, _gil_waits_behind(ctx, s, stormers, secs))
         others = [t for t in ctx.threads_of(s.pid) if t.tid != s.tid]
+        stormers = [t for x in storms if x.tid != s.tid and (t := ctx.times.by_tid(x.tid)) is not None]
+        woken = max(_lock_waits(ctx, s, secs), by_storm, _gil_waits_behind(ctx, s, stormers, others, secs))
         cpu = sum(t.ns("cpu") for t in others)
         k = storm.ns("cpu") / cpu if cpu else 0.0
         runq = sum(r["runq_self"] for r in rows) * k

@@ -462,10 +462,14 @@ class CausalChain(Record):
     explained_by: Annotated[
         str | None,
         Field(
-            description="id of the chain whose cause this one's time is (a rank's waits for a straggler rank): not a "
-            "cause of its own; fix that one first"
+            description="id of the chain whose cause this one's time is (a rank's waits for a straggler rank, GIL "
+            "waits behind a fault storm): not a cause of its own; fix that one first"
         ),
     ] = None
+
+    def explained(self, by: CausalChain, why: str) -> CausalChain:
+        """Return this chain marked as explained by chain ``by``, its summary ending with ``why``."""
+        return self.model_copy(update={"explained_by": by.id, "summary": f"{self.summary} {why}"})
 
 
 class PartCoverage(Record):

@@ -213,12 +213,9 @@ def mark_explained(ctx: ChainContext, chains: list[CausalChain]) -> list[CausalC
     out = []
     for c in chains:
         if c.category in EXPLAINED_CATEGORIES and c.tid in waiting:
-            c = c.model_copy(
-                update={
-                    "explained_by": straggler.id,
-                    "summary": f"{c.summary} Rank {waiting[c.tid]} waits here for straggler rank {rank} "
-                    f"({straggler.id}): not a cause of its own.",
-                }
+            why = (
+                f"Rank {waiting[c.tid]} waits here for straggler rank {rank} ({straggler.id}): not a cause of its own."
             )
+            c = c.explained(straggler, why)
         out.append(c)
     return out
