@@ -64,8 +64,8 @@ class BusyThread(Record):
 
 
 def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[ProcessGroup]:
-    """Return ``procs`` (ProcessStat rows, in the analysis' ranking: main first, then by CUDA calls and off-CPU
-    time) grouped by (comm, parent, role, rank), in the order of each group's first process.
+    """Return ``procs`` (ProcessStat or stats.ProcessRow rows, in the analysis' ranking: main first, then by CUDA
+    calls and off-CPU time) grouped by (comm, parent, role, rank), in the order of each group's first process.
 
     A parent that is itself traced stands for its group, not its pid: the ``uname`` that each of twelve start-up
     ``sh -c`` helpers ran is one row beside the ``sh`` row, not twelve rows of one (issue 23: a real recording with
@@ -74,6 +74,10 @@ def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[
     keys: dict[int, tuple] = {}
 
     def key(p) -> tuple:
+        parent = by_pid.get(p.ppid)
+        if parent is None or parent.pid in keys:  # most processes: a root, or a child of a keyed parent
+            k = keys[p.pid] = (p.comm, keys.get(p.ppid, p.ppid), p.role, p.rank)
+            return k
         # iterative: a fork chain can be deeper than Python's recursion limit
         chain, seen, q = [], set(), p
         while q.pid not in keys and q.pid not in seen:
@@ -108,11 +112,11 @@ def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[
                 preemptions=sum(p.preemptions for p in ps),
                 off_cpu_s=round(sum(p.off_cpu_s for p in ps), 3),
                 runq_s=round(sum(p.runq_s for p in ps), 3),
-                worst_stall_ms=max(p.worst_stall_ms for p in ps),
-                first_s=min(p.first_s for p in ps),
+                worst_stall_ms=round(max(p.worst_stall_ms for p in ps), 2),
+                first_s=round(min(p.first_s for p in ps), 3),
                 exited=len(exited),
                 failed=sum(bool(p.exit_code) for p in exited),
-                exit_s=one.exit_s if one else None,
+                exit_s=round(one.exit_s, 3) if one and one.exit_s is not None else None,
                 exit_code=one.exit_code if one else None,
             )
         )

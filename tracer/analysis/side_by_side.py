@@ -70,9 +70,7 @@ def compare_processes(
     info = load_recording(conn)
     times = load_thread_times(conn, info)
     if threads_of is not None:
-        picked = sorted(
-            (t for t in times.threads if t.pid == threads_of), key=lambda t: (t.cuda_calls == 0, -_busy(t), t.tid)
-        )
+        picked = sorted(times.of_pid(threads_of), key=lambda t: (t.cuda_calls == 0, -_busy(t), t.tid))
         by = "thread"
     else:
         wanted = pids if pids else _default_pids(info, times)
@@ -107,7 +105,7 @@ def _working_thread(times: ThreadTimes, pid: int) -> ThreadTime | None:
         d = times.rank_thread(pid)
     if d is not None:
         return d
-    mine = [t for t in times.threads if t.pid == pid]
+    mine = times.of_pid(pid)
     return max(mine, key=lambda t: (_busy(t), -t.tid), default=None)
 
 

@@ -10,7 +10,7 @@ width (<= 3.1 %).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import duckdb
 from pydantic import Field
@@ -258,17 +258,50 @@ def environment(conn: duckdb.DuckDBPyConnection) -> Environment:
     )
 
 
-def process_stats(
+class ProcessRow(NamedTuple):
+    """A process's figures as :class:`ProcessStat` has them, unrounded and unvalidated: what grouping reads. A
+    fork-heavy recording has 200 K processes, and validating a model each cost a second of `get_trace_stats`
+    that lists only their groups (issue 21)."""
+
+    pid: int
+    ppid: int | None
+    comm: str
+    role: str
+    rank: int | None
+    cuda_calls: int
+    context_switches: int
+    preemptions: int
+    off_cpu_s: float
+    runq_s: float
+    worst_stall_ms: float
+    first_s: float
+    exit_s: float | None
+    exit_code: int | None
+
+    def stat(self) -> ProcessStat:
+        return ProcessStat(
+            **self._replace(
+                off_cpu_s=round(self.off_cpu_s, 3),
+                runq_s=round(self.runq_s, 3),
+                worst_stall_ms=round(self.worst_stall_ms, 2),
+                first_s=round(self.first_s, 3),
+                exit_s=None if self.exit_s is None else round(self.exit_s, 3),
+            )._asdict()
+        )
+
+
+def process_rows(
     conn: duckdb.DuckDBPyConnection, *, pid: int | None = None, info: RecordingInfo | None = None
-) -> list[ProcessStat]:
-    """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit
-    (``info``: the recording, when the caller has loaded it)."""
+) -> list[ProcessRow]:
+    """Return every traced process (or just ``pid``) as a :class:`ProcessRow`, in the analysis' ranking: the
+    main process first, then by CUDA calls and off-CPU time (``info``: the recording, when the caller has loaded
+    it)."""
     info = info or load_recording(conn)
-    rows = conn.execute(
+    got = conn.execute(
         """
-        SELECT p.pid, p.ppid, p.comm, p.first_ns, p.exit_ns, p.exit_code,
-               coalesce(o.calls, 0), coalesce(s.sw, 0), coalesce(s.pre, 0), coalesce(s.off, 0),
-               coalesce(s.rq, 0), coalesce(s.worst, 0)
+        SELECT p.pid, p.ppid, p.comm, p.first_ns / 1e9, p.exit_ns / 1e9, p.exit_code,
+               coalesce(o.calls, 0)::BIGINT, coalesce(s.sw, 0)::BIGINT, coalesce(s.pre, 0)::BIGINT,
+               coalesce(s.off, 0) / 1e9, coalesce(s.rq, 0) / 1e9, coalesce(s.worst, 0) / 1e6
         FROM processes p
         LEFT JOIN (SELECT pid, sum(calls) AS calls FROM op_stats GROUP BY pid) o USING (pid)
         LEFT JOIN (SELECT pid, sum(switches) AS sw, sum(preemptions) AS pre, sum(off_cpu_ns) AS off,
@@ -279,32 +312,41 @@ def process_stats(
     """,
         {"pid": pid, "main": info.main_pid},
     ).fetchall()
+    role, procs = info.process_role, info.procs
     return [
-        ProcessStat(
-            pid=r[0],
-            ppid=r[1],
-            comm=r[2] or "",
-            role=info.process_role(r[0]),
-            rank=info.procs[r[0]].rank if r[0] in info.procs else None,
-            cuda_calls=int(r[6]),
-            context_switches=int(r[7]),
-            preemptions=int(r[8]),
-            off_cpu_s=round(r[9] / 1e9, 3),
-            runq_s=round(r[10] / 1e9, 3),
-            worst_stall_ms=round(r[11] / 1e6, 2),
-            first_s=round((r[3] or 0) / 1e9, 3),
-            exit_s=None if r[4] is None else round(r[4] / 1e9, 3),
-            exit_code=r[5],
-        )
-        for r in rows
+        ProcessRow(
+            p,
+            pp,
+            comm or "",
+            role(p),
+            procs[p].rank if p in procs else None,
+            calls,
+            sw,
+            pre,
+            off,
+            rq,
+            worst,
+            first or 0.0,
+            ex,
+            code,
+        )  # fmt: skip
+        for p, pp, comm, first, ex, code, calls, sw, pre, off, rq, worst in got
     ]
+
+
+def process_stats(
+    conn: duckdb.DuckDBPyConnection, *, pid: int | None = None, info: RecordingInfo | None = None
+) -> list[ProcessStat]:
+    """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit
+    (``info``: the recording, when the caller has loaded it)."""
+    return [r.stat() for r in process_rows(conn, pid=pid, info=info)]
 
 
 def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: RecordingInfo, detail: bool) -> dict:
     """The processes part of the overview: groups (the top ones unless ``detail``), busy threads, and one row
     per process with ``detail`` or a ``pid``."""
-    procs = process_stats(conn, pid=pid, info=info)
-    groups = group_processes(procs)
+    rows = process_rows(conn, pid=pid, info=info)
+    groups = group_processes(rows)
     if not detail:
         # the recorder's own processes have their section (tracer): listing them here too cost a tenth of the
         # 4 KB an assistant's first answer is allowed (issue 23)
@@ -319,7 +361,7 @@ def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: Recording
         "more_processes": more,
         "busy_threads": busy,
         "more_busy_threads": more_busy,
-        "processes": procs if detail or pid is not None else [],
+        "processes": [r.stat() for r in rows] if detail or pid is not None else [],
     }
 
 
@@ -353,7 +395,7 @@ def training_time(
     info = info or load_recording(conn)
     times = times or load_thread_times(conn, info, pid)
     t = times.training
-    cost = tracer_cost(conn, info, times.threads)
+    cost = tracer_cost(conn, info, times)
     if t is None:
         return None, cost
     # the parts under 0.1% (a malloc at start-up, the tracer's 1 ms) are get_time_breakdown's: here each took 40

@@ -8,7 +8,15 @@ import duckdb
 import numpy as np
 
 from tracer.analysis.breakdown.estimate import estimate_thread_times
-from tracer.analysis.breakdown.thread_time import FIELDS, S, SecondRows, ThreadTime, ThreadTimes, column_of
+from tracer.analysis.breakdown.thread_time import (
+    FIELDS,
+    LazyThreads,
+    S,
+    SecondRows,
+    ThreadTime,
+    ThreadTimes,
+    column_of,
+)
 from tracer.analysis.recording import RecordingInfo, load_recording
 from tracer.analysis.taxonomy import CALL_PART_NAMES
 
@@ -37,14 +45,14 @@ def load_thread_times(
     )
 
 
-def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None) -> list[ThreadTime]:
+def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None) -> LazyThreads | list[ThreadTime]:
     """Every thread's exact rows, read as columns: the few (tid, sec) repeats (a long interval closed late) and
-    the per-thread totals are summed in numpy, and each thread's seconds stay arrays until read (SecondRows).
-    DuckDB's GROUP BY of 20-odd sums costs ~10 ms however few the rows; a dict per row cost most of loading a
-    fork-heavy recording (issue 21)."""
+    the per-thread totals are summed in numpy, and each thread is made a ThreadTime only when read
+    (LazyThreads, its seconds SecondRows). DuckDB's GROUP BY of 20-odd sums costs ~10 ms however few the rows;
+    an object per thread and a dict per row cost most of loading a fork-heavy recording (issue 21)."""
     cols = ", ".join(f"coalesce({column_of(f)}, 0)::BIGINT AS f{i}" for i, f in enumerate(FIELDS))
     got = conn.execute(
-        f"SELECT pid, tid, sec, {cols} FROM thread_breakdown WHERE ($pid IS NULL OR pid = $pid) ORDER BY tid, sec",
+        f"SELECT pid, tid, sec, {cols} FROM thread_breakdown WHERE ($pid IS NULL OR pid = $pid) ORDER BY pid, tid, sec",
         {"pid": pid},
     ).fetchnumpy()
     tids, secs = np.asarray(got["tid"], dtype=np.int64), np.asarray(got["sec"], dtype=np.int64)
@@ -54,7 +62,7 @@ def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None
     values = np.column_stack([np.asarray(got[f"f{i}"], dtype=np.int64) for i in range(len(FIELDS))])
     # one row per (tid, sec): sum the repeats
     new = np.ones(len(tids), dtype=bool)
-    new[1:] = (tids[1:] != tids[:-1]) | (secs[1:] != secs[:-1])
+    new[1:] = (tids[1:] != tids[:-1]) | (secs[1:] != secs[:-1]) | (pids[1:] != pids[:-1])
     if not new.all():
         starts = np.flatnonzero(new)
         values = np.add.reduceat(values, starts, axis=0)
@@ -67,28 +75,33 @@ def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None
             {"pid": pid},
         ).fetchall():
             meta[r[0]] = r
-    firsts = np.flatnonzero(np.r_[True, tids[1:] != tids[:-1]])
-    ends = np.r_[firsts[1:], len(tids)]
-    totals = np.add.reduceat(values, firsts, axis=0).tolist()
-    out: list[ThreadTime] = []
-    for k, (a, b) in enumerate(zip(firsts.tolist(), ends.tolist(), strict=True)):
-        tid, p, sec0 = int(tids[a]), int(pids[a]), int(secs[a])
+    firsts = np.flatnonzero(np.r_[True, (tids[1:] != tids[:-1]) | (pids[1:] != pids[:-1])])
+    bounds = np.column_stack([firsts, np.r_[firsts[1:], len(tids)]])
+    totals = np.add.reduceat(values, firsts, axis=0)
+    t_tids, t_pids = tids[firsts], pids[firsts]
+
+    def make(tid: int, p: int, a: int, _b: int, total: list[int], rows: SecondRows) -> ThreadTime:
         m = meta.get(tid)
-        out.append(
-            ThreadTime(
-                pid=p,
-                tid=tid,
-                comm=(m[2] if m else None) or info.comm(p),
-                first_ns=int(m[3]) if m and m[3] is not None else sec0 * S,
-                end_ns=int(m[4]) if m and m[4] is not None else (sec0 + 1) * S,
-                exited=bool(m[5]) if m else False,
-                cuda_calls=int(m[6] or 0) if m else 0,
-                total=dict(zip(FIELDS, totals[k], strict=True)),
-                by_sec=SecondRows(secs[a:b], values[a:b]),
-            )
+        sec0 = int(secs[a])
+        t = ThreadTime(
+            pid=p,
+            tid=tid,
+            comm=(m[2] if m else None) or info.comm(p),
+            first_ns=int(m[3]) if m and m[3] is not None else sec0 * S,
+            end_ns=int(m[4]) if m and m[4] is not None else (sec0 + 1) * S,
+            exited=bool(m[5]) if m else False,
+            cuda_calls=int(m[6] or 0) if m else 0,
+            total=dict(zip(FIELDS, total, strict=True)),
+            by_sec=rows,
         )
-    if not meta:  # no threads rows: a thread issued CUDA calls when it spent time in them
-        for t in out:
+        if not meta:  # no threads rows: a thread issued CUDA calls when it spent time in them
             t.cuda_calls = 1 if t.ns(*CALL_PART_NAMES) > 0 else 0
             t.end_ns = max(t.end_ns, max(t.by_sec, default=0) * S + S)
-    return sorted(out, key=lambda t: (t.pid, t.tid))
+        return t
+
+    if meta:
+        calls = np.fromiter((int((meta.get(t) or (0,) * 7)[6] or 0) for t in t_tids.tolist()), np.int64, len(t_tids))
+    else:
+        calls_part = sum(totals[:, FIELDS.index(p)] for p in CALL_PART_NAMES)
+        calls = (calls_part > 0).astype(np.int64)
+    return LazyThreads(t_tids, t_pids, calls, bounds, totals, secs, values, make)

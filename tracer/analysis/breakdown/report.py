@@ -104,12 +104,12 @@ def time_breakdown(
     training = times.training
     drivers = {t.tid for t in times.drivers}
     # every CUDA thread; with tid, that thread even if it made no CUDA call (a thread faulting in memory)
-    shown = times.cuda_threads if tid is None else [t for t in times.threads if t.tid == tid]
+    shown = list(times.cuda_threads) if tid is None else [t for t in (times.by_tid(tid),) if t is not None]
     shown.sort(key=lambda t: (t is not training, t.tid not in drivers, [-x for x in t.gpu_work_key]))
     focus = shown[0] if shown else None
     bucket = bucket_s if bucket_s > 0 else auto_bucket(focus.span_ns if focus else 0)
     scope = pid if pid is not None else (training.pid if training else None)
-    in_scope = [t for t in times.threads if t.pid == scope]
+    in_scope = times.of_pid(scope)
     names = thread_names(conn, info, shown + in_scope)
     out = []
     for t in shown:
@@ -152,7 +152,7 @@ def time_breakdown(
         training_tid=training.tid if training else None,
         threads=out,
         process_threads=siblings,
-        tracer=tracer_cost(conn, info, times.threads),
+        tracer=tracer_cost(conn, info, times),
     )
 
 

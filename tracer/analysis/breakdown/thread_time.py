@@ -15,10 +15,10 @@ no CUDA call) its main thread, and :meth:`ThreadTimes.role_of` calls every one o
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 
@@ -48,13 +48,24 @@ class SecondRows(Mapping[int, dict[str, int]]):
     (issue 21). ``secs`` is sorted and unique; ``values[i]`` holds second ``secs[i]``'s quantities in FIELDS order.
     """
 
-    __slots__ = ("_secs", "_values", "_rows", "_index")
+    __slots__ = ("_all_secs", "_all_values", "_a", "_b", "_rows", "_index")
 
-    def __init__(self, secs: np.ndarray, values: np.ndarray) -> None:
-        self._secs = secs
-        self._values = values
+    def __init__(self, secs: np.ndarray, values: np.ndarray, a: int = 0, b: int | None = None) -> None:
+        # rows [a, b) of arrays shared by every thread: a slice per thread was a third of loading 200 K threads
+        self._all_secs = secs
+        self._all_values = values
+        self._a = a
+        self._b = len(secs) if b is None else b
         self._rows: dict[int, dict[str, int]] | None = None
         self._index: dict[int, int] | None = None
+
+    @property
+    def _secs(self) -> np.ndarray:
+        return self._all_secs[self._a : self._b]
+
+    @property
+    def _values(self) -> np.ndarray:
+        return self._all_values[self._a : self._b]
 
     def _all(self) -> dict[int, dict[str, int]]:
         if self._rows is None:
@@ -78,7 +89,7 @@ class SecondRows(Mapping[int, dict[str, int]]):
         return iter(self._secs.tolist())
 
     def __len__(self) -> int:
-        return len(self._secs)
+        return self._b - self._a
 
 
 @dataclass
@@ -126,21 +137,103 @@ class ThreadTime:
         return (self.ns("launch", "sync"), self.cuda_calls, -self.tid)
 
 
+class LazyThreads(Sequence[ThreadTime]):
+    """Every thread of an exact breakdown, made into a :class:`ThreadTime` only when read, each once (the same
+    object every time it is asked for).
+
+    A fork-heavy recording has 200 K threads of a second or two each, and an analysis reads a few (the training
+    thread, a process's workers, the CUDA threads): building every one was most of `tracer breakdown` (issue 21).
+    The rows are columns: per thread, in (pid, tid) order, its tid, pid, CUDA calls, first and end row in
+    ``secs`` / ``values`` (one row per (tid, sec), FIELDS order) and its totals (FIELDS order); ``make`` builds
+    thread ``i``'s ThreadTime from them."""
+
+    def __init__(
+        self,
+        tids: np.ndarray,
+        pids: np.ndarray,
+        cuda_calls: np.ndarray,
+        bounds: np.ndarray,
+        totals: np.ndarray,
+        secs: np.ndarray,
+        values: np.ndarray,
+        make: Callable[[int, int, int, int, list[int], SecondRows], ThreadTime],
+    ) -> None:
+        self.tids, self.pids, self.cuda_calls, self.bounds, self.totals = tids, pids, cuda_calls, bounds, totals
+        self._secs, self._values, self._make = secs, values, make
+        self._made: list[ThreadTime | None] = [None] * len(tids)
+        self._by_tid: dict[int, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.tids)
+
+    @overload
+    def __getitem__(self, i: int) -> ThreadTime: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ThreadTime]: ...
+    def __getitem__(self, i: int | slice) -> ThreadTime | list[ThreadTime]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        t = self._made[i]
+        if t is None:
+            a, b = (int(x) for x in self.bounds[i])
+            rows = SecondRows(self._secs, self._values, a, b)
+            t = self._made[i] = self._make(int(self.tids[i]), int(self.pids[i]), a, b, self.totals[i].tolist(), rows)
+        return t
+
+    def __iter__(self) -> Iterator[ThreadTime]:
+        return (self[i] for i in range(len(self)))
+
+    def index_of(self, tid: int) -> int | None:
+        if self._by_tid is None:  # a tid the kernel reused: its first thread, as a scan in (pid, tid) order finds
+            self._by_tid = {t: i for i, t in reversed(list(enumerate(self.tids.tolist())))}
+        return self._by_tid.get(tid)
+
+    def of_pid(self, pid: int) -> list[ThreadTime]:
+        """Process ``pid``'s threads, in tid order (the rows are sorted by pid)."""
+        lo, hi = np.searchsorted(self.pids, pid, "left"), np.searchsorted(self.pids, pid, "right")
+        return [self[i] for i in range(int(lo), int(hi))]
+
+    def where(self, mask: np.ndarray) -> list[ThreadTime]:
+        return [self[i] for i in np.flatnonzero(mask).tolist()]
+
+    def column_sum(self, name: str) -> int:
+        return int(self.totals[:, FIELDS.index(name)].sum()) if name in FIELDS else 0
+
+
 @dataclass
 class ThreadTimes:
     """Every accounted thread of a recording (or of one pid), the driver threads and the basis."""
 
     basis: Basis
     note: str
-    threads: list[ThreadTime]
+    threads: Sequence[ThreadTime]  # a list, or LazyThreads when loaded exact
     # each rank's own process in a distributed job (RecordingInfo.rank_pids): each one has a training thread
     rank_pids: frozenset[int] = frozenset()
 
     def by_tid(self, tid: int) -> ThreadTime | None:
+        if isinstance(self.threads, LazyThreads):
+            i = self.threads.index_of(tid)
+            return None if i is None else self.threads[i]
         return next((t for t in self.threads if t.tid == tid), None)
 
-    @property
+    def of_pid(self, pid: int | None) -> list[ThreadTime]:
+        """Return process ``pid``'s threads (none for None)."""
+        if pid is None:
+            return []
+        if isinstance(self.threads, LazyThreads):
+            return self.threads.of_pid(pid)
+        return [t for t in self.threads if t.pid == pid]
+
+    def total_ns(self, name: str) -> int:
+        """Return quantity ``name`` summed over every thread."""
+        if isinstance(self.threads, LazyThreads):
+            return self.threads.column_sum(name)
+        return sum(t.total.get(name, 0) for t in self.threads)
+
+    @cached_property
     def cuda_threads(self) -> list[ThreadTime]:
+        if isinstance(self.threads, LazyThreads):
+            return [t for t in self.threads.where(self.threads.cuda_calls > 0)]
         return [t for t in self.threads if t.cuda_calls > 0]
 
     @cached_property

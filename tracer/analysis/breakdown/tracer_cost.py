@@ -3,14 +3,13 @@ a culprit: reported on its own line."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Annotated
 
 import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
-from tracer.analysis.breakdown.thread_time import MS, ThreadTime
+from tracer.analysis.breakdown.thread_time import MS, ThreadTimes
 from tracer.analysis.db import session_row
 from tracer.analysis.recording import RecordingInfo
 
@@ -30,7 +29,7 @@ class TracerCost(Record):
     summary: Annotated[str, Field(description="one line: the tracer used N ms of CPU on this host")]
 
 
-def tracer_cost(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, threads: Iterable[ThreadTime]) -> TracerCost:
+def tracer_cost(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: ThreadTimes) -> TracerCost:
     """Return the tracer's own cost on this host: its CPU, the CPU waits it caused, the holds."""
     s = session_row(conn, ("recorder_cpu_s", "holds", "held_ms", "recorder_peak_rss_bytes")) or {}
     recorder_cpu_s, holds, held_ms = s.get("recorder_cpu_s"), s.get("holds"), s.get("held_ms")
@@ -39,7 +38,7 @@ def tracer_cost(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, threads: I
         sampled = conn.execute("SELECT sum(tracer_cpu_ms) FROM host_samples").fetchone()[0]
     cpu_ms = recorder_cpu_s * 1000 if recorder_cpu_s is not None else sampled
     cap = info.duration_ns / MS * info.cpu_cores if info.duration_ns and info.cpu_cores else 0
-    runq = sum(t.ns("runq_tracer") for t in threads)
+    runq = times.total_ns("runq_tracer")
     share = cpu_ms / cap if cpu_ms is not None and cap else None
     if cpu_ms is None:
         summary = "the tracer's own CPU use was not recorded in this recording"
