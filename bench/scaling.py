@@ -69,7 +69,7 @@ def _sampled(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"""
         UPDATE op_stats SET calls = calls * {SAMPLED}, total_ns = total_ns * {SAMPLED}, bytes = bytes * {SAMPLED},
                sampled_fraction = 1.0 / {SAMPLED},
-               hist = list_transform(hist, b -> {{'lo_ns': b.lo_ns, 'hi_ns': b.hi_ns,
+               hist = list_transform(hist, lambda b: {{'lo_ns': b.lo_ns, 'hi_ns': b.hi_ns,
                                                   'count': b.count * {SAMPLED}}})""")
     con.execute(f"UPDATE session SET events_traced = events_stored * {SAMPLED}")
 

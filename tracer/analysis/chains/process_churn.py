@@ -50,35 +50,36 @@ def _waves(ctx: ChainContext, parent: int) -> tuple[list[list[tuple]], int]:
     the training process's workers."""
     key = ("waves", parent)
     if key not in ctx.memo:
-        forks_by_parent, exit_at = _forks(ctx)
-        ctx.memo[key] = _group_waves(forks_by_parent.get(parent, []), exit_at)
+        ctx.memo[key] = _group_waves(*_forks(ctx, parent))
     return ctx.memo[key]
 
 
-def _forks(ctx: ChainContext) -> tuple[dict[int, list[tuple]], dict[int, int]]:
-    """Return ({parent: its forks (ts, parent, child, child's comm), in time order}, {child: its exit time}),
-    the tracer's own processes left out; read once per context."""
-    if ("forks",) in ctx.memo:
-        return ctx.memo[("forks",)]
+def _forks(ctx: ChainContext, parent: int) -> tuple[list[tuple], dict[int, int]]:
+    """Return process ``parent``'s forks (ts, parent, child, child's comm), in time order, the tracer's own
+    processes left out, and {child: its exit time}. Read per parent asked about (a few subjects' processes): a
+    monitoring loop's 200 K helper commands are another parent's, and reading every fork cost a tenth of the chains
+    on a fork-heavy recording (issue 21)."""
     parent_of = _FORK_PARENT.format(e="e.")
     tracer = ctx.info.tracer_pids
-    by_parent: dict[int, list[tuple]] = {}
-    for f in ctx.conn.execute(
-        f"SELECT e.ts_ns, {parent_of}, e.child, p.comm FROM process_events e LEFT JOIN processes p "
-        f"ON p.pid = e.child WHERE e.kind = 'fork' AND ($pid IS NULL OR {parent_of} = $pid) ORDER BY e.ts_ns",
-        {"pid": ctx.pid},
-    ).fetchall():
-        if f[1] not in tracer and f[2] not in tracer:
-            by_parent.setdefault(f[1], []).append(f)
+    forks = [
+        f
+        for f in ctx.conn.execute(
+            f"SELECT e.ts_ns, {parent_of} AS parent, e.child, p.comm FROM process_events e LEFT JOIN processes p "
+            f"ON p.pid = e.child WHERE e.kind = 'fork' AND {parent_of} = $parent AND ($pid IS NULL OR "
+            f"{parent_of} = $pid) ORDER BY e.ts_ns",
+            {"parent": parent, "pid": ctx.pid},
+        ).fetchall()
+        if f[1] not in tracer and f[2] not in tracer
+    ]
     # (a join, not list_contains over a list of every child: that is rows x children)
     exit_at = dict(
         ctx.conn.execute(
-            "SELECT e.pid, min(e.ts_ns) FROM process_events e SEMI JOIN (SELECT DISTINCT child FROM process_events "
-            "WHERE kind = 'fork') f ON f.child = e.pid WHERE e.kind = 'exit' GROUP BY e.pid"
+            f"SELECT e.pid, min(e.ts_ns) FROM process_events e SEMI JOIN (SELECT DISTINCT child FROM process_events e "
+            f"WHERE kind = 'fork' AND {parent_of} = $parent) f ON f.child = e.pid WHERE e.kind = 'exit' GROUP BY e.pid",
+            {"parent": parent},
         ).fetchall()
     )
-    ctx.memo[("forks",)] = by_parent, exit_at
-    return by_parent, exit_at
+    return forks, exit_at
 
 
 def _group_waves(forks: list[tuple], exit_at: dict[int, int]) -> tuple[list[list[tuple]], int]:
