@@ -121,6 +121,11 @@ TABLES: tuple[Table, ...] = (
         ("flushed_ns", "BIGINT", "ts_ns up to which rows have been written (advances while recording)"),
         ("sample_hz", "INTEGER", "on-CPU samples per second of each target thread's CPU time (cpu_samples); 0: off"),
         ("offcpu_stacks", "BOOLEAN", "true when blocked stacks were captured (offcpu_stacks)"),
+        (
+            "max_db_bytes",
+            "BIGINT",
+            "tracer record --max-db-size in bytes (NULL: no cap); dropped_rows says what was thinned to stay under it",
+        ),
     ),
     _t(
         "processes",
@@ -446,6 +451,23 @@ TABLES: tuple[Table, ...] = (
         ("nranks", "INTEGER", "ranks in the communicator"),
         ("rank", "INTEGER", "this process's rank in it"),
         ("ret", "INTEGER", "ncclResult_t: 0 is ncclSuccess"),
+    ),
+    _t(
+        "dropped_rows",
+        "Detail rows thinned to keep the file under `tracer record --max-db-size`: one row per table thinned "
+        "(cuda_calls, sched, offcpu_stacks, cpu_samples), oldest first by whole time ranges. Every row of that table "
+        "before to_ns was dropped; op_stats, threads, thread_breakdown, sched_stats, thread_wakers and preemptors "
+        "are never thinned and cover the whole recording. Empty when nothing was thinned. cuda_calls rows + its "
+        "rows here = session.events_stored.",
+        ("table_name", "VARCHAR", "the table thinned"),
+        ("rows", "BIGINT", "rows dropped from it"),
+        ("from_ns", "BIGINT", "time of the oldest row dropped (ns since session start; a per-second row: its sec)"),
+        (
+            "to_ns",
+            "BIGINT",
+            "the cut, ns since session start: no row of the table before it is left, every row from it on is kept",
+        ),
+        ("thinnings", "INTEGER", "times it was thinned"),
     ),
 )
 

@@ -217,6 +217,27 @@ def session_row(
 _STATE_COLUMNS = ("status", "recorder_pid", "recorder_start_ticks", "boot_id", "flushed_ns")
 
 
+def thinned_note(conn: duckdb.DuckDBPyConnection) -> str | None:
+    """One line saying which detail rows ``tracer record --max-db-size`` thinned (table dropped_rows), or None when
+    none were (or the recording predates the table). On a job: each recording's rows, the latest cut."""
+    try:
+        rows = conn.execute(
+            "SELECT table_name, sum(rows), max(to_ns) FROM dropped_rows GROUP BY table_name HAVING sum(rows) > 0 "
+            "ORDER BY table_name"
+        ).fetchall()
+    except duckdb.CatalogException:  # an older recording: nothing was ever thinned
+        return None
+    if not rows:
+        return None
+    cut = max(r[2] for r in rows)
+    dropped = ", ".join(f"{t} {int(n):,}" for t, n, _ in rows)
+    return (
+        f"detail rows before {cut / 1e9:.1f} s were thinned to keep the file under --max-db-size ({dropped} rows "
+        "dropped; table dropped_rows): per-call, off-CPU interval and stack rows cover only the time after it; "
+        "op_stats, thread_breakdown and the per-second tables are exact over the whole recording"
+    )
+
+
 def recording_state(conn: duckdb.DuckDBPyConnection) -> RecordingState:
     """Return how the recording in the open trace DB ended (or that it is live), from its last session row.
 

@@ -86,6 +86,7 @@ TIME_NS_COLUMNS: dict[str, tuple[str, ...]] = {
     "host_samples": ("ts_ns",),
     "causal_chains": ("start_ns", "end_ns"),
     "nccl_comms": ("ts_ns",),
+    "dropped_rows": ("from_ns", "to_ns"),
 }
 SEC_COLUMNS: dict[str, tuple[str, ...]] = {t.name: ("sec",) for t in TABLES if "sec" in t.column_names}
 
@@ -140,6 +141,7 @@ SESSION_RULES: dict[str, str] = {
     "flushed_ns": "min({c})",  # every recording's rows are written up to here (shifted)
     "sample_hz": _MAX,
     "offcpu_stacks": "bool_or({c})",
+    "max_db_bytes": _MAX,
 }
 
 

@@ -21,7 +21,7 @@ from tracer.analysis.breakdown.records import PartTime, parts_of
 from tracer.analysis.breakdown.thread_time import ThreadTimes
 from tracer.analysis.breakdown.tracer_cost import TracerCost, tracer_cost
 from tracer.analysis.chains import ChainContext, compute_chains
-from tracer.analysis.db import RecordingState, recording_state, session_row
+from tracer.analysis.db import RecordingState, recording_state, session_row, thinned_note
 from tracer.analysis.job import job_alignment
 from tracer.analysis.processes import (
     TOP_BUSY_THREADS,
@@ -200,6 +200,13 @@ class TraceStats(Record):
     job: Annotated[
         str | None,
         Field(description="several recordings analysed as one job: how many, and how well their clocks line up"),
+    ] = None
+    thinned: Annotated[
+        str | None,
+        Field(
+            description="when tracer record --max-db-size thinned the oldest detail rows: before when, and how many "
+            "(the aggregates stay exact); null if nothing was thinned"
+        ),
     ] = None
 
 
@@ -432,6 +439,7 @@ def trace_stats(conn: duckdb.DuckDBPyConnection, pid: int | None = None, detail:
         tracer=cost,
         recording=recording_state(conn),
         job=job.note if (job := job_alignment(conn)) is not None else None,
+        thinned=thinned_note(conn),
     )
 
 

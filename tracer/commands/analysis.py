@@ -55,7 +55,7 @@ def _open(db: Path | list[Path] | None) -> Iterator[Any]:
     """
     import duckdb
 
-    from tracer.analysis.db import open_trace, read_error, recording_state
+    from tracer.analysis.db import open_trace, read_error, recording_state, thinned_note
     from tracer.analysis.job import job_alignment
 
     dbs = db if isinstance(db, list) else [db or DEFAULT_DB]
@@ -65,6 +65,8 @@ def _open(db: Path | list[Path] | None) -> Iterator[Any]:
         state = recording_state(conn)
         if not state.finished:
             err.print(f"[yellow]note:[/] {state.ended}", highlight=False)
+        if thinned := thinned_note(conn):
+            err.print(f"[yellow]note:[/] {thinned}", highlight=False)
         job = job_alignment(conn)
         if job is not None:
             err.print(f"[dim]{job.note}[/]", highlight=False)

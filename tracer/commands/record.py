@@ -106,6 +106,18 @@ def record(
             help="Stored call rows per second before the busiest ops are sampled (counts stay exact).",
         ),
     ] = 20_000,
+    max_db_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-db-size",
+            metavar="SIZE",
+            help="Keep the DB file (with its .wal) under SIZE: bytes, or K/M/G/T (powers of 1024), e.g. 500M or 2G; "
+            "at least 4M. Near it, the oldest detail rows (cuda_calls, sched, offcpu_stacks, cpu_samples) are "
+            "dropped by whole time ranges; op_stats, thread_breakdown and the other per-second tables stay exact "
+            "over the whole run, and dropped_rows counts what went. Default: no cap (about 10 MB a minute on "
+            "a busy job).",
+        ),
+    ] = None,
     no_python: Annotated[bool, typer.Option("--no-python-stacks", help="Do not walk Python frames.")] = False,
     sample_hz: Annotated[
         int,
@@ -177,9 +189,10 @@ def record(
     (if the tracer is killed, a guardian process continues anything it had paused). One recording per file: an
     existing --db is refused unless --force.
     """
-    from tracer.recorder import Recorder, RecordOptions
+    from tracer.recorder import Recorder, RecordOptions, parse_size
 
     command = list(ctx.args) or None
+    max_db_bytes = parse_size(max_db_size) if max_db_size is not None else None  # a bad SIZE: a usage error
     opts = RecordOptions(
         db=_absolute(db),
         pid=pid,
@@ -188,6 +201,7 @@ def record(
         libs=[str(_absolute(Path(p))) for p in lib or []],
         force=force,
         max_events_per_s=max_events,
+        max_db_bytes=max_db_bytes,
         python_stacks=not no_python,
         sample_hz=0 if no_sampling else sample_hz,
         offcpu_stacks=not no_offcpu_stacks,

@@ -24,6 +24,7 @@ _PUBLIC = {
     "ProgramOptions": "program",
     "prewarm": "program",
     "start_cwd": "program",
+    "parse_size": "sizecap",
 }
 
 __all__ = sorted(_PUBLIC)

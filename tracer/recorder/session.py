@@ -93,6 +93,7 @@ class RecordOptions:
     mcp_token_file: Path | None = None
     sample_hz: int = sampler.DEFAULT_HZ  # on-CPU samples per second of CPU (cpu_samples); 0: no sampling
     offcpu_stacks: bool = True  # capture where target threads block (offcpu_stacks)
+    max_db_bytes: int | None = None  # --max-db-size: thin the oldest detail rows to keep the file under it
 
 
 @dataclass
@@ -279,7 +280,9 @@ class Recorder:
         )
         self._open_rings()
         self.sampler = ProcSampler()
-        self.store = Store(self.opts.db, force=self.opts.force, start_mono_ns=self.start_mono)
+        self.store = Store(
+            self.opts.db, force=self.opts.force, start_mono_ns=self.start_mono, max_bytes=self.opts.max_db_bytes
+        )
         # From here on every way out (Ctrl-C, the target exiting, an error) goes through finish().
         old_int = signal.signal(signal.SIGINT, self._on_signal)
         old_term = signal.signal(signal.SIGTERM, self._on_signal)
@@ -774,6 +777,8 @@ class Recorder:
                     f"{n} {what} lost to a full buffer (a burst faster than the recorder drains); counts in op_stats "
                     "are still exact, only rows are missing"
                 )
+        if self.store.thinner is not None and (thinned := self.store.thinner.note()):
+            self.notes.append(thinned)
         if self.cycler.cycled:
             self.notes.append(
                 f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
@@ -872,6 +877,7 @@ class Recorder:
             "flushed_ns": time.monotonic_ns() - self.start_mono,
             "sample_hz": self.sampler_events.hz if hasattr(self, "sampler_events") else 0,
             "offcpu_stacks": self.opts.offcpu_stacks,
+            "max_db_bytes": self.opts.max_db_bytes,
         }
         names = list(values)
         if not self._session_written:

@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from tracer.errors import StoreError
+from tracer.recorder import sizecap
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLE_BY_NAME, TABLES
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,13 @@ def check_db_path(path: Path, force: bool) -> None:
 class Store:
     """A trace DB open for writing."""
 
-    def __init__(self, path: Path, force: bool = False, start_mono_ns: int | None = None) -> None:
+    def __init__(
+        self, path: Path, force: bool = False, start_mono_ns: int | None = None, max_bytes: int | None = None
+    ) -> None:
         """``start_mono_ns``: the session's start (CLOCK_MONOTONIC). Given, each periodic write also advances
         ``session.flushed_ns`` to when its newest rows were queued, in the same transaction, so a recording whose
-        recorder is killed says truly how far it goes."""
+        recorder is killed says truly how far it goes. ``max_bytes``: keep the file and its WAL under it by
+        thinning the oldest detail rows after a write (tracer/recorder/sizecap.py)."""
         check_db_path(path, force)
         if path.exists():
             path.unlink()
@@ -128,12 +132,15 @@ class Store:
                 wal.unlink()
         self.path = path
         try:
-            self.conn = duckdb.connect(str(path))
+            self.conn = sizecap.connect(path, max_bytes) if max_bytes else duckdb.connect(str(path))
         except duckdb.Error as e:
             raise StoreError(f"cannot create {path}: {e}") from None
         # One DuckDB thread: the writer appends a few batches a second, which a second thread does not speed up,
         # and on a small box every thread the recorder runs competes with the job it watches.
         self.conn.execute("SET threads = 1")
+        self.thinner = sizecap.Thinner(path, max_bytes) if max_bytes else None
+        if max_bytes:
+            sizecap.configure(self.conn, max_bytes)
         for t in TABLES:
             self.conn.execute(t.ddl())
         self.conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)])
@@ -236,6 +243,8 @@ class Store:
     def _flush(self, pending: dict[str, list[pa.Table]], queued_until: float) -> None:
         if pending and not self._error:
             self._guard(("insert", dict(pending), queued_until))
+            if self.thinner is not None and not self._error:
+                self._guard(("call", lambda: self.thinner.after_write(self.conn), None))
         pending.clear()
 
     def _guard(self, item: tuple[str, Any, Any]) -> None:
