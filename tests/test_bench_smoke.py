@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, ingest, overhead, probe_cost, queries, startup, storage
+from bench import churn_memory, common, ingest, overhead, probe_cost, queries, startup, storage
 
 
 def test_write_result_has_machine_and_timestamp(tmp_path: Path) -> None:
@@ -79,6 +79,22 @@ def test_startup_summary() -> None:
     ]
     res = startup.summarize(runs)
     assert res["true"]["wall_s"] == 4.0 and res["true"]["first_event_s"] is None
+
+
+def test_churn_memory_summary() -> None:
+    # GIVEN RSS that saws by 20 MiB around a flat line over 1,000 processes, then one that climbs 1 MiB a sample
+    mib = churn_memory.MIB
+    flat = [churn_memory.Sample(i, i * 10, (300 + 20 * (i % 2)) * mib, 15 * mib) for i in range(101)]
+    climb = [churn_memory.Sample(i, i * 10, (300 + i) * mib, 0) for i in range(101)]
+    # THEN the flat one grows by nothing (medians of the stretches, not two points of the saw) and the climbing one
+    # by the 80.5 samples between the stretches' medians; the fit says the same per 100 K processes
+    f, c = churn_memory.summarize(flat, 1000), churn_memory.summarize(climb, 1000)
+    assert abs(f["growth_mib"]) <= 10 and abs(f["slope_per_100k_mib"]) < 100
+    assert c["growth_mib"] == 80.5 and c["slope_per_100k_mib"] == 10_000
+    assert {"warmup", "end", "growth_with_children_mib", "peak_mib"} <= f.keys()
+    assert churn_memory.summarize([], 1000)["growth_mib"] is None
+    notes = "12 lifecycle events lost to a full buffer (a burst)\n3 file mappings lost to a full buffer"
+    assert churn_memory.lost_events(notes, "lifecycle events") == 12 and churn_memory.lost_events(None, "x") == 0
 
 
 def test_probe_cost_compute() -> None:

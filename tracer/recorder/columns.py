@@ -344,6 +344,8 @@ def process_columns(procs: Iterable[ProcInfo]) -> Columns:
     # host) is its parent, not its launcher: the tracer is never part of the job
     tracer = {p.pid for p in ps if p.role == TRACER_ROLE}
     launchers = {pid: k for pid, k in rankenv.launchers(ps).items() if pid not in tracer}
+    # ...and a launcher whose ranks left the tree before it was noted as such there (ProcessTree.retire)
+    launchers.update({p.pid: p.launcher for p in ps if p.launcher and p.pid not in launchers and p.pid not in tracer})
     return {
         "pid": [p.pid for p in ps],
         "ppid": [p.ppid for p in ps],

@@ -2,6 +2,10 @@
 (op_stats with its histograms and launch scales, processes, threads) and the segments each live thread still has
 open. (The causal chains are the record command's step after the recorder: it never imports an analysis.)
 
+The processes and threads that left the tree while recording (proctree.ProcessTree.retire) have their final rows
+written then (:func:`write_retired`); the totals write only what is still in the tree, replacing the rows its
+previous call (a live snapshot) wrote and nothing else (:class:`Rewritable`).
+
 The computations are pure functions over dumped map contents (testable without BPF); the ``write_*`` and
 ``close_*`` functions read the maps and hand the rows to the store.
 """
@@ -9,13 +13,13 @@ The computations are pure functions over dumped map contents (testable without B
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from probes.catalog import CATALOG, OpClass
 from tracer.recorder import bpfmaps, columns, events
 from tracer.recorder.budget import DUTY_CYCLED, DUTY_CYCLED_IDS, Activity, DutyCycler, Window, launch_scales
-from tracer.recorder.proctree import ProcessTree, ThreadInfo
+from tracer.recorder.proctree import ProcessTree, ProcInfo, Retired, ThreadInfo
 from tracer.recorder.store import Store
 
 S = 1_000_000_000
@@ -138,6 +142,49 @@ def scaled_op_stats(
     return columns.op_stats_columns(totals, hists, scales)
 
 
+@dataclass
+class Rewritable:
+    """The processes and threads rows the last :func:`write_totals` wrote, by (pid or tid, first_ns): the rows its
+    next call replaces, or a retirement makes final. Only the live snapshots leave any (the end writes last)."""
+
+    procs: set[tuple[int, int]] = field(default_factory=set)
+    threads: set[tuple[int, int]] = field(default_factory=set)
+
+
+def _delete_rows(store: Store, table: str, id_col: str, keys: Iterable[tuple[int, int]]) -> None:
+    keys = list(keys)
+    if keys:
+        store.execute(
+            f"DELETE FROM {table} WHERE ({id_col}, first_ns) IN (SELECT unnest(?::BIGINT[]), unnest(?::BIGINT[]))",
+            [[k[0] for k in keys], [k[1] for k in keys]],
+        )
+
+
+def _proc_key(p: ProcInfo) -> tuple[int, int]:
+    return p.pid, p.first_ns
+
+
+def _thread_key(t: ThreadInfo) -> tuple[int, int]:
+    return t.tid, t.first_ns
+
+
+def write_retired(store: Store, gone: Retired, calls_by_tid: dict[int, int], written: Rewritable) -> None:
+    """Write the final rows of what left the tree (replacing a live snapshot's row of it, if one was written),
+    and drop the retired threads' call counts from ``calls_by_tid``."""
+    if gone.procs:
+        stale = {_proc_key(p) for p in gone.procs} & written.procs
+        _delete_rows(store, "processes", "pid", stale)
+        written.procs -= stale
+        store.put("processes", columns.process_columns(gone.procs))
+    if gone.threads:
+        stale = {_thread_key(t) for t in gone.threads} & written.threads
+        _delete_rows(store, "threads", "tid", stale)
+        written.threads -= stale
+        store.put("threads", columns.thread_columns(gone.threads, calls_by_tid))
+        for t in gone.threads:
+            calls_by_tid.pop(t.tid, None)
+
+
 def write_totals(
     store: Store,
     bpf: Any,
@@ -147,19 +194,26 @@ def write_totals(
     start_mono: int,
     end_ns: int,
     live: bool,
+    written: Rewritable | None = None,
 ) -> list[columns.OpSummary]:
     """(Re)write the tables that hold totals rather than a stream: op_stats (from the in-kernel counts),
-    processes and threads; return the per-op summary. At the end, once; while recording (``live``), for each MCP
-    snapshot, replacing the last ones, with the threads still running ending now."""
-    for table in ("op_stats", "processes", "threads"):
-        store.execute(f"DELETE FROM {table}")
+    processes and threads still in the tree; return the per-op summary. At the end, once; while recording
+    (``live``), for each MCP snapshot, replacing the rows the last one wrote (``written``), with the threads still
+    running ending now. The rows :func:`write_retired` wrote stay."""
+    written = written if written is not None else Rewritable()
+    store.execute("DELETE FROM op_stats")
+    _delete_rows(store, "processes", "pid", written.procs)
+    _delete_rows(store, "threads", "tid", written.threads)
     totals = columns.Aggregates(*bpfmaps.dump(bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE))
     hists = columns.Aggregates(*bpfmaps.dump(bpf["op_hist"], events.HIST_KEY_DTYPE, events.COUNT_DTYPE))
     cols, summary = scaled_op_stats(totals, hists, cycler.windows, cycler.cycled)
     store.put("op_stats", cols)
-    store.put("processes", columns.process_columns(tree.procs.values()))
+    procs = list(tree.procs.values())
+    store.put("processes", columns.process_columns(procs))
     threads = list(tree.threads.values())
     if live:
         threads += running_threads(bpf, tree, start_mono, end_ns)
     store.put("threads", columns.thread_columns(threads, calls_by_tid))
+    written.procs = {_proc_key(p) for p in procs}
+    written.threads = {_thread_key(t) for t in threads if t.end_ns is not None}
     return summary

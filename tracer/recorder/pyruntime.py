@@ -60,8 +60,10 @@ class PyRuntimeManager:
         self.bpf = bpf
         self.targets: dict[int, PyTarget] = {}
         self.parents: dict[int, int] = {}
+        # (major, minor) -> processes seen with it: the session's Python version outlives the processes
+        self.versions: dict[tuple[int, ...], int] = {}
         self._binaries: dict[tuple[str, int, int], BinaryInfo | None] = {}
-        self._codes: dict[tuple[int, int], CodeInfo | None] = {}
+        self._codes: dict[int, dict[int, CodeInfo]] = {}  # pid -> code address -> code object; forget() drops a pid
         self._registered: dict[tuple[int, int], BinaryInfo | None] = {}  # (st_dev, st_ino) in py_binaries
 
     # -- configuration ---------------------------------------------------------------------------------------
@@ -106,7 +108,7 @@ class PyRuntimeManager:
             if not target.tss_key_addr:
                 log.warning("pid %d: %s: no autoTSSkey offset for %d.%d", pid, path, *info.version)
                 return None
-            self.targets[pid] = target
+            self._set_target(target)
             self._write_cfg(target)
             self.register(path, pid)
             return target
@@ -159,8 +161,13 @@ class PyRuntimeManager:
         if info.elf_type == "ET_EXEC":
             bias = 0
         target = PyTarget(pid=pid, binary=info, bias=bias)
-        self.targets[pid] = target
+        self._set_target(target)
         return target
+
+    def _set_target(self, t: PyTarget) -> None:
+        if self.targets.get(t.pid) is None:
+            self.versions[t.version] = self.versions.get(t.version, 0) + 1
+        self.targets[t.pid] = t
 
     def _write_cfg(self, t: PyTarget) -> None:
         if self.bpf is None:
@@ -175,13 +182,14 @@ class PyRuntimeManager:
         self.parents[child] = parent
         if parent in self.targets and child not in self.targets:
             pt = self.targets[parent]
-            self.targets[child] = PyTarget(pid=child, binary=pt.binary, bias=pt.bias)
+            self._set_target(PyTarget(pid=child, binary=pt.binary, bias=pt.bias))
 
     def forget(self, pid: int) -> None:
-        """Drops the per-pid caches (call after the last stack of an exited process has been resolved)."""
+        """Drops the per-pid caches (call after the last stack of an exited process has been resolved, and of its
+        forked children: their frames may be read through it)."""
         self.targets.pop(pid, None)
-        for k in [k for k in self._codes if k[0] == pid]:
-            del self._codes[k]
+        self.parents.pop(pid, None)
+        self._codes.pop(pid, None)
 
     # -- symbolisation ---------------------------------------------------------------------------------------
 
@@ -195,7 +203,7 @@ class PyRuntimeManager:
             p = self.parents.get(p)
         layout = next((self.targets[q] for q in chain if q in self.targets), None)
         for q in chain:
-            info = self._codes.get((q, addr))
+            info = self._codes.get(q, {}).get(addr)
             if info is not None:
                 return info, layout
         for q in chain:
@@ -204,7 +212,7 @@ class PyRuntimeManager:
                 continue
             info = read_code(q, t, addr)
             if info is not None:
-                self._codes[(q, addr)] = info
+                self._codes.setdefault(q, {})[addr] = info
                 return info, t
         return None, None
 
@@ -245,6 +253,6 @@ class PyRuntimeManager:
                     file = live.filename if flags & C.CODE_F_FILE_UNREAD else file
             n = int(e["lt_len"])
             truncated = bool(flags & C.CODE_F_LT_UNREAD) or int(e["lt_full"]) > n
-            self._codes[(pid, code)] = CodeInfo(
+            self._codes.setdefault(pid, {})[code] = CodeInfo(
                 file, name or f"<unreadable {code:#x}>", int(e["firstlineno"]), e["linetable"][:n].tobytes(), truncated
             )

@@ -69,6 +69,9 @@ DRAIN_S = 0.2  # ring buffers are drained on this timer (bulk events do not wake
 # Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
 SCHED_KEEP_NS = 1_000_000
 SCHED_SAMPLE_EVERY = 16
+# An exited process (or thread) leaves the tree, its caches dropped and its row written, this long after its exit:
+# by then its last calls, stacks and per-second aggregates (drained up to the second before last) are handled.
+RETIRE_AFTER_NS = 5_000_000_000
 _RUNTIME_LAUNCH_OPS = np.array(sorted(runtime_launch_op_ids()))
 _CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cuda-host-tracer"
@@ -145,13 +148,14 @@ class Recorder:
         self.py_version: str | None = None
         self.pyrt: Any = None
         self._py_pending: dict[int, int] = {}  # pid -> configure attempts while its interpreter is not found
-        self._exited_at: dict[int, float] = {}  # pid -> when its exit was seen (its map is dropped later)
         self.stored_per_op = np.zeros(len(CATALOG), dtype=np.int64)
         self._last_hits = np.zeros(len(CATALOG), dtype=np.int64)
         self._last_tick = time.monotonic()
         self._last_cpu = _cpu_s()
         self._launch_tally = [0, 0]  # runtime launch events, of which nested (for --launch-probes auto)
-        self._calls_by_tid: dict[int, int] = {}
+        self._calls_by_tid: dict[int, int] = {}  # tid -> CUDA calls, of threads that made any (threads.cuda_calls)
+        self._rewritable = finalize.Rewritable()  # processes/threads rows a live snapshot wrote (finalize.py)
+        self._lost_proc_seen = 0  # lifecycle events lost, as of the last look for exits they hid
         self._sampled_at = time.monotonic()
         self._session_written = False
         self.live: Any = None
@@ -531,7 +535,7 @@ class Recorder:
             if self.pyrt is not None:
                 self.pyrt.note_fork(parent, child)
         for pid in ch.exits:
-            self._exited_at[pid] = time.monotonic()
+            self._py_pending.pop(pid, None)  # nothing left to configure; retried, it re-reads /proc every second
         cols = columns.proc_event_columns(ev, self.start_mono)
         if len(cols["pid"]):
             self.store.put("process_events", cols)
@@ -599,12 +603,7 @@ class Recorder:
         self._launch_tally = [0, 0]
         for pid in list(self._py_pending):
             self._pyrt_configure(pid)
-        for pid, at in list(self._exited_at.items()):
-            if now - at > 5.0:  # every event of it has been drained by now: drop its caches (respawned workers)
-                self.maps.forget(pid)
-                if self.pyrt is not None:
-                    self.pyrt.forget(pid)
-                del self._exited_at[pid]
+        self._retire(ts)
         stored = self.store.rows_written.get("cuda_calls", 0)
         frac = self.cycler.fraction
         self._status(
@@ -612,6 +611,26 @@ class Recorder:
             f"holds {self.attacher.holds.count}  overhead ~{self.estimator.overhead_pct:.1f}%"
             + (f" (launches sampled {frac:.0%})" if frac < 1 else "")
         )
+
+    def _retire(self, now_ns: int) -> None:
+        """Write the final rows of the processes and threads that exited RETIRE_AFTER_NS ago and drop everything
+        kept for them (issue 21: memory bounded by the live processes, not by every process the job forked)."""
+        lost = self._lost(events.C.LOST_PROC)
+        if lost > self._lost_proc_seen:  # some exits may be among them: a process never seen to exit never retires
+            self._lost_proc_seen = lost
+            self.tree.note_unseen_exits(now_ns, targets.is_alive)
+        gone = self.tree.retire(now_ns - RETIRE_AFTER_NS)
+        if not gone.procs and not gone.threads:
+            return
+        finalize.write_retired(self.store, gone, self._calls_by_tid, self._rewritable)
+        for p in gone.procs:
+            if p.pid in self.tree.procs:
+                continue  # its pid was reused (ProcessTree.apply): the caches under it are the new process's
+            self.maps.forget(p.pid)
+            self.resolver.forget(p.pid)
+            self._py_pending.pop(p.pid, None)
+            if self.pyrt is not None:
+                self.pyrt.forget(p.pid)
 
     def _launch_sampled(self, sec: int) -> float:
         t0 = self.start_mono + sec * 1_000_000_000
@@ -634,7 +653,8 @@ class Recorder:
             self.store.put("thread_breakdown", columns.breakdown_columns(tb, self._launch_sampled))
             self.store.put("sched_stats", columns.sched_stats_columns(tb))
             for tid, n in zip(tb.keys["tid"].tolist(), tb.vals["v"][:, events.C.TB_CALLS].tolist(), strict=True):
-                self._calls_by_tid[tid] = self._calls_by_tid.get(tid, 0) + int(n)
+                if n:  # most threads of a job make no CUDA call: no entry (threads.cuda_calls reads 0)
+                    self._calls_by_tid[tid] = self._calls_by_tid.get(tid, 0) + int(n)
         wk = take("wake_aggs", events.WAKE_KEY_DTYPE, events.WAKE_VAL_DTYPE)
         if len(wk):
             self.store.put("thread_wakers", columns.waker_columns(wk))
@@ -796,7 +816,7 @@ class Recorder:
             traced,
             stored,
             lost,
-            len(self.tree.targets()),
+            self.tree.target_count(),
             [lib.path for lib in self.attacher.attached.values()],
             summary_ops,
             self.notes,
@@ -814,7 +834,15 @@ class Recorder:
     def _write_totals(self, end_ns: int, live: bool) -> list[columns.OpSummary]:
         """op_stats, processes and threads as of ``end_ns`` (finalize.write_totals); return the per-op summary."""
         return finalize.write_totals(
-            self.store, self.bpf, self.tree, self.cycler, self._calls_by_tid, self.start_mono, end_ns, live
+            self.store,
+            self.bpf,
+            self.tree,
+            self.cycler,
+            self._calls_by_tid,
+            self.start_mono,
+            end_ns,
+            live,
+            self._rewritable,
         )
 
     def _first_event_s(self) -> float | None:
@@ -826,9 +854,8 @@ class Recorder:
     def _write_session_row(self, status: str, traced: int = 0, stored: int = 0, lost: int = 0) -> None:
         env = environment() if not hasattr(self, "_env") else self._env
         self._env = env
-        if self.pyrt is not None and self.pyrt.targets:
-            versions = [t.version for t in self.pyrt.targets.values()]
-            self.py_version = ".".join(map(str, max(set(versions), key=versions.count)))
+        if self.pyrt is not None and self.pyrt.versions:
+            self.py_version = ".".join(map(str, max(self.pyrt.versions, key=self.pyrt.versions.__getitem__)))
         target = f"pid {self.opts.pid}" if self.opts.pid is not None else " ".join(self.opts.command or [])
         libs = ", ".join(lib.path for lib in self.attacher.attached.values()) if hasattr(self, "attacher") else ""
         usage = resource.getrusage(resource.RUSAGE_SELF)

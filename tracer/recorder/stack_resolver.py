@@ -79,9 +79,12 @@ class StackResolver:
         self._drains = 0
         self._frames: dict[int, tuple[Frame, ...]] = {}  # stack hash -> frames without the CUDA entry point
         self._ids: dict[tuple[Frame, ...], int] = {}  # full frames -> stack_id
-        self._ref_op: dict[tuple[int, int], int | None] = {}  # (hash, op) -> stack_id
-        self.handle_names: dict[tuple[int, int], str] = {}  # (pid, CUfunction/CUkernel) -> name, from probes
-        self._kernels: dict[tuple[int, int], tuple[str | None, str | None]] = {}
+        self._ref_op: dict[int, dict[int, int]] = {}  # stack hash -> op (-1: none) -> stack_id
+        # The kernel's stack hashes are per process (cuda.bpf.c seeds them with the tgid): each process's, so that
+        # forget() drops them with it
+        self._refs_of: dict[int, list[int]] = {}
+        self.handle_names: dict[int, dict[int, str]] = {}  # pid -> CUfunction/CUkernel -> name, from probes
+        self._kernels: dict[int, dict[int, tuple[str | None, str | None]]] = {}  # pid -> launch target -> name
         self.resolved = 0  # distinct stacks resolved
 
     # --- stacks ------------------------------------------------------------------------------------------------
@@ -109,6 +112,7 @@ class StackResolver:
                     infos = []
                 py = [("python", fi.filename, fi.qualname, fi.filename, fi.line, fi.approx) for fi in reversed(infos)]
             self._frames[rec.stack_ref] = tuple(merge_stacks(py, native))
+            self._refs_of.setdefault(rec.pid, []).append(rec.stack_ref)
             self.resolved += 1
         self._drains += 1
         for ref in [r for r, (n, _) in self._ustacks.items() if n < self._drains - 2]:
@@ -151,9 +155,10 @@ class StackResolver:
         return [self._stack_id(r, None) if r else None for r in refs.tolist()]
 
     def _stack_id(self, ref: int, op: int | None) -> int | None:
-        key = (ref, -1 if op is None else op)
-        if key in self._ref_op:
-            return self._ref_op[key]
+        key = -1 if op is None else op
+        known = self._ref_op.get(ref)
+        if known is not None and key in known:
+            return known[key]
         frames = self._frames.get(ref)
         if frames is None:
             return None  # not cached: a later resend can still resolve it
@@ -169,8 +174,19 @@ class StackResolver:
             sid = len(self._ids) + 1
             self._ids[full] = sid
             self.put_stack(sid, full)
-        self._ref_op[key] = sid
+        self._ref_op.setdefault(ref, {})[key] = sid
         return sid
+
+    def forget(self, pid: int) -> None:
+        """Drop what is kept for one process: its stack hashes and its launch targets' names (call once its last
+        call and stack have been resolved, and its forked children's, which look names up through it). The
+        stacks themselves (frames -> stack_id) are shared by every process and stay."""
+        for ref in self._refs_of.pop(pid, ()):
+            self._frames.pop(ref, None)
+            self._ref_op.pop(ref, None)
+            self._ustacks.pop(ref, None)
+        self.handle_names.pop(pid, None)
+        self._kernels.pop(pid, None)
 
     # --- kernel names ------------------------------------------------------------------------------------------
 
@@ -184,26 +200,25 @@ class StackResolver:
             name = self.symbolizer.kernel_name(pid, stub)[0] if stub else demangle(raw) if raw else None
             if not name or not handle:
                 continue
-            self.handle_names[(pid, handle)] = name
-            self._kernels.pop((pid, handle), None)
+            self.handle_names.setdefault(pid, {})[handle] = name
+            self._kernels.get(pid, {}).pop(handle, None)
             rows.append((pid, handle, name))
         return rows
 
     def kernel(self, pid: int, func: int) -> tuple[str | None, str | None]:
         """(name, None) of a launch target, or (None, why not): a handle named here or in an ancestor (forked
         workers inherit them), else the host stub's symbol in the mapped file."""
-        key = (pid, func)
-        hit = self._kernels.get(key)
+        hit = self._kernels.get(pid, {}).get(func)
         if hit is None:
             name = None
             p: int | None = pid
             seen: set[int] = set()
             while p and name is None and p not in seen:
                 seen.add(p)
-                name = self.handle_names.get((p, func))
+                name = self.handle_names.get(p, {}).get(func)
                 p = self.parent_of(p)
             hit = (name, None) if name is not None else self.symbolizer.kernel_name(pid, func)
-            self._kernels[key] = hit
+            self._kernels.setdefault(pid, {})[func] = hit
         return hit
 
     def kernels(self, ev: np.ndarray) -> tuple[pa.Array, pa.Array]:
