@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tracedb import MAIN_PID, build
+from tracedb import MAIN_PID, SCENARIOS, S, add_tracer, build, builder
 
 from tracer.analysis.db import open_trace
 from tracer.analysis.processes import (
@@ -11,10 +11,11 @@ from tracer.analysis.processes import (
     TOP_BUSY_THREADS,
     BusyThread,
     group_processes,
+    grouped_processes,
     top_busy_threads,
 )
 from tracer.analysis.recording import load_recording
-from tracer.analysis.stats import ProcessStat, trace_stats
+from tracer.analysis.stats import ProcessStat, process_rows, trace_stats
 
 
 def proc(pid, comm, role, ppid=1, calls=0, off=0.1, worst=1.0, exit_s=None, code=None, rank=None):
@@ -128,3 +129,29 @@ def test_the_overview_never_drops_a_rank_main_thread_for_another():
     assert {b.tid for b in shown} == {3001, 3002, 3003} and more == 4
     # AND under the cap nothing is left out
     assert top_busy_threads(threads, limit=10) == (threads, 0)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_groups_summed_in_duckdb_are_the_groups_of_the_rows(tmp_path, name):
+    # GIVEN a scenario with, on top of its own processes, the recorder, a shell whose helpers each run a command
+    # (parents that stand for their group), failed and living helpers, and a chain of forks deeper than one level
+    b = builder(name)
+    add_tracer(b)
+    b.process(700, "sh", ppid=MAIN_PID, first_ns=S, exit_ns=2 * S, exit_code=0)
+    for i in range(30):
+        b.process(710 + i, "sh", ppid=700, first_ns=S + i, exit_ns=S + i + 10, exit_code=256 * (i % 7 == 0))
+        b.process(750 + i, "git", ppid=710 + i, first_ns=S + i + 1, exit_ns=None if i == 3 else S + i + 5)
+    b.process(800, "python3", ppid=750, first_ns=S + 5)
+    db = b.write(tmp_path / "t.duckdb")
+    # WHEN the overview sums them by group in DuckDB
+    with open_trace(db) as c:
+        info = load_recording(c)
+        fast = grouped_processes(c, info)
+        rows = group_processes(process_rows(c, info=info))
+    # THEN it has exactly the groups of the process rows, in their order, with the same figures
+    assert [g.model_dump(exclude={"off_cpu_s", "runq_s"}) for g in fast] == [
+        g.model_dump(exclude={"off_cpu_s", "runq_s"}) for g in rows
+    ]
+    secs = [x for g in fast for x in (g.off_cpu_s, g.runq_s)]
+    assert secs == pytest.approx([x for g in rows for x in (g.off_cpu_s, g.runq_s)], abs=1e-3)
+    assert any(g.comm == "git" and g.processes == 30 and g.exited == 29 for g in fast)

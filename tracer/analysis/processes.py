@@ -123,6 +123,103 @@ def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[
     return out
 
 
+# Each process with its figures and its place in the analysis' ranking (rn: main first, then by CUDA calls and
+# off-CPU time): what stats.process_rows lists one by one and grouped_processes sums by group in DuckDB.
+PROCESS_FIGURES_SQL = """
+    SELECT p.pid, p.ppid, coalesce(p.comm, '') AS comm, {rank} AS rank, p.first_ns, p.exit_ns, p.exit_code,
+           coalesce(o.calls, 0)::BIGINT AS calls, coalesce(s.sw, 0)::BIGINT AS sw, coalesce(s.pre, 0)::BIGINT AS pre,
+           coalesce(s.off, 0) AS off, coalesce(s.rq, 0) AS rq, coalesce(s.worst, 0) AS worst,
+           row_number() OVER (ORDER BY (p.pid = $main) DESC, coalesce(o.calls, 0) DESC, coalesce(s.off, 0) DESC,
+                              p.pid) AS rn
+    FROM processes p
+    LEFT JOIN (SELECT pid, sum(calls) AS calls FROM op_stats GROUP BY pid) o USING (pid)
+    LEFT JOIN (SELECT pid, sum(switches) AS sw, sum(preemptions) AS pre, sum(off_cpu_ns) AS off,
+                      sum(runq_ns) AS rq, max(max_off_cpu_ns) AS worst FROM sched_stats GROUP BY pid) s USING (pid)
+    WHERE ($pid IS NULL OR p.pid = $pid)
+"""
+
+
+def grouped_processes(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> list[ProcessGroup]:
+    """Return every process grouped as :func:`group_processes` groups them, summed in DuckDB.
+
+    A fork-heavy recording has 200 K processes: a Python row each was most of `get_trace_stats` (issue 21). The
+    processes whose role their name does not tell (the main process, each rank, a launcher, the tracer's, one that
+    took its rank from an NCCL communicator) are rows of their own; the rest are summed per (comm, parent, rank),
+    which share a role (the name tells a DataLoader worker from another child), and those sums are then grouped
+    by the same key as group_processes, each parent standing for its group."""
+    procs = info.procs
+    special = (
+        set(info.tracer_pids)
+        | set(info.rank_pids)
+        | set(info.nccl_ranked)
+        | {p.pid for p in procs.values() if p.launcher or p.role == TRACER_ROLE}
+    )
+    if info.main_pid is not None:
+        special.add(info.main_pid)
+    rank = "p.rank" if info.has("processes", "rank") else "NULL"
+    rows = conn.execute(
+        f"""
+        WITH p AS ({PROCESS_FIGURES_SQL.format(rank=rank)}),
+        g AS (SELECT comm, ppid, rank, CASE WHEN list_contains($special, pid) THEN pid END AS own, count(*) AS n,
+                     arg_min(pid, rn) AS pid, min(rn) AS rn, sum(calls)::BIGINT AS calls, sum(sw)::BIGINT AS sw,
+                     sum(pre)::BIGINT AS pre, sum(off) AS off, sum(rq) AS rq, max(worst) AS worst,
+                     min(coalesce(first_ns, 0)) AS first_ns, count(exit_ns) AS exited,
+                     count(*) FILTER (WHERE exit_ns IS NOT NULL AND coalesce(exit_code, 0) <> 0) AS failed,
+                     any_value(exit_ns) AS exit_ns, any_value(exit_code) AS exit_code
+              FROM p GROUP BY ALL)
+        SELECT pid, comm, ppid, n, calls, sw, pre, off, rq, worst, first_ns, exited, failed, exit_ns, exit_code
+        FROM g ORDER BY rn""",
+        {"main": info.main_pid, "pid": None, "special": sorted(special)},
+    ).fetchall()
+    role = info.process_role
+    keys: dict[int, tuple] = {}
+
+    def key_of(pid: int) -> tuple:
+        """(comm, parent's key or pid, role, rank) of traced process ``pid`` (walked up once per parent)."""
+        chain, seen, q = [], set(), pid
+        while q not in keys and q not in seen and q in procs:
+            chain.append(q)
+            seen.add(q)
+            q = procs[q].ppid
+        for c in reversed(chain):
+            p = procs[c]
+            keys[c] = (p.comm, keys.get(p.ppid, p.ppid), role(c), p.rank)
+        return keys.get(pid, (None, pid, None, None))
+
+    members: dict[tuple, list[tuple]] = {}
+    for r in rows:
+        pid, comm, ppid = r[0], r[1], r[2]
+        p = procs.get(pid)
+        parent = key_of(ppid) if ppid in procs else ppid
+        members.setdefault((comm, parent, role(pid), p.rank if p else None), []).append(r)
+    out = []
+    for (comm, _, r_role, rank), rs in members.items():
+        n = sum(r[3] for r in rs)
+        one = rs[0] if n == 1 else None
+        out.append(
+            ProcessGroup(
+                comm=comm,
+                ppid=rs[0][2],
+                role=r_role,
+                rank=rank,
+                processes=n,
+                pid=rs[0][0],
+                cuda_calls=sum(r[4] for r in rs),
+                context_switches=sum(r[5] for r in rs),
+                preemptions=sum(r[6] for r in rs),
+                off_cpu_s=round(sum(r[7] for r in rs) / 1e9, 3),
+                runq_s=round(sum(r[8] for r in rs) / 1e9, 3),
+                worst_stall_ms=round(max(r[9] for r in rs) / 1e6, 2),
+                first_s=round(min(r[10] for r in rs) / 1e9, 3),
+                exited=sum(r[11] for r in rs),
+                failed=sum(r[12] for r in rs),
+                exit_s=round(one[13] / 1e9, 3) if one and one[13] is not None else None,
+                exit_code=one[14] if one else None,
+            )
+        )
+    return out
+
+
 # thread_breakdown's columns by the part of the headline they go to
 _HEADLINE_PARTS = {
     "cpu": ("cpu_ns",),

@@ -71,6 +71,7 @@ class RecordingInfo:
     main_pid: int | None = None
     has_breakdown: bool = False
     has_wakers: bool = False
+    nccl_ranked: frozenset[int] = frozenset()  # processes that took their rank from an NCCL communicator
 
     def has(self, table: str, column: str | None = None) -> bool:
         """Return True when the DB has ``table`` (and its ``column``)."""
@@ -229,6 +230,7 @@ def _ranks_from_nccl(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> No
     ).fetchall():
         p = info.procs.get(pid)
         if p is not None and p.rank is None and p.role != TRACER_ROLE:
+            info.nccl_ranked = info.nccl_ranked | {pid}
             info.procs[pid] = p._replace(rank=int(rank), world_size=int(nranks), job_id=f"nccl:{int(id_hash):016x}")
 
 

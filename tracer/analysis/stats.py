@@ -24,11 +24,13 @@ from tracer.analysis.chains import ChainContext, compute_chains
 from tracer.analysis.db import RecordingState, recording_state, session_row, thinned_note
 from tracer.analysis.job import job_alignment
 from tracer.analysis.processes import (
+    PROCESS_FIGURES_SQL,
     TOP_BUSY_THREADS,
     BusyThread,
     ProcessGroup,
     busy_threads,
     group_processes,
+    grouped_processes,
     top_busy_threads,
 )
 from tracer.analysis.recording import DATALOADER_COMM, RecordingInfo, load_recording, main_pid
@@ -305,18 +307,8 @@ def process_rows(
     it)."""
     info = info or load_recording(conn)
     got = conn.execute(
-        """
-        SELECT p.pid, p.ppid, p.comm, p.first_ns / 1e9, p.exit_ns / 1e9, p.exit_code,
-               coalesce(o.calls, 0)::BIGINT, coalesce(s.sw, 0)::BIGINT, coalesce(s.pre, 0)::BIGINT,
-               coalesce(s.off, 0) / 1e9, coalesce(s.rq, 0) / 1e9, coalesce(s.worst, 0) / 1e6
-        FROM processes p
-        LEFT JOIN (SELECT pid, sum(calls) AS calls FROM op_stats GROUP BY pid) o USING (pid)
-        LEFT JOIN (SELECT pid, sum(switches) AS sw, sum(preemptions) AS pre, sum(off_cpu_ns) AS off,
-                          sum(runq_ns) AS rq, max(max_off_cpu_ns) AS worst FROM sched_stats GROUP BY pid) s
-               USING (pid)
-        WHERE ($pid IS NULL OR p.pid = $pid)
-        ORDER BY (p.pid = $main) DESC, coalesce(o.calls, 0) DESC, coalesce(s.off, 0) DESC, p.pid
-    """,
+        f"SELECT pid, ppid, comm, first_ns / 1e9, exit_ns / 1e9, exit_code, calls, sw, pre, off / 1e9, rq / 1e9, "
+        f"worst / 1e6 FROM ({PROCESS_FIGURES_SQL.format(rank='NULL')}) ORDER BY rn",
         {"pid": pid, "main": info.main_pid},
     ).fetchall()
     role, procs = info.process_role, info.procs
@@ -352,8 +344,9 @@ def process_stats(
 def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: RecordingInfo, detail: bool) -> dict:
     """The processes part of the overview: groups (the top ones unless ``detail``), busy threads, and one row
     per process with ``detail`` or a ``pid``."""
-    rows = process_rows(conn, pid=pid, info=info)
-    groups = group_processes(rows)
+    # every process's row only when they are listed; else their groups, summed in DuckDB
+    rows = process_rows(conn, pid=pid, info=info) if detail or pid is not None else []
+    groups = group_processes(rows) if rows else grouped_processes(conn, info)
     if not detail:
         # the recorder's own processes have their section (tracer): listing them here too cost a tenth of the
         # 4 KB an assistant's first answer is allowed (issue 23)

@@ -4,6 +4,7 @@ counted then made, the warnings and the headline written."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import PurePath
 
 import duckdb
@@ -54,7 +55,14 @@ def compare_traces(
         before_name, after_name: how the sides are named in the result (their files).
         same_file: the two connections read one file (the result says so).
     """
-    side_before, side_after = load_side(before, before_name), load_side(after, after_name)
+    # the sides load in parallel: each is its own connection, and their queries run while the other side's Python
+    # holds the interpreter (2.6 -> 2.4 s on two hour-long 200 K-process recordings, issue 21)
+    if before is after:  # one connection is never used from two threads
+        side_before, side_after = load_side(before, before_name), load_side(after, after_name)
+    else:
+        with ThreadPoolExecutor(2) as pool:
+            later = pool.submit(load_side, after, after_name)
+            side_before, side_after = load_side(before, before_name), later.result()
     cadence_before, cadence_after = cadence(side_before), cadence(side_after)
     launch_error = (cadence_before.launch_error, cadence_after.launch_error)
     tests = NoiseTests()
