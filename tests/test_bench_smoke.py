@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import pytest
 
-from bench import churn_memory, common, ingest, overhead, probe_cost, queries, startup, storage
+from bench import churn_memory, common, fork_heavy, ingest, overhead, probe_cost, queries, scaling, startup, storage
+from tracer.analysis.stats import trace_stats
 
 
 def test_write_result_has_machine_and_timestamp(tmp_path: Path) -> None:
@@ -185,3 +187,25 @@ def test_storage_table_bytes(tmp_path: Path) -> None:
     res = storage.summarize(db.stat().st_size, tables, duration_s=2.0)
     for key in ("bytes_per_call", "db_bytes_per_min", "cuda_calls_rows", "tables", "other_tables_bytes"):
         assert key in res
+
+
+def test_scaling_recording_is_a_sample_of_exact_counts(tmp_path: Path) -> None:
+    # the size-2 recording at a tiny scale: helpers, workers, and op_stats counting SAMPLED calls per stored row
+    db = scaling.generate(tmp_path / "s.duckdb", 2, procs=300, rows=20_000, duration_s=60)
+    with duckdb.connect(str(db), read_only=True) as c:
+        (helpers,) = c.execute("SELECT count(*) FROM processes WHERE comm = 'true'").fetchone()
+        counts = c.execute(
+            "SELECT o.calls, s.n, list_sum(list_transform(o.hist, lambda b: b.count)) FROM op_stats o "
+            "JOIN (SELECT pid, op, layer, count(*) AS n FROM cuda_calls GROUP BY ALL) s USING (pid, op, layer)"
+        ).fetchall()
+        stats = trace_stats(c)
+    assert helpers == 600
+    assert counts and all(calls == scaling.SAMPLED * n == hist for calls, n, hist in counts)
+    # and the analyses read it as a recording: the helpers one group under their shell
+    assert any(g.comm == "true" and g.processes == 600 for g in stats.process_groups)
+
+
+def test_fork_heavy_job_ends_with_its_mark() -> None:
+    cmd = fork_heavy.job(1000)
+    assert "fork_churn.py --procs 1000" in cmd and "step_loop.py --duration 5" in cmd
+    assert cmd.endswith(f"echo {fork_heavy.END_MARK}$(date +%s.%N) >&2")
