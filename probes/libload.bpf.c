@@ -30,7 +30,9 @@ static __always_inline u64 py_text_offset(struct file_key *k)
 }
 
 #ifndef MAPS_RB_PAGES
-#define MAPS_RB_PAGES 128 /* 512 KiB = ~800 map_events: a process maps tens of executable files, torch ~200 */
+/* 2 MiB = ~3,200 map_events between two drains: a process maps tens of executable files, torch ~200; a job that
+ * starts 1,000 short commands a second maps ~3,000 (ld.so, libc, the program): 512 KiB lost a third of them. */
+#define MAPS_RB_PAGES 512
 #endif
 #define PROT_EXEC_FLAG 4
 #define MAP_ANON_FLAG 0x20
