@@ -31,17 +31,27 @@ from tracer.recorder import Recorder, RecordOptions
 rec = Recorder(RecordOptions(db=Path(sys.argv[1]), command=sys.argv[2:]))
 summary = rec.run()
 r, py, m = rec.resolver, rec.pyrt, rec.maps
+live_refs = {ref for refs in r._refs_of.values() for ref in refs}
 print(json.dumps({
     "status": summary.status,
     "processes": summary.processes,
-    "in_tree": len(rec.tree.targets()),
-    "threads": len(rec.tree.threads),
-    "maps": len(m._maps),
-    "py": len(py.targets) + len(py.parents) + len(py._codes),
-    "py_pending": len(rec._py_pending),
-    "stacks": len(r._frames) + len(r._ref_op) + len(r._refs_of),
-    "kernels": len(r.handle_names) + len(r._kernels),
-    "calls_by_tid": len(rec._calls_by_tid),
+    "tree": sorted(rec.tree.procs),  # the processes it still keeps, its own (role tracer) too
+    "targets": len(rec.tree.targets()),
+    "threads": sorted(rec.tree.threads),
+    # each per-process container's keys: pids (tids for the call counts)
+    "by_pid": {
+        "maps": sorted(m._maps),
+        "py_targets": sorted(py.targets),
+        "py_parents": sorted(py.parents),
+        "py_codes": sorted(py._codes),
+        "py_pending": sorted(rec._py_pending),
+        "stack_refs": sorted(r._refs_of),
+        "kernel_handles": sorted(r.handle_names),
+        "kernels": sorted(r._kernels),
+    },
+    "calls_by_tid": sorted(rec._calls_by_tid),
+    # stacks cached that no tracked process owns
+    "orphan_stacks": len((set(r._frames) | set(r._ref_op)) - live_refs),
 }))
 """
 
@@ -61,13 +71,19 @@ def test_forked_processes_leave_the_recorder_once_exited(tmp_path: Path) -> None
     )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    # THEN it kept only the processes that were still running or exited within the delay (sh, sleep), with nothing
-    # of the others in any per-process cache
+    # THEN it kept only the processes that were still running or exited within the delay (sh, sleep)...
     assert got["status"] == "target_exited" and got["processes"] >= PROCS + 2, got
-    assert got["in_tree"] <= 3, got
-    for k in ("maps", "py", "py_pending", "stacks", "kernels", "calls_by_tid", "threads"):
-        assert got[k] <= 10, (k, got)
+    tree, threads = set(got["tree"]), set(got["threads"])
+    assert got["targets"] <= 3 and len(threads) <= 3, got
+    # ...and nothing of the others in any per-process cache: every key is a process (thread) it still keeps, and
+    # no cached stack is left without the process that owned it
+    for k, pids in got["by_pid"].items():
+        assert set(pids) <= tree, (k, got)
+    assert set(got["calls_by_tid"]) <= threads, got
+    assert got["orphan_stacks"] == 0, got
     # ...and every forked process has its row, with its exit
+    forked = {pid for (pid,) in query(db, "SELECT pid FROM processes WHERE comm = 'true'")}
+    assert not forked & (tree | threads), forked & (tree | threads)
     rows = query(db, "SELECT count(*), count(exit_ns), count(exit_code) FROM processes WHERE comm = 'true'")
     notes = query(db, "SELECT notes FROM session")[0][0]
     assert rows == [(PROCS, PROCS, PROCS)], (rows, notes)
