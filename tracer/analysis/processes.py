@@ -11,8 +11,8 @@ for another: on a 3-rank torchrun job the straggler rank's main thread was dropp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Annotated
+from collections.abc import Callable, Sequence
+from typing import Annotated, NamedTuple
 
 import duckdb
 from pydantic import Field
@@ -63,6 +63,32 @@ class BusyThread(Record):
     headline: Annotated[str, Field(description="its time by part, largest first, e.g. 'cpu 85%, blocked 12%'")]
 
 
+class _Members(NamedTuple):
+    """One process, or processes summed that are sure to share a group (:func:`grouped_processes`): what a group
+    adds up. Times in seconds (worst_stall_ms in ms), as ProcessStat has them."""
+
+    pid: int  # the first of them in the analysis' ranking
+    ppid: int | None
+    comm: str
+    role: str
+    rank: int | None
+    processes: int
+    cuda_calls: int
+    context_switches: int
+    preemptions: int
+    off_cpu_s: float
+    runq_s: float
+    worst_stall_ms: float
+    first_s: float
+    exited: int
+    failed: int
+    exit_s: float | None  # a single process's
+    exit_code: int | None
+
+
+Who = tuple[str, "int | None", str, "int | None"]  # a traced process's (comm, ppid, role, rank)
+
+
 def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[ProcessGroup]:
     """Return ``procs`` (ProcessStat or stats.ProcessRow rows, in the analysis' ranking: main first, then by CUDA
     calls and off-CPU time) grouped by (comm, parent, role, rank), in the order of each group's first process.
@@ -70,52 +96,73 @@ def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[
     A parent that is itself traced stands for its group, not its pid: the ``uname`` that each of twelve start-up
     ``sh -c`` helpers ran is one row beside the ``sh`` row, not twelve rows of one (issue 23: a real recording with
     12 helpers answered get_trace_stats in 4.6 KB)."""
-    by_pid = {p.pid: p for p in procs}
+    by_pid = {p.pid: (p.comm, p.ppid, p.role, p.rank) for p in procs}
+    alone = [
+        _Members(
+            p.pid,
+            p.ppid,
+            p.comm,
+            p.role,
+            p.rank,
+            1,
+            p.cuda_calls,
+            p.context_switches,
+            p.preemptions,
+            p.off_cpu_s,
+            p.runq_s,
+            p.worst_stall_ms,
+            p.first_s,
+            int(p.exit_s is not None),
+            int(p.exit_s is not None and bool(p.exit_code)),
+            p.exit_s,
+            p.exit_code,
+        )  # fmt: skip
+        for p in procs
+    ]
+    return _groups(alone, by_pid.get)
+
+
+def _groups(members: Sequence[_Members], who: Callable[[int | None], Who | None]) -> list[ProcessGroup]:
+    """Sum ``members`` (in the ranking's order) by group: (comm, parent's group key or, untraced, its pid, role,
+    rank), each traced process's key from ``who`` (the one walk up the tree both ways of grouping share)."""
     keys: dict[int, tuple] = {}
 
-    def key(p) -> tuple:
-        parent = by_pid.get(p.ppid)
-        if parent is None or parent.pid in keys:  # most processes: a root, or a child of a keyed parent
-            k = keys[p.pid] = (p.comm, keys.get(p.ppid, p.ppid), p.role, p.rank)
-            return k
+    def key(pid: int) -> tuple | None:
         # iterative: a fork chain can be deeper than Python's recursion limit
-        chain, seen, q = [], set(), p
-        while q.pid not in keys and q.pid not in seen:
-            chain.append(q)
-            seen.add(q.pid)
-            parent = by_pid.get(q.ppid)
-            if parent is None:
-                break
-            q = parent
-        for c in reversed(chain):  # the topmost unkeyed ancestor first: each parent is keyed before its children
-            keys[c.pid] = (c.comm, keys.get(c.ppid, c.ppid), c.role, c.rank)
-        return keys[p.pid]
+        chain, seen, q = [], set(), pid
+        while q is not None and q not in keys and q not in seen and (me := who(q)) is not None:
+            chain.append((q, me))
+            seen.add(q)
+            q = me[1]
+        for c, (comm, ppid, role, rank) in reversed(chain):  # the topmost unkeyed ancestor first
+            keys[c] = (comm, keys.get(ppid, ppid), role, rank)
+        return keys.get(pid)
 
-    members: dict[tuple, list] = {}
-    for p in procs:
-        members.setdefault(key(p), []).append(p)
+    groups: dict[tuple, list[_Members]] = {}
+    for m in members:
+        groups.setdefault(key(m.pid) or (m.comm, m.ppid, m.role, m.rank), []).append(m)
     out = []
-    for (comm, _, role, rank), ps in members.items():
-        ppid = ps[0].ppid
-        exited = [p for p in ps if p.exit_s is not None]
-        one = ps[0] if len(ps) == 1 else None
+    for ms in groups.values():
+        first = ms[0]
+        n = sum(m.processes for m in ms)
+        one = first if n == 1 else None
         out.append(
             ProcessGroup(
-                comm=comm,
-                ppid=ppid,
-                role=role,
-                rank=rank,
-                processes=len(ps),
-                pid=ps[0].pid,
-                cuda_calls=sum(p.cuda_calls for p in ps),
-                context_switches=sum(p.context_switches for p in ps),
-                preemptions=sum(p.preemptions for p in ps),
-                off_cpu_s=round(sum(p.off_cpu_s for p in ps), 3),
-                runq_s=round(sum(p.runq_s for p in ps), 3),
-                worst_stall_ms=round(max(p.worst_stall_ms for p in ps), 2),
-                first_s=round(min(p.first_s for p in ps), 3),
-                exited=len(exited),
-                failed=sum(bool(p.exit_code) for p in exited),
+                comm=first.comm,
+                ppid=first.ppid,
+                role=first.role,
+                rank=first.rank,
+                processes=n,
+                pid=first.pid,
+                cuda_calls=sum(m.cuda_calls for m in ms),
+                context_switches=sum(m.context_switches for m in ms),
+                preemptions=sum(m.preemptions for m in ms),
+                off_cpu_s=round(sum(m.off_cpu_s for m in ms), 3),
+                runq_s=round(sum(m.runq_s for m in ms), 3),
+                worst_stall_ms=round(max(m.worst_stall_ms for m in ms), 2),
+                first_s=round(min(m.first_s for m in ms), 3),
+                exited=sum(m.exited for m in ms),
+                failed=sum(m.failed for m in ms),
                 exit_s=round(one.exit_s, 3) if one and one.exit_s is not None else None,
                 exit_code=one.exit_code if one else None,
             )
@@ -145,8 +192,8 @@ def grouped_processes(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> l
     A fork-heavy recording has 200 K processes: a Python row each was most of `get_trace_stats` (issue 21). The
     processes whose role their name does not tell (the main process, each rank, a launcher, the tracer's, one that
     took its rank from an NCCL communicator) are rows of their own; the rest are summed per (comm, parent, rank),
-    which share a role (the name tells a DataLoader worker from another child), and those sums are then grouped
-    by the same key as group_processes, each parent standing for its group."""
+    which share a role (the name tells a DataLoader worker from another child) and so a group; those sums are then
+    grouped as group_processes groups processes, each keyed by its first process."""
     procs = info.procs
     special = (
         set(info.tracer_pids)
@@ -159,65 +206,26 @@ def grouped_processes(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> l
     rank = "p.rank" if info.has("processes", "rank") else "NULL"
     rows = conn.execute(
         f"""
-        WITH p AS ({PROCESS_FIGURES_SQL.format(rank=rank)}),
-        g AS (SELECT comm, ppid, rank, CASE WHEN list_contains($special, pid) THEN pid END AS own, count(*) AS n,
-                     arg_min(pid, rn) AS pid, min(rn) AS rn, sum(calls)::BIGINT AS calls, sum(sw)::BIGINT AS sw,
-                     sum(pre)::BIGINT AS pre, sum(off) AS off, sum(rq) AS rq, max(worst) AS worst,
-                     min(coalesce(first_ns, 0)) AS first_ns, count(exit_ns) AS exited,
-                     count(*) FILTER (WHERE exit_ns IS NOT NULL AND coalesce(exit_code, 0) <> 0) AS failed,
-                     any_value(exit_ns) AS exit_ns, any_value(exit_code) AS exit_code
-              FROM p GROUP BY ALL)
-        SELECT pid, comm, ppid, n, calls, sw, pre, off, rq, worst, first_ns, exited, failed, exit_ns, exit_code
-        FROM g ORDER BY rn""",
+        WITH p AS ({PROCESS_FIGURES_SQL.format(rank=rank)})
+        SELECT arg_min(pid, rn), ppid, comm, count(*), sum(calls)::BIGINT, sum(sw)::BIGINT, sum(pre)::BIGINT,
+               sum(off) / 1e9, sum(rq) / 1e9, max(worst) / 1e6, min(coalesce(first_ns, 0)) / 1e9, count(exit_ns),
+               count(*) FILTER (WHERE exit_ns IS NOT NULL AND coalesce(exit_code, 0) <> 0),
+               any_value(exit_ns) / 1e9, any_value(exit_code)
+        FROM p GROUP BY comm, ppid, rank, CASE WHEN list_contains($special, pid) THEN pid END
+        ORDER BY min(rn)""",
         {"main": info.main_pid, "pid": None, "special": sorted(special)},
     ).fetchall()
     role = info.process_role
-    keys: dict[int, tuple] = {}
 
-    def key_of(pid: int) -> tuple:
-        """(comm, parent's key or pid, role, rank) of traced process ``pid`` (walked up once per parent)."""
-        chain, seen, q = [], set(), pid
-        while q not in keys and q not in seen and q in procs:
-            chain.append(q)
-            seen.add(q)
-            q = procs[q].ppid
-        for c in reversed(chain):
-            p = procs[c]
-            keys[c] = (p.comm, keys.get(p.ppid, p.ppid), role(c), p.rank)
-        return keys.get(pid, (None, pid, None, None))
+    def who(pid: int | None) -> Who | None:
+        p = procs.get(pid) if pid is not None else None
+        return None if p is None else (p.comm, p.ppid, role(p.pid), p.rank)
 
-    members: dict[tuple, list[tuple]] = {}
-    for r in rows:
-        pid, comm, ppid = r[0], r[1], r[2]
+    members = []
+    for pid, ppid, comm, *figures in rows:
         p = procs.get(pid)
-        parent = key_of(ppid) if ppid in procs else ppid
-        members.setdefault((comm, parent, role(pid), p.rank if p else None), []).append(r)
-    out = []
-    for (comm, _, r_role, rank), rs in members.items():
-        n = sum(r[3] for r in rs)
-        one = rs[0] if n == 1 else None
-        out.append(
-            ProcessGroup(
-                comm=comm,
-                ppid=rs[0][2],
-                role=r_role,
-                rank=rank,
-                processes=n,
-                pid=rs[0][0],
-                cuda_calls=sum(r[4] for r in rs),
-                context_switches=sum(r[5] for r in rs),
-                preemptions=sum(r[6] for r in rs),
-                off_cpu_s=round(sum(r[7] for r in rs) / 1e9, 3),
-                runq_s=round(sum(r[8] for r in rs) / 1e9, 3),
-                worst_stall_ms=round(max(r[9] for r in rs) / 1e6, 2),
-                first_s=round(min(r[10] for r in rs) / 1e9, 3),
-                exited=sum(r[11] for r in rs),
-                failed=sum(r[12] for r in rs),
-                exit_s=round(one[13] / 1e9, 3) if one and one[13] is not None else None,
-                exit_code=one[14] if one else None,
-            )
-        )
-    return out
+        members.append(_Members(pid, ppid, comm, role(pid), p.rank if p else None, *figures))
+    return _groups(members, who)
 
 
 # thread_breakdown's columns by the part of the headline they go to
