@@ -76,13 +76,17 @@ def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None
         ).fetchall():
             meta[r[0]] = r
     firsts = np.flatnonzero(np.r_[True, (tids[1:] != tids[:-1]) | (pids[1:] != pids[:-1])])
-    bounds = np.column_stack([firsts, np.r_[firsts[1:], len(tids)]])
+    ends = np.r_[firsts[1:], len(tids)]
     totals = np.add.reduceat(values, firsts, axis=0)
     t_tids, t_pids = tids[firsts], pids[firsts]
+    if meta:
+        calls = np.fromiter((int((meta.get(t) or (0,) * 7)[6] or 0) for t in t_tids.tolist()), np.int64, len(t_tids))
+    else:  # no threads rows: a thread issued CUDA calls when it spent time in them
+        calls = (sum(totals[:, FIELDS.index(p)] for p in CALL_PART_NAMES) > 0).astype(np.int64)
 
-    def make(tid: int, p: int, a: int, _b: int, total: list[int], rows: SecondRows) -> ThreadTime:
-        m = meta.get(tid)
-        sec0 = int(secs[a])
+    def make(i: int) -> ThreadTime:
+        a, b, tid, p = int(firsts[i]), int(ends[i]), int(t_tids[i]), int(t_pids[i])
+        m, sec0 = meta.get(tid), int(secs[a])
         t = ThreadTime(
             pid=p,
             tid=tid,
@@ -90,18 +94,12 @@ def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None
             first_ns=int(m[3]) if m and m[3] is not None else sec0 * S,
             end_ns=int(m[4]) if m and m[4] is not None else (sec0 + 1) * S,
             exited=bool(m[5]) if m else False,
-            cuda_calls=int(m[6] or 0) if m else 0,
-            total=dict(zip(FIELDS, total, strict=True)),
-            by_sec=rows,
+            cuda_calls=int(calls[i]),
+            total=dict(zip(FIELDS, totals[i].tolist(), strict=True)),
+            by_sec=SecondRows(secs, values, a, b),
         )
-        if not meta:  # no threads rows: a thread issued CUDA calls when it spent time in them
-            t.cuda_calls = 1 if t.ns(*CALL_PART_NAMES) > 0 else 0
-            t.end_ns = max(t.end_ns, max(t.by_sec, default=0) * S + S)
+        if not meta:  # its span: through its last second with time
+            t.end_ns = max(t.end_ns, int(secs[b - 1]) * S + S)
         return t
 
-    if meta:
-        calls = np.fromiter((int((meta.get(t) or (0,) * 7)[6] or 0) for t in t_tids.tolist()), np.int64, len(t_tids))
-    else:
-        calls_part = sum(totals[:, FIELDS.index(p)] for p in CALL_PART_NAMES)
-        calls = (calls_part > 0).astype(np.int64)
-    return LazyThreads(t_tids, t_pids, calls, bounds, totals, secs, values, make)
+    return LazyThreads(t_tids, t_pids, calls, totals, make)

@@ -143,23 +143,19 @@ class LazyThreads(Sequence[ThreadTime]):
 
     A fork-heavy recording has 200 K threads of a second or two each, and an analysis reads a few (the training
     thread, a process's workers, the CUDA threads): building every one was most of `tracer breakdown` (issue 21).
-    The rows are columns: per thread, in (pid, tid) order, its tid, pid, CUDA calls, first and end row in
-    ``secs`` / ``values`` (one row per (tid, sec), FIELDS order) and its totals (FIELDS order); ``make`` builds
-    thread ``i``'s ThreadTime from them."""
+    The threads are columns, in (pid, tid) order: their tids, pids, CUDA calls and totals (FIELDS order), what
+    the lookups and sums read; ``make(i)`` builds thread ``i``'s ThreadTime."""
 
     def __init__(
         self,
         tids: np.ndarray,
         pids: np.ndarray,
         cuda_calls: np.ndarray,
-        bounds: np.ndarray,
         totals: np.ndarray,
-        secs: np.ndarray,
-        values: np.ndarray,
-        make: Callable[[int, int, int, int, list[int], SecondRows], ThreadTime],
+        make: Callable[[int], ThreadTime],
     ) -> None:
-        self.tids, self.pids, self.cuda_calls, self.bounds, self.totals = tids, pids, cuda_calls, bounds, totals
-        self._secs, self._values, self._make = secs, values, make
+        self.tids, self.pids, self.cuda_calls, self.totals = tids, pids, cuda_calls, totals
+        self._make = make
         self._made: list[ThreadTime | None] = [None] * len(tids)
         self._by_tid: dict[int, int] | None = None
 
@@ -175,9 +171,7 @@ class LazyThreads(Sequence[ThreadTime]):
             return [self[k] for k in range(*i.indices(len(self)))]
         t = self._made[i]
         if t is None:
-            a, b = (int(x) for x in self.bounds[i])
-            rows = SecondRows(self._secs, self._values, a, b)
-            t = self._made[i] = self._make(int(self.tids[i]), int(self.pids[i]), a, b, self.totals[i].tolist(), rows)
+            t = self._made[i] = self._make(i)
         return t
 
     def __iter__(self) -> Iterator[ThreadTime]:
@@ -233,7 +227,7 @@ class ThreadTimes:
     @cached_property
     def cuda_threads(self) -> list[ThreadTime]:
         if isinstance(self.threads, LazyThreads):
-            return [t for t in self.threads.where(self.threads.cuda_calls > 0)]
+            return self.threads.where(self.threads.cuda_calls > 0)
         return [t for t in self.threads if t.cuda_calls > 0]
 
     @cached_property
