@@ -104,7 +104,8 @@ def row_group_size(max_bytes: int) -> int:
 
 def connect(path: Path, max_bytes: int) -> Any:
     """A new trace DB at ``path`` with the block and row group sizes for ``max_bytes``, as the connection's
-    default database (readers open it as any other: both are in the file)."""
+    default database (readers open it as any other: both are in the file), its WAL checkpointed at
+    :func:`wal_limit` (see the module docstring for why each)."""
     import duckdb  # the recorder's store imports it anyway; kept here so parse_size stays light for the CLI
 
     conn = duckdb.connect(":memory:")
@@ -114,6 +115,7 @@ def connect(path: Path, max_bytes: int) -> Any:
             f"ROW_GROUP_SIZE {row_group_size(max_bytes)})"
         )
         conn.execute("USE recording")
+        conn.execute(f"SET checkpoint_threshold = '{wal_limit(max_bytes)}B'")
     except BaseException:
         conn.close()
         raise
@@ -122,11 +124,6 @@ def connect(path: Path, max_bytes: int) -> Any:
 
 def _quote(path: Path) -> str:
     return str(path).replace("'", "''")
-
-
-def configure(conn: Any, max_bytes: int) -> None:
-    """Set the connection up for a capped file (see the module docstring for why each)."""
-    conn.execute(f"SET checkpoint_threshold = '{wal_limit(max_bytes)}B'")
 
 
 @dataclass

@@ -139,8 +139,6 @@ class Store:
         # and on a small box every thread the recorder runs competes with the job it watches.
         self.conn.execute("SET threads = 1")
         self.thinner = sizecap.Thinner(path, max_bytes) if max_bytes else None
-        if max_bytes:
-            sizecap.configure(self.conn, max_bytes)
         for t in TABLES:
             self.conn.execute(t.ddl())
         self.conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)])
