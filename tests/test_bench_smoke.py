@@ -12,7 +12,19 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from bench import churn_memory, common, fork_heavy, ingest, overhead, probe_cost, queries, scaling, startup, storage
+from bench import (
+    churn_memory,
+    common,
+    fork_heavy,
+    ingest,
+    overhead,
+    probe_cost,
+    queries,
+    scaling,
+    size_cap,
+    startup,
+    storage,
+)
 from tracer.analysis.stats import trace_stats
 
 
@@ -97,6 +109,30 @@ def test_churn_memory_summary() -> None:
     assert churn_memory.summarize([], 1000)["growth_mib"] is None
     notes = "12 lifecycle events lost to a full buffer (a burst)\n3 file mappings lost to a full buffer"
     assert churn_memory.lost_events(notes, "lifecycle events") == 12 and churn_memory.lost_events(None, "x") == 0
+
+
+def test_size_cap_replays_a_recording_under_a_cap(tmp_path: Path) -> None:
+    # GIVEN an uncapped recording of 30 s of detail rows (tests/test_sizecap.py's seconds, ~4 MiB)
+    import numpy as np
+    from test_sizecap import _second
+
+    from tracer.recorder.store import Store
+
+    src = tmp_path / "source.duckdb"
+    store, rng = Store(src), np.random.default_rng(5)
+    for sec in range(30):
+        for table, cols in _second(rng, sec).items():
+            store.put(table, cols)
+    store.close()
+    # WHEN it is replayed twice over under a 4 MiB cap
+    res = size_cap.replay(src, tmp_path / "capped.duckdb", 4 * 2**20, passes=2)
+    # THEN the sizes, the share and the rows thinned are reported, and the replay covered both passes
+    assert {"cap_bytes", "peak_bytes", "peak_share", "final_bytes", "rows_dropped", "cpu_s", "note"} <= res.keys()
+    assert res["peak_share"] == round(res["peak_bytes"] / res["cap_bytes"], 3)
+    assert res["peak_bytes"] >= res["final_bytes"]
+    assert res["rows_dropped"]["cuda_calls"] > 0 and res["replayed_s"] >= 60
+    kept = duckdb.connect(str(tmp_path / "capped.duckdb"), read_only=True).execute("SELECT count(*) FROM cuda_calls")
+    assert kept.fetchone()[0] + res["rows_dropped"]["cuda_calls"] == 2 * 30 * 4000
 
 
 def test_probe_cost_compute() -> None:

@@ -15,18 +15,22 @@ rows frees no block at all: a row group keeps its blocks until every row in it i
 What bounds the file (measured with DuckDB 2.0; the figures are in bench/README.md):
 - DELETE frees nothing by itself; the next CHECKPOINT frees the blocks of row groups left with no live row, and
   later writes reuse them (the file even shrinks when its tail blocks are free).
-- That checkpoint's *vacuum* merges the row group the cut leaves part-full with every row group after it, by
-  rewriting them all: the file grew from 43 to 62 blocks on a thinning that freed 15. So it runs with
-  ``max_vacuum_tasks = 0``; only that one: vacuum off for good leaves the small row group each auto-checkpoint
-  appends unmerged, and a 90 s recording under a 12 MiB cap grew to 79 MB, 279 of its 304 blocks free. The
-  part-full row group at the cut is freed by the next cut.
-- The WAL grows to ``checkpoint_threshold`` (16 MiB by default) before DuckDB checkpoints it into the file; under a
-  cap it is WAL_SHARE of the cap.
+- A checkpoint's vacuum merges the small row group each checkpoint appends with its neighbours, and after a
+  thinning it rewrites the row groups after the cut: a checkpoint can write about everything the file holds anew
+  (used blocks + WAL), into free blocks first, then at its end, and frees the old blocks only after. The file
+  then reaches max(its size, 2 x used + WAL), with the WAL still beside it (a 5 MiB cap: 0.92 MiB used + 0.25 of
+  WAL grew the file from 0.93 to 2.14 MiB; 2.36 + 0.17 reached 4.83). So the trigger is on 2 x (used + WAL),
+  and the thinner runs every checkpoint itself, after it has made that room: DuckDB's own checkpoints are off
+  (``checkpoint_threshold`` out of reach), else one could start while the room is not there. (A trigger on used
+  + WAL at 60% of the cap let a real recording reach 1.02x the cap.)
+- The vacuum cannot be off for good: the never-thinned tables then keep one small row group per checkpoint, and
+  a replay passed a 5 MiB cap after 60 s (7.3 MiB at 80 s). Only the last checkpoints run without it (NO_VACUUM:
+  Store.close, the causal chains), which saves rewriting the whole file at the end (+0.9 to 1.4 MiB of a 5 MiB
+  cap for 5 KiB of WAL).
+- The WAL is checkpointed at WAL_SHARE of the cap (DuckDB's default is 16 MiB).
 - A table with a row holds at least one block, and a thinning frees only whole row groups: under a cap the file
   gets blocks and row groups scaled to it (block_size(), row_group_size()), else a 5 MiB cap thinned once and
   ended at 6.2 MB.
-- Auto-checkpoints rewrite a table's last, part-full row group, so the file holds free blocks besides the used
-  ones: the trigger is on used blocks + WAL, and HIGH_WATER leaves room for them.
 """
 
 from __future__ import annotations
@@ -45,17 +49,20 @@ log = logging.getLogger(__name__)
 # The detail tables thinned, with the column that places a row in time (ts_ns, or the second of a per-second
 # profile row). Every other table is an exact aggregate or lifecycle record and is never thinned.
 THINNED: dict[str, str] = {"cuda_calls": "ts_ns", "sched": "ts_ns", "offcpu_stacks": "sec", "cpu_samples": "sec"}
-# Thin when used blocks + WAL pass this share of the cap, down to LOW_WATER: the rest is headroom for the free
-# blocks auto-checkpoints leave in the file, one flush's rows, and what the end writes (op_stats, processes,
-# threads, the causal chains). Measured: file + WAL peaked at 0.82 of a 5 MiB cap on a real recording and 0.89 of
-# 12 MiB in a replay (bench/README.md).
-HIGH_WATER = 0.6
-LOW_WATER = 0.4
-WAL_SHARE = 0.05  # checkpoint_threshold: this share of the cap, within [WAL_MIN, WAL_MAX]
+# Thin when what a checkpoint may reach, 2 x (used blocks + WAL) (the module docstring), passes this share of the
+# cap, down to LOW_WATER. The rest is headroom for what a checkpoint writes beyond that (measured within 3%) and
+# what the end writes (op_stats, processes, threads, the causal chains).
+HIGH_WATER = 0.9
+LOW_WATER = 0.6
+WAL_SHARE = 0.05  # the WAL is checkpointed at this share of the cap, within [WAL_MIN, WAL_MAX]
 WAL_MIN = 256 * 1024
 WAL_MAX = 16 * 2**20  # DuckDB's default
+OUT_OF_REACH = 2**50  # DuckDB's checkpoint_threshold under a cap: the thinner checkpoints instead
 BLOCK_MIN, BLOCK_MAX = 16 * 1024, 256 * 1024  # DuckDB's smallest block size, and its default
 ROWS_MIN, ROWS_MAX = 8192, 122_880  # rows per row group: a few vectors of 2,048, and DuckDB's default
+# The last checkpoints (Store.close, the causal chains) run without the vacuum: it would rewrite the whole file for
+# a few rows (the module docstring).
+NO_VACUUM = "SET max_vacuum_tasks = 0"
 KEEP_LAST_S = 2  # never cut into the last seconds: per-second rows of them may still be on their way
 # Each table takes at least one block once it has a row (~20 tables; block_size()), which must fit under LOW_WATER
 # with room for some detail.
@@ -87,7 +94,7 @@ def parse_size(text: str) -> int:
 
 
 def wal_limit(max_bytes: int) -> int:
-    """The checkpoint_threshold under a cap of ``max_bytes``."""
+    """The WAL size at which the thinner checkpoints, under a cap of ``max_bytes``."""
     return int(min(WAL_MAX, max(WAL_MIN, max_bytes * WAL_SHARE)))
 
 
@@ -104,8 +111,8 @@ def row_group_size(max_bytes: int) -> int:
 
 def connect(path: Path, max_bytes: int) -> Any:
     """A new trace DB at ``path`` with the block and row group sizes for ``max_bytes``, as the connection's
-    default database (readers open it as any other: both are in the file), its WAL checkpointed at
-    :func:`wal_limit` (see the module docstring for why each)."""
+    default database (readers open it as any other: both are in the file), and DuckDB's own checkpoints off:
+    :class:`Thinner` checkpoints at :func:`wal_limit` (see the module docstring for why each)."""
     import duckdb  # the recorder's store imports it anyway; kept here so parse_size stays light for the CLI
 
     conn = duckdb.connect(":memory:")
@@ -115,7 +122,7 @@ def connect(path: Path, max_bytes: int) -> Any:
             f"ROW_GROUP_SIZE {row_group_size(max_bytes)})"
         )
         conn.execute("USE recording")
-        conn.execute(f"SET checkpoint_threshold = '{wal_limit(max_bytes)}B'")
+        conn.execute(f"SET checkpoint_threshold = '{OUT_OF_REACH}B'")
     except BaseException:
         conn.close()
         raise
@@ -138,17 +145,20 @@ class Dropped:
 
 @dataclass
 class Thinner:
-    """Runs on the store's writer thread after each write: thins the detail when the file nears ``max_bytes``."""
+    """Runs on the store's writer thread after each write: thins the detail when the file nears ``max_bytes``,
+    and checkpoints the WAL (DuckDB's own checkpoints are off under a cap: :func:`connect`)."""
 
     path: Path
     max_bytes: int
     dropped: dict[str, Dropped] = field(default_factory=dict)
     cut_ns: int = 0  # no detail row before this is left (0: nothing thinned)
-    over_cap_bytes: int = 0  # used bytes after a thinning that left the aggregates alone above LOW_WATER
-    _next_at: int = 0
+    kept_bytes: int = 0  # the never-thinned tables' blocks after a thinning, when they took over half of its aim
+    _wal_limit: int = 0
+    _high: int = 0
 
     def __post_init__(self) -> None:
-        self._next_at = int(HIGH_WATER * self.max_bytes)
+        self._high = int(HIGH_WATER * self.max_bytes)
+        self._wal_limit = wal_limit(self.max_bytes)
 
     def file_bytes(self) -> tuple[int, int]:
         """(the file's size, its WAL's size)."""
@@ -156,29 +166,31 @@ class Thinner:
         return _size(self.path), _size(wal)
 
     def after_write(self, conn: Any) -> bool:
-        """Thin if the file nears the cap; return True when it did. Cheap when it does not: two stat calls while
-        the file is small, one pragma once it has grown (the file keeps its size after a thinning)."""
+        """Thin if the next checkpoint could pass the cap, then checkpoint a full WAL; return True when it thinned.
+        Cheap while the file is small: two stat calls (the detail is at most the used blocks, which are at most
+        the file)."""
         file, wal = self.file_bytes()
-        if file + wal <= self._next_at:  # the file is at least its used blocks: no need to look inside
-            return False
-        used = _used_bytes(conn) + wal
-        if used <= self._next_at:
-            return False
-        self.thin(conn, used - int(LOW_WATER * self.max_bytes))
-        after = _used_bytes(conn) + self.file_bytes()[1]
-        # When the aggregates alone are near the cap, thinning the little detail left at every write would cost
-        # CPU for nothing: wait for another (HIGH - LOW) share of growth, and say so at the end.
-        self._next_at = max(int(HIGH_WATER * self.max_bytes), after + int((HIGH_WATER - LOW_WATER) * self.max_bytes))
-        if after > LOW_WATER * self.max_bytes:
-            self.over_cap_bytes = after
-        log.info("thinned the detail before %.1f s: %d -> %d bytes used", self.cut_ns / 1e9, used, after)
-        return True
+        wal_room = max(wal, self._wal_limit)  # the WAL a checkpoint may see: this one, or the next one's
+        thinned = False
+        if 2 * (file + wal_room) > self._high:  # used blocks are at most the file
+            used = _used_bytes(conn)
+            if 2 * (used + wal_room) > self._high:
+                thinned = self.thin(conn, used + wal_room - int(LOW_WATER * self.max_bytes / 2))
+                used = _used_bytes(conn)
+                aim = LOW_WATER * self.max_bytes / 2 - self._wal_limit  # the used bytes a thinning aims at
+                if used > aim and (never := used - _detail_bytes(conn)) > aim / 2:  # not only the kept seconds
+                    self.kept_bytes = never
+                log.info("thinned the detail before %.1f s: %d bytes used", self.cut_ns / 1e9, used)
+        if self.file_bytes()[1] >= self._wal_limit:  # thinning checkpoints, but may have found nothing to thin
+            conn.execute("CHECKPOINT")
+        return thinned
 
-    def thin(self, conn: Any, need_bytes: int) -> None:
-        """Drop the oldest detail rows worth about ``need_bytes``, record what went, and checkpoint."""
+    def thin(self, conn: Any, need_bytes: int) -> bool:
+        """Drop the oldest detail rows worth about ``need_bytes``, record what went, and checkpoint (the WAL
+        with them); False when there was nothing to drop."""
         cut = _cut_ns(conn, need_bytes)
         if cut is None or cut <= self.cut_ns:
-            return
+            return False
         conn.begin()
         try:
             for table, col in THINNED.items():
@@ -198,11 +210,8 @@ class Thinner:
             conn.rollback()
             raise
         self.cut_ns = cut
-        conn.execute("SET max_vacuum_tasks = 0")
-        try:
-            conn.execute("CHECKPOINT")  # frees the deleted row groups' blocks for the next writes
-        finally:
-            conn.execute("RESET max_vacuum_tasks")
+        conn.execute("CHECKPOINT")  # frees the deleted row groups' blocks for the next writes
+        return True
 
     def _write_dropped(self, conn: Any) -> None:
         conn.execute("DELETE FROM dropped_rows")
@@ -221,9 +230,9 @@ class Thinner:
             f"thinned, oldest first (rows dropped: {rows}; table dropped_rows); op_stats, thread_breakdown and the "
             "other per-second tables are exact over the whole recording"
         )
-        if self.over_cap_bytes:
+        if self.kept_bytes:
             text += (
-                f"; the tables never thinned took {self.over_cap_bytes / 2**20:,.1f} MiB of it, so little detail "
+                f"; the tables never thinned took {self.kept_bytes / 2**20:,.1f} MiB of it, so little detail "
                 "could be kept: raise --max-db-size"
             )
         return text
@@ -243,23 +252,36 @@ def _used_bytes(conn: Any) -> int:
     return int(bs) * int(used)
 
 
+def _table_bytes(conn: Any, table: str, block_size: int) -> int:
+    """The bytes of the blocks that hold ``table``'s rows."""
+    q = f"SELECT count(DISTINCT block_id) FROM pragma_storage_info('{table}') WHERE block_id >= 0"
+    return int(conn.execute(q).fetchall()[0][0]) * block_size
+
+
+def _block_size(conn: Any) -> int:
+    q = "SELECT block_size FROM pragma_database_size() WHERE database_name = current_database()"
+    return int(conn.execute(q).fetchall()[0][0])
+
+
+def _detail_bytes(conn: Any) -> int:
+    """The bytes of the detail tables' blocks: what a checkpoint's vacuum may rewrite."""
+    bs = _block_size(conn)
+    return sum(_table_bytes(conn, t, bs) for t in THINNED)
+
+
 def _cut_ns(conn: Any, need_bytes: int) -> int | None:
     """The whole second T such that the detail rows before it take about ``need_bytes``; None when there is no
     detail to thin. Each table's bytes are its blocks (pragma_storage_info), spread over its rows evenly."""
-    bs = conn.execute(
-        "SELECT block_size FROM pragma_database_size() WHERE database_name = current_database()"
-    ).fetchall()[0][0]
+    bs = _block_size(conn)
     by_sec: dict[int, float] = {}
     for table, col in THINNED.items():
-        blocks = conn.execute(
-            f"SELECT count(DISTINCT block_id) FROM pragma_storage_info('{table}') WHERE block_id >= 0"
-        ).fetchall()[0][0]
+        size = _table_bytes(conn, table, bs)
         sec = col if col == "sec" else f"{col} // 1000000000"
         rows = conn.execute(f"SELECT {sec} AS s, count(*) FROM {table} GROUP BY s").fetchall()
         total = sum(n for _, n in rows)
         if not total:
             continue
-        per_row = blocks * bs / total
+        per_row = size / total
         for s, n in rows:
             by_sec[int(s)] = by_sec.get(int(s), 0.0) + n * per_row
     if not by_sec:

@@ -366,6 +366,8 @@ class Store:
             _chown_to_sudo_user(self.path)
             return
         try:
+            if self.thinner is not None:  # the last checkpoint must not rewrite kept detail past the cap
+                self.conn.execute(sizecap.NO_VACUUM)
             self.conn.execute("CHECKPOINT")
         except duckdb.Error as e:
             log.warning("checkpoint failed: %s", e)

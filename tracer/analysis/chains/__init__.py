@@ -178,6 +178,9 @@ def store_chains(db: str | Path, limit: int = 100) -> int:
     """Compute the chains of the finished recording ``db`` and write them into its ``causal_chains`` (the step
     ``tracer record`` runs after the recorder has closed the file); return how many were written."""
     with duckdb.connect(str(db)) as rw_conn:
+        # No vacuum at this connection's closing checkpoint: it would rewrite the finished file for a few rows, past
+        # a --max-db-size cap (tracer/recorder/sizecap.py).
+        rw_conn.execute("SET max_vacuum_tasks = 0")
         found = compute_chains(rw_conn, limit=limit)
         rw_conn.execute("BEGIN")
         write_chains(rw_conn, found.chains)
