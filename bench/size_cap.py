@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from bench.common import TRACER, WORKLOADS, base_parser, need_root, print_table, write_result
 from tracer.analysis.chains import store_chains
-from tracer.recorder.sizecap import parse_size
+from tracer.recorder.sizecap import disk_bytes, parse_size
 from tracer.recorder.store import Store
 from tracer.schema import TABLES
 
@@ -56,13 +56,6 @@ def _timed_tables() -> dict[str, str]:
     return out
 
 
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 def replay(src: Path, dst: Path, cap: int, passes: int) -> dict[str, Any]:
     """Replay ``src`` through a Store capped at ``cap``; return the peak and final sizes and what was thinned."""
     timed = _timed_tables()
@@ -73,12 +66,11 @@ def replay(src: Path, dst: Path, cap: int, passes: int) -> dict[str, Any]:
     pos = {t: tb.column(c).to_numpy(zero_copy_only=False) * (NS if c == "sec" else 1) for (t, tb), c in
            zip(data.items(), timed.values(), strict=True)}  # fmt: skip
     end_ns = max((int(p.max()) for p in pos.values() if len(p)), default=0) + SLICE_NS
-    wal = dst.with_name(dst.name + ".wal")
     peak, done = [0], threading.Event()
 
     def watch() -> None:
         while not done.wait(0.002):
-            peak[0] = max(peak[0], _size(dst) + _size(wal))
+            peak[0] = max(peak[0], disk_bytes(dst))
 
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     watcher = threading.Thread(target=watch, daemon=True)
@@ -110,7 +102,7 @@ def replay(src: Path, dst: Path, cap: int, passes: int) -> dict[str, Any]:
         done.set()
         watcher.join()
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    final = _size(dst) + _size(wal)
+    final = disk_bytes(dst)
     return {
         "cap_bytes": cap,
         "passes": passes,
@@ -136,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-size-cap-") as tmp:
         src = Path(tmp) / "source.duckdb"
         record_source(src, args.seconds)
-        source_bytes = _size(src)
+        source_bytes = disk_bytes(src)
         runs = [replay(src, Path(tmp) / f"capped-{cap}.duckdb", cap, passes) for cap in caps]
     res = {"source_bytes": source_bytes, "source_seconds": args.seconds, "runs": runs}
     res["all_under_cap"] = all(r["peak_bytes"] <= r["cap_bytes"] for r in runs)

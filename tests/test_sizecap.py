@@ -13,7 +13,7 @@ import pytest
 
 from tracer.errors import UsageError
 from tracer.recorder import sizecap
-from tracer.recorder.sizecap import MIN_BYTES, THINNED, parse_size
+from tracer.recorder.sizecap import MIN_BYTES, THINNED, disk_bytes, parse_size
 from tracer.recorder.store import Store
 
 MiB = 2**20
@@ -110,16 +110,6 @@ def _second(rng: np.random.Generator, s: int) -> dict[str, dict[str, object]]:
     }
 
 
-def _file_bytes(db: Path) -> int:
-    total = 0
-    for p in (db, db.with_name(db.name + ".wal")):
-        try:
-            total += p.stat().st_size
-        except FileNotFoundError:
-            pass
-    return total
-
-
 def test_a_capped_store_thins_the_oldest_detail_and_counts_it(tmp_path: Path) -> None:
     # GIVEN a store capped at 4 MiB, and rows for 150 s that take 9.3 MiB uncapped
     cap = 4 * MiB
@@ -131,7 +121,7 @@ def test_a_capped_store_thins_the_oldest_detail_and_counts_it(tmp_path: Path) ->
 
     def watch() -> None:  # the file and its WAL as they grow, checkpoints included
         while not done.wait(0.002):
-            peak[0] = max(peak[0], _file_bytes(db))
+            peak[0] = max(peak[0], disk_bytes(db))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -149,10 +139,10 @@ def test_a_capped_store_thins_the_oldest_detail_and_counts_it(tmp_path: Path) ->
     finally:
         done.set()
         watcher.join()
-    peak = max(peak[0], _file_bytes(db))
+    peak = max(peak[0], disk_bytes(db))
     # THEN the file and its WAL never passed the cap
     assert peak <= cap, f"peak {peak / MiB:.2f} MiB over the {cap / MiB:.0f} MiB cap"
-    assert _file_bytes(db) <= cap
+    assert disk_bytes(db) <= cap
     c = duckdb.connect(str(db), read_only=True)
     dropped = {r[0]: r[1:] for r in c.execute("SELECT * FROM dropped_rows").fetchall()}
     # ...the detail was thinned, oldest first by whole seconds: kept + dropped = written, nothing before the cut

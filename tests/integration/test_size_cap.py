@@ -19,21 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import PY, TRACER, expected_ops, query, record, recorded_ops, workload
 
-from tracer.recorder.sizecap import THINNED
+from tracer.recorder.sizecap import THINNED, disk_bytes
 
 pytestmark = pytest.mark.bpf
 
 CAP = 5 * 2**20
-
-
-def _bytes(db: Path) -> int:
-    total = 0
-    for p in (db, db.with_name(db.name + ".wal")):
-        try:
-            total += p.stat().st_size
-        except FileNotFoundError:
-            pass
-    return total
 
 
 def test_a_capped_recording_stays_under_its_cap_with_exact_counts(tmp_path: Path) -> None:
@@ -43,7 +33,7 @@ def test_a_capped_recording_stays_under_its_cap_with_exact_counts(tmp_path: Path
 
     def watch() -> None:  # the file and its WAL as they grow, every 20 ms (a checkpoint's peak lasts ~10-30 ms)
         while not done.wait(0.02):
-            peak[0] = max(peak[0], _bytes(db))
+            peak[0] = max(peak[0], disk_bytes(db))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -61,7 +51,7 @@ def test_a_capped_recording_stays_under_its_cap_with_exact_counts(tmp_path: Path
         watcher.join()
     assert proc.returncode == 0, proc.stderr
     # THEN the file never passed the cap, while recording or at the end (the causal chains written too)
-    final = _bytes(db)
+    final = disk_bytes(db)
     assert peak[0] <= CAP, f"peaked at {peak[0]:,} bytes, over the cap of {CAP:,}"
     assert final <= CAP, f"ended at {final:,} bytes, over the cap of {CAP:,}"
     # ...the counts are exact: op_stats against the workload's own counts of every call it made

@@ -162,8 +162,7 @@ class Thinner:
 
     def file_bytes(self) -> tuple[int, int]:
         """(the file's size, its WAL's size)."""
-        wal = self.path.with_name(self.path.name + ".wal")
-        return _size(self.path), _size(wal)
+        return _size(self.path), _size(_wal(self.path))
 
     def after_write(self, conn: Any) -> bool:
         """Thin if the next checkpoint could pass the cap, then checkpoint a full WAL; return True when it thinned.
@@ -236,6 +235,15 @@ class Thinner:
                 "could be kept: raise --max-db-size"
             )
         return text
+
+
+def disk_bytes(path: Path) -> int:
+    """What the cap bounds: the size of the file at ``path`` and of its WAL (0 for either that is missing)."""
+    return _size(path) + _size(_wal(path))
+
+
+def _wal(path: Path) -> Path:
+    return path.with_name(path.name + ".wal")
 
 
 def _size(p: Path) -> int:
