@@ -164,6 +164,20 @@ def test_a_rank_slow_on_cpu(tmp_path):
     assert ch.evidence.lost_ms_per_step == pytest.approx(10, abs=PER_STEP_MS)
 
 
+def test_a_short_job_is_compared_over_its_one_whole_second(tmp_path):
+    # GIVEN a job of 80 steps, rank 2 on the CPU 20 ms longer each: a 2.05 s loop from 1.0 s, one whole second
+    # inside it; after its last step rank 2 sleeps while ranks 0 and 1 tear down on the CPU (as a real job's ranks
+    # did: the edge seconds are not like the loop's)
+    b = job(slow_rank=2, slow_ms=20, kind="cpu", steps=80)
+    end = max(r["ts_ns"] + r["dur_ns"] for r in b.cuda_calls if r["pid"] == RANK_PIDS[2])
+    b.off_cpu(end + 10 * US, int(b.duration_s * S) - end - 20 * US, pid=RANK_PIDS[2], waker_pid=0, waker_comm="[timer]")
+    with _write(tmp_path, b) as c:
+        (ch,) = _straggler_chains(c)
+    # THEN the ranks are compared over that second, not its edges pro-rated: its steps, and the 20 ms a step
+    assert ch.evidence.steps == steps_in_window(b) > 30
+    assert ch.evidence.phase_excess_ms_per_step == pytest.approx(20, abs=PER_STEP_MS)
+
+
 def test_a_healthy_job_has_no_straggler(tmp_path):
     with _write(tmp_path, job(slow_rank=None)) as c:
         assert _straggler_chains(c) == []
