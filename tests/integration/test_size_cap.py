@@ -3,8 +3,8 @@ stays under it while it runs and when it ends, its counts stay exact, and what w
 
 The workload: train.py with persistent workers for 20 s, every call stored (--max-events high) and every launch
 traced (--overhead-budget 100: no duty cycle, so op_stats is exact, not scaled). Without thinning it writes 9.0 MiB
-on the 2-vCPU VM (~190 K stored calls; 2026-11-27); capped at 5 MiB it peaked at 3.6-4.5 MiB (file + WAL; busy
-VM) and ended at 1.2-2.9 MiB, with 160-180 K calls thinned. CI once read 5.37 MiB, over the cap, with the first
+on the 2-vCPU VM (~190 K stored calls; 2026-11-27); capped at 5 MiB it peaked at 3.6-4.3 MiB (file + WAL; busy
+VM) and ended at 1.2-2.8 MiB, with 160-180 K calls thinned. CI once read 5.12 MiB, over the cap, with the first
 design (bench/README.md). The test samples the file and its WAL every 20 ms and allows no slack over the cap:
 thinning keeps 2 x (used blocks + WAL), what a checkpoint may reach, under 90% of it (sizecap.HIGH_WATER), and
 what the end writes (op_stats, processes, the causal chains) fits in the rest.

@@ -25,7 +25,7 @@ What bounds the file (measured with DuckDB 2.0; the figures are in bench/README.
   + WAL at 60% of the cap let a real recording reach 1.02x the cap.)
 - The vacuum cannot be off for good: the never-thinned tables then keep one small row group per checkpoint, and
   a replay passed a 5 MiB cap after 60 s (7.3 MiB at 80 s). Only the last checkpoints run without it (NO_VACUUM:
-  Store.close, the causal chains), which saves rewriting the whole file at the end (+0.9 to 1.4 MiB of a 5 MiB
+  Store.close, the causal chains), which saves rewriting the whole file at the end (+0.9 to 1.3 MiB of a 5 MiB
   cap for 5 KiB of WAL).
 - The WAL is checkpointed at WAL_SHARE of the cap (DuckDB's default is 16 MiB).
 - A table with a row holds at least one block, and a thinning frees only whole row groups: under a cap the file
