@@ -61,8 +61,9 @@ def replay(src: Path, dst: Path, cap: int, passes: int) -> dict[str, Any]:
     timed = _timed_tables()
     with duckdb.connect(str(src), read_only=True) as s:
         data = {t: s.sql(f"SELECT * FROM {t}").to_arrow_table() for t in timed}
-        rest = {t.name: s.sql(f"SELECT * FROM {t.name}").to_arrow_table() for t in TABLES}
-    rest = {t: tb for t, tb in rest.items() if t not in timed and t not in UNTIMED_SKIP and tb.num_rows}
+        untimed = [t.name for t in TABLES if t.name not in timed and t.name not in UNTIMED_SKIP]
+        rest = {t: s.sql(f"SELECT * FROM {t}").to_arrow_table() for t in untimed}
+    rest = {t: tb for t, tb in rest.items() if tb.num_rows}
     pos = {t: tb.column(c).to_numpy(zero_copy_only=False) * (NS if c == "sec" else 1) for (t, tb), c in
            zip(data.items(), timed.values(), strict=True)}  # fmt: skip
     end_ns = max((int(p.max()) for p in pos.values() if len(p)), default=0) + SLICE_NS

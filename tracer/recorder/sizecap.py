@@ -166,12 +166,11 @@ class Thinner:
 
     def after_write(self, conn: Any) -> bool:
         """Thin if the next checkpoint could pass the cap, then checkpoint a full WAL; return True when it thinned.
-        Cheap while the file is small: two stat calls (the detail is at most the used blocks, which are at most
-        the file)."""
+        Cheap while the file is small: two stat calls (the used blocks are at most the file)."""
         file, wal = self.file_bytes()
         wal_room = max(wal, self._wal_limit)  # the WAL a checkpoint may see: this one, or the next one's
         thinned = False
-        if 2 * (file + wal_room) > self._high:  # used blocks are at most the file
+        if 2 * (file + wal_room) > self._high:
             used = _used_bytes(conn)
             if 2 * (used + wal_room) > self._high:
                 thinned = self.thin(conn, used + wal_room - int(LOW_WATER * self.max_bytes / 2))
@@ -179,7 +178,8 @@ class Thinner:
                 aim = LOW_WATER * self.max_bytes / 2 - self._wal_limit  # the used bytes a thinning aims at
                 if used > aim and (never := used - _detail_bytes(conn)) > aim / 2:  # not only the kept seconds
                     self.kept_bytes = never
-                log.info("thinned the detail before %.1f s: %d bytes used", self.cut_ns / 1e9, used)
+                if thinned:
+                    log.info("thinned the detail before %.1f s: %d bytes used", self.cut_ns / 1e9, used)
         if self.file_bytes()[1] >= self._wal_limit:  # thinning checkpoints, but may have found nothing to thin
             conn.execute("CHECKPOINT")
         return thinned

@@ -183,11 +183,12 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
         ranks.append(r)
     start, end = max(r.start_ns for r in ranks), min(r.end_ns for r in ranks)
     note = ""
-    when = (start, end)  # the seconds by_sec covers
     if end <= start:
         note = "the ranks' steps do not overlap in time: nothing to compare"
         end = start
-    elif (whole := (-(-start // S) * S, end // S * S))[1] > whole[0]:
+    when = (start, end)  # the seconds by_sec covers
+    whole = (-(-start // S) * S, end // S * S)
+    if whole[1] > whole[0]:
         start, end = whole
         if whole[1] - whole[0] >= MIN_WHOLE_S * S:
             when = whole
