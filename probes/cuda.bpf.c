@@ -50,6 +50,30 @@ BPF_RINGBUF_OUTPUT(ustack_rb, USTACK_RB_PAGES);
 
 /* index: op id; value: its settings (common.h struct op_cfg), written by user space. */
 BPF_ARRAY(op_cfg, struct op_cfg, OP_COUNT);
+
+/* A hot call whose return probe was closed (duty cycling, or the runtime's launch probes dropped) before it
+ * returned: it entered before CFG_HOT_CLOSED_NS and never will return through a probe. The thread's own next probe
+ * clears it (call_entry, sched_switch's switch_out, the thread's exit). User space must not: writing the thread's
+ * tstate back from user space raced the thread itself, and an in_call cleared just after the thread had entered its
+ * next call lost that call's off-CPU time. */
+static __always_inline int missed_return(const struct inflight *f)
+{
+    u32 op = f->op;
+    struct op_cfg *c = op_cfg.lookup(&op);
+    return c && c->hot && f->ts_ns < cfg_get(CFG_HOT_CLOSED_NS);
+}
+
+/* Clear the thread's missed call (above): its time since the call's entry then counts as CPU, the best we know. */
+static __always_inline void clear_missed_call(u32 tid, struct tstate *st)
+{
+    if (!st->in_call)
+        return;
+    struct inflight *f = inflight.lookup(&tid);
+    if (f && missed_return(f)) {
+        inflight.delete(&tid);
+        st->in_call = 0;
+    }
+}
 /* key: (pid, op, slot); value: calls in that latency bucket. 65536 = ~90 (pid, op) pairs with ~700 slots each
  * worst case; in practice a pair fills a few dozen slots. */
 BPF_HASH(op_hist, struct hist_key, u64, 65536);
@@ -153,10 +177,9 @@ int cuda_entry(struct pt_regs *ctx)
         *hits += 1;
     u64 sp = PT_REGS_SP(ctx);
     struct inflight *outer = inflight.lookup(&tid);
-    if (outer && sp <= outer->sp)
+    if (outer && sp <= outer->sp && !missed_return(outer))
         return 0; /* nested inside a probed call: deeper in the stack, or at the same depth when the outer one
-                   * tail-calls it (cudaFree: jmp cuMemFree_v2). A stale entry (a return missed while a link was
-                   * closed) is cleared by user space when it closes a link. */
+                   * tail-calls it (cudaFree: jmp cuMemFree_v2). A missed return's entry is replaced. */
 
     u64 now = bpf_ktime_get_ns();
     struct inflight f = {};

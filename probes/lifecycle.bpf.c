@@ -94,6 +94,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     struct tstate *st = tstate.lookup(&tid);
     if (st) {
         struct proc_event te = {};
+        clear_missed_call(tid, st);
         if (!st->in_call)
             tb_span(tid, tgid, TB_CPU, st->mark, now);
         te.ts_ns = now;

@@ -127,6 +127,7 @@ static __always_inline int switch_out(u32 tid, u32 tgid, long prev_state, u64 no
     struct tstate *st = tstate_of(tid, tgid, now);
     if (!st)
         return 0;
+    clear_missed_call(tid, st);
     if (!st->in_call)
         tb_span(tid, tgid, TB_CPU, st->mark, now);
     st->off_cpu = 1;

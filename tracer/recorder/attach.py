@@ -178,14 +178,13 @@ class Attacher:
         self._auto_seen += total
         if self._auto_seen >= AUTO_CHECK_LAUNCHES:
             self._auto_done = self._driver_only = True
-            closed_at = time.monotonic_ns()
             for lib in self.runtime_launches:
                 if lib.hot is not None:
                     self.cycler.remove(lib.hot)
                     lib.hot.close()
                     lib.hot = None
             if on_closed is not None:
-                on_closed(closed_at)
+                on_closed(time.monotonic_ns())
             log.info("runtime launches reach the driver: runtime launch probes dropped")
 
     def close(self) -> None:

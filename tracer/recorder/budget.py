@@ -183,9 +183,9 @@ class DutyCycler:
     of its attach to the start of its detach (a uprobe_multi link's breakpoints are in place when the attach
     returns and gone as soon as the close starts; the grace period after that only delays the close's return).
     ``count_calls`` returns the cumulative calls per (pid, op), read at each window's open and close: the exact
-    counts behind the scaling. ``on_closed(t)`` runs after the links are closed: a launch
-    still in flight then (blocked longer than the close's grace period) never sees its return probe, and its entry
-    must be cleared.
+    counts behind the scaling. ``on_closed(t)`` runs after the links are closed, with the time they
+    were: a launch still in flight then (blocked longer than the close's grace period) never sees its return probe,
+    and its thread's next probe clears it (cuda.bpf.c ``missed_return``).
     """
 
     def __init__(
@@ -244,13 +244,14 @@ class DutyCycler:
                 self._open_window()
             else:
                 self._close_window()
-                closed_at = time.monotonic_ns()
                 # each close waits a grace period: run them side by side, outer entries before inner ones
                 for group in (outer, inner):
                     list(self._pool.map(lambda ps: self._safe(ps.close_entries), group))
                 list(self._pool.map(lambda ps: self._safe(ps.close_returns), self.sets))
                 if self._on_closed is not None:
-                    self._on_closed(closed_at)
+                    # taken once the returns are gone: a hot call that entered before this never returns through
+                    # a probe (the entries closed first, so none entered after)
+                    self._on_closed(time.monotonic_ns())
 
     def _close_window(self) -> None:
         if self._open_since is None:
@@ -398,20 +399,3 @@ def calls_by_pid_op(bpf: Any) -> dict[tuple[int, int], int]:
         (pid, op): int(n)
         for pid, op, n in zip(keys["pid"].tolist(), keys["op"].tolist(), vals["calls"].tolist(), strict=True)
     }
-
-
-def clear_stale_launches(bpf: Any, closed_at: int) -> None:
-    """Launches that entered before their links were closed and have not returned never will through a probe:
-    clear their in-flight entries (or the thread's next launch would look nested in them) and end their call
-    segment in the thread's accounting (its time since counts as CPU, the best we know)."""
-    inflight, tstate = bpf["inflight"], bpf["tstate"]
-    for k, f in list(inflight.items()):
-        op = int(f.op)
-        if op < len(CATALOG) and DUTY_CYCLED[op] and int(f.ts_ns) < closed_at:
-            try:
-                del inflight[k]
-                st = tstate[k]
-                st.in_call = 0
-                tstate[k] = st
-            except KeyError:
-                pass

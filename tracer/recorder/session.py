@@ -41,7 +41,6 @@ from tracer.recorder.budget import (
     DutyCycler,
     OverheadEstimator,
     calls_by_pid_op,
-    clear_stale_launches,
     trap_cost,
 )
 from tracer.recorder.clocks import read_start_clocks
@@ -201,6 +200,10 @@ class Recorder:
         ):
             cfg[ct.c_int(idx)] = ct.c_uint64(val)
 
+    def _hot_closed(self, at_ns: int) -> None:
+        """Hot links finished closing at ``at_ns``: the hot calls in flight since before then missed their return."""
+        self.bpf["cfg"][ct.c_int(events.C.CFG_HOT_CLOSED_NS)] = ct.c_uint64(at_ns)
+
     def _set_gate(self, on: bool) -> None:
         self.bpf["cfg"][ct.c_int(events.C.CFG_LIBGATE)] = ct.c_uint64(int(on))
 
@@ -276,9 +279,7 @@ class Recorder:
             put_stack=lambda sid, frames: self.store.put("stacks", columns.stack_columns(sid, frames)),
             parent_of=lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
         )
-        self.cycler = DutyCycler(
-            count_calls=lambda: calls_by_pid_op(self.bpf), on_closed=lambda t: clear_stale_launches(self.bpf, t)
-        )
+        self.cycler = DutyCycler(count_calls=lambda: calls_by_pid_op(self.bpf), on_closed=self._hot_closed)
         self.attacher = Attacher(
             self.bpf, self.progs, self.maps.resolver, self.cycler, self.opts.launch_probes, self.notes
         )
@@ -599,7 +600,7 @@ class Recorder:
                 self._live_failed = True
                 self.notes.append(f"the live MCP server stopped: {why}")
                 self._status(f"the live MCP server stopped: {why}")
-        self.attacher.note_runtime_launches(*self._launch_tally, on_closed=lambda t: clear_stale_launches(self.bpf, t))
+        self.attacher.note_runtime_launches(*self._launch_tally, on_closed=self._hot_closed)
         self._launch_tally = [0, 0]
         for pid in list(self._py_pending):
             self._pyrt_configure(pid)
