@@ -334,3 +334,28 @@ def test_mcp_breakdown_carries_the_names(tmp_path):
     assert {t["tid"]: t["name"] for t in sc["process_threads"]} == {
         t.tid: t.name for t in breakdown_of(path).process_threads
     }
+
+
+def test_a_tid_reused_by_another_process_keeps_each_thread_s_own_row(tmp_path):
+    # GIVEN a recording where a later process's thread got the training thread's tid (pid_max wraps on a
+    # fork-heavy host), with a name and CUDA call count of its own
+    from tracer.analysis.breakdown.load import load_thread_times
+
+    path = tmp_path / "t.duckdb"
+    builder("cpu_contention").write(path)
+    with duckdb.connect(str(path)) as c:
+        tid, pid, comm, calls = c.execute(
+            "SELECT tid, pid, comm, cuda_calls FROM threads WHERE cuda_calls > 0 ORDER BY cuda_calls DESC LIMIT 1"
+        ).fetchone()
+        c.execute("CREATE TEMP TABLE t AS SELECT * FROM threads WHERE tid = ? AND pid = ?", [tid, pid])
+        c.execute("UPDATE t SET pid = 999, comm = 'reuser', cuda_calls = 0")
+        c.execute("INSERT INTO threads SELECT * FROM t")
+        c.execute("CREATE TEMP TABLE b AS SELECT * FROM thread_breakdown WHERE tid = ? AND pid = ?", [tid, pid])
+        c.execute("UPDATE b SET pid = 999")
+        c.execute("INSERT INTO thread_breakdown SELECT * FROM b")
+    # WHEN the threads' times are loaded
+    with open_trace(path) as c:
+        times = load_thread_times(c)
+        got = {(t.pid, t.tid): (t.comm, t.cuda_calls) for t in times.threads if t.tid == tid}
+    # THEN each (process, thread) has its own name and count
+    assert got == {(pid, tid): (comm, calls), (999, tid): ("reuser", 0)}

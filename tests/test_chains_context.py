@@ -61,3 +61,27 @@ def test_extras_follow_their_parts():
     c = clip(t, 1 * S + 200 * MS, 3 * S)
     # io is blocked time on a disk: it leaves with blocked (half of it)
     assert c.by_sec[1]["io"] == pytest.approx(40 * MS, abs=1)
+
+
+def _loaded(t: ThreadTime) -> ThreadTime:
+    """``t`` as the exact loader gives it: its seconds a read-only SecondRows over shared columns."""
+    import numpy as np
+
+    from tracer.analysis.breakdown.thread_time import SecondRows
+
+    secs = np.array(sorted(t.by_sec), dtype=np.int64)
+    values = np.array([[t.by_sec[s][f] for f in FIELDS] for s in secs.tolist()], dtype=np.int64)
+    return ThreadTime(
+        t.pid, t.tid, t.comm, t.first_ns, t.end_ns, t.exited, t.cuda_calls, dict(t.total), SecondRows(secs, values)
+    )
+
+
+@pytest.mark.parametrize("window", [(0, 5 * S), (1 * S, 3 * S), (1 * S + 200 * MS, 3 * S), (0, 2 * S + 1)])
+def test_a_loaded_thread_clips_as_its_rows_do(window):
+    # GIVEN a thread with two seconds, as a dict of rows and as the loader's SecondRows
+    t = thread({1: {"cpu": 300, "alloc": 600, "blocked": 100}, 2: {"cpu": 100, "alloc": 900}})
+    # WHEN each is clipped to a window holding both seconds, or cutting one
+    a, b = clip(t, *window), clip(_loaded(t), *window)
+    # THEN they agree: the whole-seconds case's shortcut keeps the rows as they are
+    assert (a.first_ns, a.end_ns, a.total) == (b.first_ns, b.end_ns, b.total)
+    assert {s: dict(r) for s, r in a.by_sec.items()} == {s: dict(r) for s, r in b.by_sec.items()}

@@ -87,3 +87,29 @@ def test_time_in_calls_within_a_window_clips_the_edge_calls():
     # THEN a window counts only what lies inside it, whole or cut at either edge
     cases = {(0, 100): 30, (15, 55): 5 + 10 + 5, (20, 30): 0, (32, 38): 6, (0, 10): 0, (60, 70): 0, (35, 52): 7}
     assert {w: _overlap(starts, ends, prefix, *w) for w in cases} == cases
+
+
+def test_time_in_calls_counts_calls_begun_before_the_window_s_seconds():
+    # GIVEN a thread's runtime calls: 2.6 s begun 2.5 s before a window, 100 ms inside it; 800 ms begun in the
+    # second before another window and running into it; one far from both; another thread's call in a window
+    from types import SimpleNamespace
+
+    import duckdb
+
+    from tracer.analysis.chains.process_churn import _in_calls
+
+    conn = duckdb.connect()
+    conn.execute("CREATE TABLE cuda_calls (tid INTEGER, layer VARCHAR, ts_ns BIGINT, dur_ns BIGINT)")
+    calls = [
+        (7, 7_500 * MS, 2_600 * MS),
+        (7, 10_500 * MS, 100 * MS),
+        (7, 20 * S, 100 * MS),
+        (7, 29_950 * MS, 800 * MS),
+        (8, 10 * S, S),
+    ]
+    conn.executemany("INSERT INTO cuda_calls VALUES (?, 'runtime', ?, ?)", calls)
+    # WHEN the time in calls is asked within [10.0 s, 10.8 s) and [30.5 s, 31.5 s)
+    got = _in_calls(SimpleNamespace(conn=conn), 7, [(10 * S, 10_800 * MS), (30_500 * MS, 31_500 * MS)])
+    # THEN each call counts for its part inside (the read of the windows' seconds keeps the long call, and the
+    # one from the second before), the other thread's none
+    assert got == [100 * MS + 100 * MS, 250 * MS]

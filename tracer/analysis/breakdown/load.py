@@ -4,6 +4,9 @@ of :mod:`tracer.analysis.breakdown.estimate`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import duckdb
 import numpy as np
 
@@ -67,26 +70,20 @@ def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None
         starts = np.flatnonzero(new)
         values = np.add.reduceat(values, starts, axis=0)
         tids, secs, pids = tids[starts], secs[starts], pids[starts]
-    meta: dict[int, tuple] = {}
-    if info.has("threads"):
-        for r in conn.execute(
-            "SELECT tid, pid, comm, first_ns, end_ns, exited, cuda_calls FROM threads "
-            "WHERE ($pid IS NULL OR pid = $pid)",
-            {"pid": pid},
-        ).fetchall():
-            meta[r[0]] = r
     firsts = np.flatnonzero(np.r_[True, (tids[1:] != tids[:-1]) | (pids[1:] != pids[:-1])])
     ends = np.r_[firsts[1:], len(tids)]
     totals = np.add.reduceat(values, firsts, axis=0)
     t_tids, t_pids = tids[firsts], pids[firsts]
-    if meta:
-        calls = np.fromiter((int((meta.get(t) or (0,) * 7)[6] or 0) for t in t_tids.tolist()), np.int64, len(t_tids))
+    meta = _thread_rows(conn, pid) if info.has("threads") else None
+    if meta is not None:
+        at, found = meta.find(t_pids, t_tids)
+        calls = np.where(found, meta.calls[at], 0).astype(np.int64) if len(meta.calls) else np.zeros_like(at)
     else:  # no threads rows: a thread issued CUDA calls when it spent time in them
         calls = (sum(totals[:, FIELDS.index(p)] for p in CALL_PART_NAMES) > 0).astype(np.int64)
 
     def make(i: int) -> ThreadTime:
         a, b, tid, p = int(firsts[i]), int(ends[i]), int(t_tids[i]), int(t_pids[i])
-        m, sec0 = meta.get(tid), int(secs[a])
+        m, sec0 = (meta.row(int(at[i])) if found[i] else None) if meta is not None else None, int(secs[a])
         t = ThreadTime(
             pid=p,
             tid=tid,
@@ -98,8 +95,55 @@ def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None
             total=dict(zip(FIELDS, totals[i].tolist(), strict=True)),
             by_sec=SecondRows(secs, values, a, b),
         )
-        if not meta:  # its span: through its last second with time
+        if meta is None:  # its span: through its last second with time
             t.end_ns = max(t.end_ns, int(secs[b - 1]) * S + S)
         return t
 
     return LazyThreads(t_tids, t_pids, calls, totals, make)
+
+
+@dataclass
+class _ThreadRows:
+    """The ``threads`` table as columns sorted by (pid, tid), a thread's row made a tuple only when read: a dict of
+    200 K tuples cost 0.1 s (issue 21)."""
+
+    keys: np.ndarray  # _key(pid, tid), sorted
+    calls: np.ndarray
+    cols: dict[str, np.ndarray]
+
+    def find(self, pids: np.ndarray, tids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return the row index of each (pid, tid), and whether it has one (a tid reused by another process has a
+        row of its own; by one process, its first)."""
+        if not len(self.keys):
+            return np.zeros(len(tids), dtype=np.int64), np.zeros(len(tids), dtype=bool)
+        want = _key(pids, tids)
+        at = np.minimum(np.searchsorted(self.keys, want), len(self.keys) - 1)
+        return at, self.keys[at] == want
+
+    def row(self, i: int) -> tuple:
+        """Return row ``i`` as (tid, pid, comm, first_ns, end_ns, exited, cuda_calls), None for NULL."""
+        return tuple(_scalar(self.cols[c], i) for c in _THREAD_COLS)
+
+
+_THREAD_COLS = ("tid", "pid", "comm", "first_ns", "end_ns", "exited", "cuda_calls")
+
+
+def _scalar(col: np.ndarray, i: int) -> Any:
+    v = col[i]
+    if v is np.ma.masked:
+        return None
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _key(pids: np.ndarray, tids: np.ndarray) -> np.ndarray:
+    return (np.asarray(pids, dtype=np.int64) << 32) | np.asarray(tids, dtype=np.int64)
+
+
+def _thread_rows(conn: duckdb.DuckDBPyConnection, pid: int | None) -> _ThreadRows:
+    got = conn.execute(
+        f"SELECT {', '.join(_THREAD_COLS)} FROM threads WHERE ($pid IS NULL OR pid = $pid) ORDER BY pid, tid",
+        {"pid": pid},
+    ).fetchnumpy()
+    keys = _key(np.ma.filled(np.ma.asarray(got["pid"]), 0), np.ma.filled(np.ma.asarray(got["tid"]), 0))
+    calls = np.ma.filled(np.ma.asarray(got["cuda_calls"]), 0).astype(np.int64)
+    return _ThreadRows(keys, calls, dict(got))

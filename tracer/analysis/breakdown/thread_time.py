@@ -91,6 +91,10 @@ class SecondRows(Mapping[int, dict[str, int]]):
     def __len__(self) -> int:
         return self._b - self._a
 
+    def sec_range(self) -> tuple[int, int] | None:
+        """Return the first and last second with a row, None when there is none."""
+        return (int(self._all_secs[self._a]), int(self._all_secs[self._b - 1])) if self._b > self._a else None
+
 
 @dataclass
 class ThreadTime:

@@ -51,6 +51,7 @@ from tracer.analysis.chains.model import (
     StragglerRankEvidence,
     SyncStallEvidence,
 )
+from tracer.analysis.gcpause import gc_paused
 
 __all__ = [
     "CATEGORIES",
@@ -99,7 +100,8 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
     """Run every detector; return all chains worst first (severity, then share of the thread's time). A chain
     another one explains (a rank's waits for a straggler rank, the GIL waits behind a fault storm's thread) comes
     after every chain that is a cause."""
-    chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
+    with gc_paused():
+        chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
     chains = memory_pressure.explained_by_storms(chains)
     chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
     return chains

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
 
 from tracer.analysis.breakdown.holders import Holder, Waker, holder_class, holders_of, wakers_of
 from tracer.analysis.breakdown.load import load_thread_times
-from tracer.analysis.breakdown.thread_time import FIELDS, ThreadTime, ThreadTimes
+from tracer.analysis.breakdown.thread_time import FIELDS, SecondRows, ThreadTime, ThreadTimes
 from tracer.analysis.chains.model import CausalChain, Culprit, Evidence
 from tracer.analysis.code_site import code_site
+from tracer.analysis.gcpause import gc_paused
 from tracer.analysis.recording import RecordingInfo, load_recording
 from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES, part_name
 from tracer.hist import OpHistogram
@@ -120,6 +121,11 @@ class ChainContext:
 
     @classmethod
     def load(cls, conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> ChainContext:
+        with gc_paused():
+            return cls._load(conn, pid)
+
+    @classmethod
+    def _load(cls, conn: duckdb.DuckDBPyConnection, pid: int | None) -> ChainContext:
         info = load_recording(conn)
         times = load_thread_times(conn, info, pid)
         ops: dict[tuple[int, str], OpLatency] = {}
@@ -269,8 +275,12 @@ class ChainContext:
 
     def wakers(self, s: Subject, limit: int | None = None) -> list[Waker]:
         """Return who woke the subject, within its steps: every waker unless ``limit`` (detectors sum them; a
-        loader that respawns its workers each epoch has hundreds, and a top 50 lost most of its waits)."""
-        return wakers_of(self.conn, self.info, s.time, limit=limit, scale=self._in_steps(s, OFF_CPU_WAIT))
+        loader that respawns its workers each epoch has hundreds, and a top 50 lost most of its waits). Read once
+        per subject and limit: three detectors ask, and an hour of a loader's wakers is 16 K rows."""
+        key = ("wakers", s.tid, s.start_ns, s.end_ns, limit)
+        if key not in self.memo:
+            self.memo[key] = wakers_of(self.conn, self.info, s.time, limit=limit, scale=self._in_steps(s, OFF_CPU_WAIT))
+        return list(self.memo[key])
 
     def in_steps(self, s: Subject, part: str | tuple[str, ...] = "wall") -> Callable[[int], float]:
         """Return sec -> the share of that second inside the subject's steps (per-second rows are weighted by it).
@@ -288,12 +298,16 @@ class ChainContext:
         whole = full.by_sec if full else {}
         parts = (part,) if isinstance(part, str) else part
 
+        memo: dict[int, float] = {}  # per-second rows come several to a second (a waker each)
+
         def k(sec: int) -> float:
+            got = memo.get(sec)
+            if got is not None:
+                return got
             mine, all_ = s.time.by_sec.get(sec), whole.get(sec)
-            if not mine or not all_:
-                return 0.0
-            have = sum(all_.get(p, 0) for p in parts)
-            return min(sum(mine.get(p, 0) for p in parts) / have, 1.0) if have else 0.0
+            have = sum(all_.get(p, 0) for p in parts) if mine and all_ else 0
+            got = memo[sec] = min(sum(mine.get(p, 0) for p in parts) / have, 1.0) if have and mine else 0.0
+            return got
 
         return k
 
@@ -394,6 +408,11 @@ def clip(t: ThreadTime, start_ns: int, end_ns: int, calls_outside: CallsOutside 
     outside calls (CPU, run queue, blocked) in proportion to them; extras and counts follow their parts (a count,
     the wall). Where the calls' rows are missing (duty cycle) more comes out of the parts outside calls; what they
     cannot give comes out of the call parts in proportion."""
+    span = t.by_sec.sec_range() if isinstance(t.by_sec, SecondRows) else None
+    if span is not None and span[0] * S >= start_ns and (span[1] + 1) * S <= end_ns:
+        # every second inside: the thread as loaded (its total is its rows' sum), read-only, not a copy row by
+        # row (a loader that respawns its workers every 10 s has 1,441 of them in an hour's steps, issue 21)
+        return replace(t, first_ns=max(t.first_ns, start_ns), end_ns=min(t.end_ns, end_ns), total=dict(t.total))
     out = ThreadTime(
         pid=t.pid,
         tid=t.tid,

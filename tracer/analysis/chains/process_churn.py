@@ -206,12 +206,17 @@ def _in_calls(ctx: ChainContext, tid: int, spans: list[tuple[int, int]]) -> list
     if not spans:
         return []
     layers: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    # one read of both layers, sorted here: the rows are stored about in time order, and DuckDB's ORDER BY of a
-    # training thread's 5 M calls was most of this (issue 21)
+    # One read of both layers, sorted here: the rows are stored about in time order, and DuckDB's ORDER BY of a
+    # training thread's 5 M calls was most of this (issue 21). Only the calls that can overlap a span: those that
+    # start in a span's seconds or the second before, and the few that last a second or more (a call that started
+    # earlier and is still running at a span's start). A subset of sorted, non-overlapping calls stays so, and an
+    # hour's loop reads the seconds of its respawns instead of every call (0.16 -> 0.04 s at 720 respawns).
+    secs = sorted({sec for a, b in spans for sec in range(a // S - 1, (b - 1) // S + 1)})
     cols = ctx.conn.execute(
         "SELECT ts_ns, dur_ns, layer = 'runtime' AS rt FROM cuda_calls "
-        "WHERE tid = ? AND layer IN ('runtime', 'driver')",
-        [tid],
+        "WHERE tid = $tid AND layer IN ('runtime', 'driver') AND (dur_ns >= $s OR ts_ns // $s IN "
+        "(SELECT unnest($secs)))",
+        {"tid": tid, "s": S, "secs": secs},
     ).fetchnumpy()
     ts, dur, rt = (np.asarray(cols[c]) for c in ("ts_ns", "dur_ns", "rt"))
     for layer, mask in (("runtime", rt), ("driver", ~rt)):
