@@ -14,7 +14,7 @@ from tracer.analysis.compare.load import S, Side, load_side
 from tracer.analysis.compare.model import CompareWarning, Comparison, RecordingRef
 from tracer.analysis.compare.ops import compare_ops
 from tracer.analysis.compare.statistics import ALPHA, NOISE_TEST, NoiseTests
-from tracer.analysis.compare.steps import cadence, compare_steps
+from tracer.analysis.compare.steps import Cadence, cadence, compare_steps
 from tracer.analysis.compare.text import headline
 from tracer.analysis.compare.training import compare_training
 from tracer.analysis.compare.warnings import compare_warnings
@@ -39,6 +39,12 @@ def _reference(side: Side) -> RecordingRef:
         loop_s=round(side.loop_s, 3),
         seconds=len(side.seconds),
     )
+
+
+def _load(conn: duckdb.DuckDBPyConnection, name: str) -> tuple[Side, Cadence]:
+    """Return one side and its training thread's cadence, read on its own connection."""
+    side = load_side(conn, name)
+    return side, cadence(side)
 
 
 def compare_traces(
@@ -70,12 +76,12 @@ def _compare(
     # the sides load in parallel: each is its own connection, and their queries run while the other side's Python
     # holds the interpreter (2.6 -> 2.4 s on two hour-long 200 K-process recordings, issue 21)
     if before is after:  # one connection is never used from two threads
-        side_before, side_after = load_side(before, before_name), load_side(after, after_name)
+        first, second = _load(before, before_name), _load(after, after_name)
     else:
         with ThreadPoolExecutor(2) as pool:
-            later = pool.submit(load_side, after, after_name)
-            side_before, side_after = load_side(before, before_name), later.result()
-    cadence_before, cadence_after = cadence(side_before), cadence(side_after)
+            later = pool.submit(_load, after, after_name)
+            first, second = _load(before, before_name), later.result()
+    (side_before, cadence_before), (side_after, cadence_after) = first, second
     launch_error = (cadence_before.launch_error, cadence_after.launch_error)
     tests = NoiseTests()
     for counting in (True, False):  # count the tests (the Bonferroni divisor), then make them
