@@ -36,7 +36,6 @@ static long (*read_user_str)(void *dst, u32 size, const void *src) = (void *)BPF
 #define CFG_SCHED_EVERY 2   /* send 1 in N of the other intervals that overlap no call (0/1: all) */
 #define CFG_LIBGATE 3       /* 1: stop a target that opens a CUDA library the tracer has not attached to */
 #define CFG_OFFCPU_STACKS 4 /* 1: capture the stack of a target thread that blocks (offcpu.bpf.c) */
-#define CFG_HOT_CLOSED_NS 5 /* when hot (duty-cycled) links last finished closing, returns included (cuda.bpf.c) */
 #define CFG_COUNT 8
 
 /* Index of the `lost` array: ring-buffer drops, counted in kernel (bcc has no lost callback for ring buffers). */

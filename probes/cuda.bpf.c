@@ -51,16 +51,19 @@ BPF_RINGBUF_OUTPUT(ustack_rb, USTACK_RB_PAGES);
 /* index: op id; value: its settings (common.h struct op_cfg), written by user space. */
 BPF_ARRAY(op_cfg, struct op_cfg, OP_COUNT);
 
-/* A hot call whose return probe was closed (duty cycling, or the runtime's launch probes dropped) before it
- * returned: it entered before CFG_HOT_CLOSED_NS and never will return through a probe. The thread's own next probe
- * clears it (call_entry, sched_switch's switch_out, the thread's exit). User space must not: writing the thread's
- * tstate back from user space raced the thread itself, and an in_call cleared just after the thread had entered its
- * next call lost that call's off-CPU time. */
+/* index: op id; value: when that op's links (entry and return) last finished closing, bpf_ktime_get_ns(), written
+ * by user space (duty cycling closes the launch probes, and `auto` drops the runtime's). */
+BPF_ARRAY(links_closed, u64, OP_COUNT);
+
+/* A call whose return probe was closed before it returned: it entered before its op's links_closed, and never will
+ * return through a probe. The thread's own next probe clears it (call_entry, sched_switch's switch_out, the
+ * thread's exit). User space must not: writing the thread's tstate back from user space raced the thread itself,
+ * and an in_call cleared just after the thread had entered its next call lost that call's off-CPU time. */
 static __always_inline int missed_return(const struct inflight *f)
 {
     u32 op = f->op;
-    struct op_cfg *c = op_cfg.lookup(&op);
-    return c && c->hot && f->ts_ns < cfg_get(CFG_HOT_CLOSED_NS);
+    u64 *closed = links_closed.lookup(&op);
+    return closed && f->ts_ns < *closed;
 }
 
 /* Clear the thread's missed call (above): its time since the call's entry then counts as CPU, the best we know. */

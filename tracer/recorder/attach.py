@@ -34,7 +34,7 @@ from tracer.recorder import events, targets
 from tracer.recorder.budget import DutyCycler
 from tracer.recorder.links import LinkError, close_together
 from tracer.recorder.procmaps import FileResolver, kernel_dev
-from tracer.recorder.program import AttachedLibrary, Programs, attach_library
+from tracer.recorder.program import AttachedLibrary, ProbeSet, Programs, attach_library
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,9 @@ class Attacher:
         for k, _ in list(self.bpf["held"].items()):
             self.release(int(k.value))
 
-    def note_runtime_launches(self, total: int, nested: int, on_closed: Callable[[int], None] | None = None) -> None:
+    def note_runtime_launches(
+        self, total: int, nested: int, on_closed: Callable[[int, list[ProbeSet]], None] | None = None
+    ) -> None:
         """``auto``: runtime launch events seen (stored rows) and how many made a nested driver launch. Once
         AUTO_CHECK_LAUNCHES have all reached the driver, drop the runtime's launch probes (one trap per launch)."""
         if self.launch_probes != "auto" or self._auto_done or not self.driver_attached:
@@ -178,13 +180,15 @@ class Attacher:
         self._auto_seen += total
         if self._auto_seen >= AUTO_CHECK_LAUNCHES:
             self._auto_done = self._driver_only = True
+            closed = []
             for lib in self.runtime_launches:
                 if lib.hot is not None:
                     self.cycler.remove(lib.hot)
                     lib.hot.close()
+                    closed.append(lib.hot)
                     lib.hot = None
             if on_closed is not None:
-                on_closed(time.monotonic_ns())
+                on_closed(time.monotonic_ns(), closed)
             log.info("runtime launches reach the driver: runtime launch probes dropped")
 
     def close(self) -> None:

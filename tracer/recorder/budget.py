@@ -183,15 +183,15 @@ class DutyCycler:
     of its attach to the start of its detach (a uprobe_multi link's breakpoints are in place when the attach
     returns and gone as soon as the close starts; the grace period after that only delays the close's return).
     ``count_calls`` returns the cumulative calls per (pid, op), read at each window's open and close: the exact
-    counts behind the scaling. ``on_closed(t)`` runs after the links are closed, with the time they
-    were: a launch still in flight then (blocked longer than the close's grace period) never sees its return probe,
+    counts behind the scaling. ``on_closed(t, sets)`` runs after the links are closed, with the time
+    they were: a launch still in flight then (blocked longer than the close's grace period) never sees its return probe,
     and its thread's next probe clears it (cuda.bpf.c ``missed_return``).
     """
 
     def __init__(
         self,
         count_calls: Callable[[], dict[tuple[int, int], int]] | None = None,
-        on_closed: Callable[[int], None] | None = None,
+        on_closed: Callable[[int, list[ProbeSet]], None] | None = None,
     ) -> None:
         self.sets: list[ProbeSet] = []
         self._on_closed = on_closed
@@ -251,7 +251,7 @@ class DutyCycler:
                 if self._on_closed is not None:
                     # taken once the returns are gone: a hot call that entered before this never returns through
                     # a probe (the entries closed first, so none entered after)
-                    self._on_closed(time.monotonic_ns())
+                    self._on_closed(time.monotonic_ns(), list(self.sets))
 
     def _close_window(self) -> None:
         if self._open_since is None:

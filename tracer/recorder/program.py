@@ -221,6 +221,15 @@ def load_programs(bpf: Any, with_pyframes: bool) -> Programs:
     return progs
 
 
+def mark_links_closed(bpf: Any, ops: Iterable[int], at_ns: int) -> None:
+    """Say in the links_closed map that the links of ``ops`` finished closing at ``at_ns``: for each op and the
+    runtime op it records from inside libcudart (a driver launch made by the runtime is recorded as the runtime's)."""
+    table = bpf["links_closed"]
+    for op in ops:
+        for o in (op, *([OP_IDS[CATALOG[op].runtime_twin]] if CATALOG[op].runtime_twin else [])):
+            table[ct.c_int(o)] = ct.c_uint64(at_ns)
+
+
 def configure_ops(bpf: Any) -> None:
     """Write every catalog op's probe settings into the op_cfg map."""
     table = bpf["op_cfg"]

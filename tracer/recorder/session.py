@@ -23,7 +23,7 @@ import select
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,10 +49,12 @@ from tracer.recorder.preflight import check_environment
 from tracer.recorder.procmaps import MapCache, Mapping, kernel_dev
 from tracer.recorder.proctree import ProcessTree
 from tracer.recorder.program import (
+    ProbeSet,
     ProgramOptions,
     compile_program,
     configure_ops,
     load_programs,
+    mark_links_closed,
     sample_every,
     set_sample_every,
     tracepoint_fds,
@@ -200,9 +202,10 @@ class Recorder:
         ):
             cfg[ct.c_int(idx)] = ct.c_uint64(val)
 
-    def _hot_closed(self, at_ns: int) -> None:
-        """Hot links finished closing at ``at_ns``: the hot calls in flight since before then missed their return."""
-        self.bpf["cfg"][ct.c_int(events.C.CFG_HOT_CLOSED_NS)] = ct.c_uint64(at_ns)
+    def _links_closed(self, at_ns: int, sets: Iterable[ProbeSet]) -> None:
+        """The links of ``sets`` finished closing at ``at_ns``: their calls in flight since before missed their
+        return (cuda.bpf.c ``missed_return``)."""
+        mark_links_closed(self.bpf, [op for ps in sets for op in ps.cookies], at_ns)
 
     def _set_gate(self, on: bool) -> None:
         self.bpf["cfg"][ct.c_int(events.C.CFG_LIBGATE)] = ct.c_uint64(int(on))
@@ -279,7 +282,7 @@ class Recorder:
             put_stack=lambda sid, frames: self.store.put("stacks", columns.stack_columns(sid, frames)),
             parent_of=lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
         )
-        self.cycler = DutyCycler(count_calls=lambda: calls_by_pid_op(self.bpf), on_closed=self._hot_closed)
+        self.cycler = DutyCycler(count_calls=lambda: calls_by_pid_op(self.bpf), on_closed=self._links_closed)
         self.attacher = Attacher(
             self.bpf, self.progs, self.maps.resolver, self.cycler, self.opts.launch_probes, self.notes
         )
@@ -600,7 +603,7 @@ class Recorder:
                 self._live_failed = True
                 self.notes.append(f"the live MCP server stopped: {why}")
                 self._status(f"the live MCP server stopped: {why}")
-        self.attacher.note_runtime_launches(*self._launch_tally, on_closed=self._hot_closed)
+        self.attacher.note_runtime_launches(*self._launch_tally, on_closed=self._links_closed)
         self._launch_tally = [0, 0]
         for pid in list(self._py_pending):
             self._pyrt_configure(pid)
