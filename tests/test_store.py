@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from tracer.errors import StoreError
-from tracer.recorder.store import FLUSH_ROWS, Store
+from tracer.recorder.store import FLUSH_ROWS, MEMORY_LIMIT, Store
 from tracer.schema import APP_ID, TABLES
 
 
@@ -227,3 +227,42 @@ def test_each_periodic_write_moves_the_session_flushed_ns_to_its_newest_rows(
     flushed = s.conn.execute("SELECT flushed_ns FROM session").fetchone()[0]
     assert queued <= flushed < queued + 1_000_000_000
     s.close()
+
+
+def test_duckdb_memory_is_capped_and_what_spills_leaves_no_directory(tmp_path: Path) -> None:
+    # the recorder's DuckDB keeps at most MEMORY_LIMIT (issue 21: its cache of written blocks grew with the file)
+    s = Store(tmp_path / "t.duckdb")
+    limit = s.conn.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')").fetchone()
+    s.close()
+    assert limit == (f"{MEMORY_LIMIT >> 20}.0 MiB", str(tmp_path / "t.duckdb.tmp"))
+
+
+@pytest.mark.parametrize("max_bytes", [None, 64 * 2**20])
+def test_rows_over_the_memory_limit_spill_beside_the_file_and_the_spill_is_gone_after_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_bytes: int | None
+) -> None:
+    # GIVEN a store whose rows not yet checkpointed outgrow its memory limit (16 MiB, and no checkpoint before
+    # the end), uncapped and under --max-db-size (whose default database is in memory: DuckDB would spill into
+    # ./.tmp of the working directory unless told where)
+    monkeypatch.setattr("tracer.recorder.store.MEMORY_LIMIT", 16 * 2**20)
+    monkeypatch.setattr("tracer.recorder.store.CHECKPOINT_WAL", 2**30)
+    monkeypatch.setattr("tracer.recorder.sizecap.WAL_MAX", 2**30)
+    monkeypatch.setattr("tracer.recorder.sizecap.WAL_SHARE", 1.0)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    db = tmp_path / "t.duckdb"
+    s = Store(db, max_bytes=max_bytes)
+    n = 40 * FLUSH_ROWS
+    for i in range(0, n, FLUSH_ROWS):
+        s.put("cuda_calls", _calls(FLUSH_ROWS, start=i))
+        s.sync()  # one insert each: a transaction's own working set stays small (32 MiB holds 3 M rows in one)
+    # THEN they spilled into <db>.tmp (not the working directory), the recording went on...
+    assert s.failed is False
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == ["t.duckdb.tmp"]
+    assert not any(cwd.iterdir())
+    s.close()
+    # ...and closing removed the directory, with every row in the file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "t.duckdb"]
+    with duckdb.connect(str(db), read_only=True) as c:
+        assert c.execute("SELECT count(*), count(DISTINCT ts_ns) FROM cuda_calls").fetchone() == (n, n)

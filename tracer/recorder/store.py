@@ -35,6 +35,18 @@ FLUSH_ROWS = 10_000
 # 7 tables every second, so inserts every 2 s (all in one transaction), not every drain (0.2 s), cut the
 # recorder's steady-state CPU several times over. A SIGKILL loses at most this much; a live MCP query flushes.
 FLUSH_S = 2.0
+# DuckDB's buffer pool keeps every block it wrote loaded until memory_limit (default 80% of RAM) presses it, so the
+# recorder's RSS grew with the file it was writing (issue 21: +17-22 MiB over bench/churn_memory's 100 K processes
+# and 20 MiB file, duckdb_memory()'s BASE_TABLE following the file). Over this limit the written blocks are evicted
+# first (they are on disk: dropping them costs nothing); only rows not yet checkpointed would spill, to temp_dir.
+# A commit needs its table's in-memory row group at hand: 8 MiB failed commits of 10 K-row batches in
+# tests/test_store.py, 16 MiB did not, and 32 MiB commits 3 M rows at once over 20 MiB of unspilled rows.
+MEMORY_LIMIT = 32 * 2**20
+# ...and the rows not yet checkpointed are held in memory, ~1.5x their WAL bytes (24 MiB at DuckDB's default 16 MiB
+# of WAL in bench/churn_memory): checkpointing at 8 MiB of WAL keeps them near 12 MiB, with the rest of
+# MEMORY_LIMIT for the commit and the checkpoint's own blocks. (Under --max-db-size the thinner checkpoints, at
+# sizecap.wal_limit: at most 16 MiB, for caps over 320 MiB.)
+CHECKPOINT_WAL = 8 * 2**20
 
 
 class _Inbox:
@@ -138,6 +150,14 @@ class Store:
         # One DuckDB thread: the writer appends a few batches a second, which a second thread does not speed up,
         # and on a small box every thread the recorder runs competes with the job it watches.
         self.conn.execute("SET threads = 1")
+        self.temp_dir = path.with_name(path.name + ".tmp")
+        self.conn.execute(f"SET memory_limit = '{MEMORY_LIMIT}B'")
+        # Where rows would spill over memory_limit: beside the file, as DuckDB does by default for a file, but
+        # named here because the capped store's default database is in memory (sizecap.connect), whose default
+        # is ./.tmp in the user's working directory. DuckDB removes the directory it made when it closes.
+        self.conn.execute(f"SET temp_directory = '{_quote(self.temp_dir)}'")
+        if not max_bytes:
+            self.conn.execute(f"SET checkpoint_threshold = '{CHECKPOINT_WAL}B'")
         self.thinner = sizecap.Thinner(path, max_bytes) if max_bytes else None
         for t in TABLES:
             self.conn.execute(t.ddl())
@@ -373,6 +393,10 @@ class Store:
             log.warning("checkpoint failed: %s", e)
         self.conn.close()
         _chown_to_sudo_user(self.path)
+
+
+def _quote(path: Path) -> str:
+    return str(path).replace("'", "''")
 
 
 def _disk_full(e: BaseException | None) -> bool:
