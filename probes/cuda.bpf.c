@@ -77,6 +77,7 @@ static __always_inline void clear_missed_call(u32 tid, struct tstate *st)
         st->in_call = 0;
     }
 }
+
 /* key: (pid, op, slot); value: calls in that latency bucket. 65536 = ~90 (pid, op) pairs with ~700 slots each
  * worst case; in practice a pair fills a few dozen slots. */
 BPF_HASH(op_hist, struct hist_key, u64, 65536);

@@ -183,9 +183,9 @@ class DutyCycler:
     of its attach to the start of its detach (a uprobe_multi link's breakpoints are in place when the attach
     returns and gone as soon as the close starts; the grace period after that only delays the close's return).
     ``count_calls`` returns the cumulative calls per (pid, op), read at each window's open and close: the exact
-    counts behind the scaling. ``on_closed(t, sets)`` runs after the links are closed, with the time
-    they were: a launch still in flight then (blocked longer than the close's grace period) never sees its return probe,
-    and its thread's next probe clears it (cuda.bpf.c ``missed_return``).
+    counts behind the scaling. ``on_closed(t, sets)`` runs after the links are closed, with the time they were:
+    a launch still in flight then (blocked longer than the close's grace period) never sees its return probe, and
+    its thread's next probe clears it (cuda.bpf.c ``missed_return``).
     """
 
     def __init__(
