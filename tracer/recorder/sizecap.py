@@ -118,7 +118,7 @@ def connect(path: Path, max_bytes: int) -> Any:
     conn = duckdb.connect(":memory:")
     try:
         conn.execute(
-            f"ATTACH '{_quote(path)}' AS recording (BLOCK_SIZE {block_size(max_bytes)}, "
+            f"ATTACH '{quote_path(path)}' AS recording (BLOCK_SIZE {block_size(max_bytes)}, "
             f"ROW_GROUP_SIZE {row_group_size(max_bytes)})"
         )
         conn.execute("USE recording")
@@ -129,7 +129,8 @@ def connect(path: Path, max_bytes: int) -> Any:
     return conn
 
 
-def _quote(path: Path) -> str:
+def quote_path(path: Path) -> str:
+    """``path`` as the inside of a SQL string literal."""
     return str(path).replace("'", "''")
 
 

@@ -155,7 +155,7 @@ class Store:
         # Where rows would spill over memory_limit: beside the file, as DuckDB does by default for a file, but
         # named here because the capped store's default database is in memory (sizecap.connect), whose default
         # is ./.tmp in the user's working directory. DuckDB removes the directory it made when it closes.
-        self.conn.execute(f"SET temp_directory = '{_quote(self.temp_dir)}'")
+        self.conn.execute(f"SET temp_directory = '{sizecap.quote_path(self.temp_dir)}'")
         if not max_bytes:
             self.conn.execute(f"SET checkpoint_threshold = '{CHECKPOINT_WAL}B'")
         self.thinner = sizecap.Thinner(path, max_bytes) if max_bytes else None
@@ -393,10 +393,6 @@ class Store:
             log.warning("checkpoint failed: %s", e)
         self.conn.close()
         _chown_to_sudo_user(self.path)
-
-
-def _quote(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 def _disk_full(e: BaseException | None) -> bool:

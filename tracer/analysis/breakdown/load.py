@@ -77,13 +77,14 @@ def _exact(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, pid: int | None
     meta = _thread_rows(conn, pid) if info.has("threads") else None
     if meta is not None:
         at, found = meta.find(t_pids, t_tids)
-        calls = np.where(found, meta.calls[at], 0).astype(np.int64) if len(meta.calls) else np.zeros_like(at)
+        calls = meta.calls_of(at, found)
     else:  # no threads rows: a thread issued CUDA calls when it spent time in them
         calls = (sum(totals[:, FIELDS.index(p)] for p in CALL_PART_NAMES) > 0).astype(np.int64)
 
     def make(i: int) -> ThreadTime:
         a, b, tid, p = int(firsts[i]), int(ends[i]), int(t_tids[i]), int(t_pids[i])
-        m, sec0 = (meta.row(int(at[i])) if found[i] else None) if meta is not None else None, int(secs[a])
+        m = meta.row(int(at[i])) if meta is not None and found[i] else None
+        sec0 = int(secs[a])
         t = ThreadTime(
             pid=p,
             tid=tid,
@@ -119,6 +120,12 @@ class _ThreadRows:
         want = _key(pids, tids)
         at = np.minimum(np.searchsorted(self.keys, want), len(self.keys) - 1)
         return at, self.keys[at] == want
+
+    def calls_of(self, at: np.ndarray, found: np.ndarray) -> np.ndarray:
+        """Return the CUDA call count of each row :meth:`find` found, 0 for the others."""
+        if not len(self.calls):
+            return np.zeros(len(at), dtype=np.int64)
+        return np.where(found, self.calls[at], 0).astype(np.int64)
 
     def row(self, i: int) -> tuple:
         """Return row ``i`` as (tid, pid, comm, first_ns, end_ns, exited, cuda_calls), None for NULL."""

@@ -120,12 +120,8 @@ class ChainContext:
     memo: dict[tuple, Any] = field(default_factory=dict)
 
     @classmethod
+    @gc_paused()
     def load(cls, conn: duckdb.DuckDBPyConnection, pid: int | None = None) -> ChainContext:
-        with gc_paused():
-            return cls._load(conn, pid)
-
-    @classmethod
-    def _load(cls, conn: duckdb.DuckDBPyConnection, pid: int | None) -> ChainContext:
         info = load_recording(conn)
         times = load_thread_times(conn, info, pid)
         ops: dict[tuple[int, str], OpLatency] = {}

@@ -47,6 +47,7 @@ def _load(conn: duckdb.DuckDBPyConnection, name: str) -> tuple[Side, Cadence]:
     return side, cadence(side)
 
 
+@gc_paused()
 def compare_traces(
     before: duckdb.DuckDBPyConnection,
     after: duckdb.DuckDBPyConnection,
@@ -62,17 +63,6 @@ def compare_traces(
         before_name, after_name: how the sides are named in the result (their files).
         same_file: the two connections read one file (the result says so).
     """
-    with gc_paused():
-        return _compare(before, after, before_name, after_name, same_file)
-
-
-def _compare(
-    before: duckdb.DuckDBPyConnection,
-    after: duckdb.DuckDBPyConnection,
-    before_name: str,
-    after_name: str,
-    same_file: bool,
-) -> Comparison:
     # the sides load in parallel: each is its own connection, and their queries run while the other side's Python
     # holds the interpreter (2.6 -> 2.4 s on two hour-long 200 K-process recordings, issue 21)
     if before is after:  # one connection is never used from two threads
