@@ -49,7 +49,9 @@ def job(
     steps: int = 300,
     slow_steps: tuple[int, int] | None = None,
     gpu_ms: float = GPU_MS,
+    blip: tuple[int, float] | None = None,
 ) -> TraceBuilder:
+    """A 3-rank job; ``blip`` (step, ms): the slow rank on the CPU that much longer in that one step too."""
     b = TraceBuilder(duration_s=60, target="torchrun --nproc-per-node 3 train.py")
     b.process(AGENT, "pt_elastic", ppid=1)
     for rank, pid in enumerate(RANK_PIDS):
@@ -65,6 +67,8 @@ def job(
         arrive = {}
         for rank, pid in enumerate(RANK_PIDS):
             load = LOAD_MS + (extra if rank == slow_rank else 0.0)
+            if blip and i == blip[0] and rank == slow_rank:
+                load += blip[1]
             if rank == slow_rank and extra and kind == "sleep":
                 b.off_cpu(t + 20 * US, int(extra * MS), pid=pid, waker_pid=0, waker_tid=0, waker_comm="[timer]")
             copy = t + int(load * MS)
@@ -200,6 +204,18 @@ def test_a_straggler_confined_to_a_window(tmp_path):
     assert "confined" in ch.summary
     # the others lost 20 ms in each of the 100 slow steps
     assert ev.lost_ms == pytest.approx(100 * 20, abs=2100 * PER_STEP_MS / 10)
+
+
+def test_a_lone_hot_second_is_left_out_of_the_straggler_s_range(tmp_path):
+    # GIVEN the confined straggler above, and one step 1,700 (~4 s after its slowdown) where it lost the CPU for
+    # 300 ms (a busy host): one hot second on its own
+    b = job(slow_rank=1, slow_ms=20, steps=2100, slow_steps=(1000, 1100), blip=(1700, 300.0))
+    sync = sorted(r["ts_ns"] for r in b.cuda_calls if r["op"] == "cudaStreamSynchronize" and r["pid"] == 3002)
+    with _write(tmp_path, b) as c:
+        (ch,) = _straggler_chains(c)
+    # THEN the range is the slowdown's seconds, not stretched to the lone second
+    assert ch.start_ns <= sync[999] < ch.start_ns + 10**9 and ch.end_ns - 10**9 < sync[1099] <= ch.end_ns
+    assert ch.end_ns < sync[1699] and not ch.evidence.persistent
 
 
 def test_waiting_ranks_gpu_waits_are_explained_by_the_straggler(tmp_path):

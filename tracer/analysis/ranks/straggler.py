@@ -14,8 +14,9 @@ straggler's by :data:`HOT_SECOND_FRAC` of the second; the straggler is *persiste
 least :data:`PERSISTENT_FRAC` of the window, else confined to the range of its hot seconds.
 
 Noise: in a healthy job some rank always waits least, by a little, and on a busy host one rank can get less of
-the CPU for a moment. A straggler needs :data:`MIN_HOT_S` hot seconds (a slowdown that lasts, at the breakdown's
-one-second grain) and a window of at least :data:`MIN_WINDOW_NS` (the chains' shortest loop).
+the CPU for a moment. A straggler needs :data:`MIN_HOT_S` hot seconds in a run, one cool second apart at
+most (a slowdown that lasts, at the breakdown's one-second grain; a lone hot second elsewhere is left out of its
+range) and a window of at least :data:`MIN_WINDOW_NS` (the chains' shortest loop).
 """
 
 from __future__ import annotations
@@ -123,15 +124,29 @@ def find_straggler(table: RankTable) -> Straggler | None:
 
 
 def _hot_range(table: RankTable, slow: RankTime, others: list[RankTime]) -> tuple[int, int, bool] | None:
-    hot, hot_wall, all_wall = [], 0.0, 0.0
+    hot: dict[int, float] = {}  # hot second -> the straggler's time in the window in it
+    all_wall = 0.0
     for sec in sorted(slow.by_sec):
         wall = sum(slow.by_sec[sec].values())  # its time in the window in that second (edge seconds: a part)
         all_wall += wall
         theirs = [r.by_sec[sec][COLLECTIVE] for r in others if sec in r.by_sec]
         if wall > 0 and theirs and median(theirs) - slow.by_sec[sec][COLLECTIVE] >= HOT_SECOND_FRAC * wall:
-            hot.append(sec)
-            hot_wall += wall
-    if len(hot) < MIN_HOT_S:
+            hot[sec] = wall
+    kept = _lasting(sorted(hot))
+    if not kept:
         return None
-    a, b = max(min(hot) * S, table.start_ns), min((max(hot) + 1) * S, table.end_ns)
-    return a, b, hot_wall >= PERSISTENT_FRAC * all_wall
+    a, b = max(kept[0] * S, table.start_ns), min((kept[-1] + 1) * S, table.end_ns)
+    return a, b, sum(hot[sec] for sec in kept) >= PERSISTENT_FRAC * all_wall
+
+
+def _lasting(hot: list[int]) -> list[int]:
+    """Return the hot seconds (sorted) that belong to a slowdown that lasts: a run of at least MIN_HOT_S of them,
+    one cool second apart at most. A lone hot second is noise wherever it falls (on a busy host a rank that lost
+    its CPU for a moment made one a few seconds from a 2 s slowdown, and the straggler read as slow for 6 s)."""
+    runs: list[list[int]] = []
+    for sec in hot:
+        if runs and sec - runs[-1][-1] <= 2:
+            runs[-1].append(sec)
+        else:
+            runs.append([sec])
+    return [sec for run in runs if len(run) >= MIN_HOT_S for sec in run]
