@@ -173,3 +173,44 @@ def test_a_period_inside_a_burst_is_still_found():
 def test_a_steady_loop_has_no_slow_steps():
     v = _loop(500, 5, {}, jitter=30 * US / MS)
     assert slow_indices(v, spread_of(v)) == [] and find_patterns(v, spread_of(v)) == []
+
+
+def _busy_host(v: list[float], seed: int, share: float, most_ms: float) -> list[float]:
+    """``v`` with ``share`` of its steps slowed by 0 to ``most_ms`` at random: other jobs on the host's CPUs."""
+    rng = random.Random(seed)
+    return [x + (rng.uniform(0, most_ms) if rng.random() < share else 0.0) for x in v]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_period_is_found_where_most_steps_lose_time_to_other_jobs(seed):
+    # GIVEN a checkpoint of 13 ms every 40 steps (10 of them, from index 40), and 70% of all steps slowed by up to
+    # 7 ms: the spread (~2.5 ms) puts 5 spreads near 13 ms, and a rule held to 5 spreads kept a few checkpoints
+    # (CI: "every 120th step, 3 steps")
+    v = _busy_host(_loop(420, 10 + seed, {40: 13.0}), seed, 0.7, 7.0)
+    pats = find_patterns(v, spread_of(v))
+    # THEN the first pattern is every 40th step, all 10, and it adds the checkpoint's 13 ms, give or take what
+    # the other jobs added to it or to its neighbours
+    assert (pats[0].every, pats[0].phase, len(pats[0].members)) == (40, 0, 10)
+    assert abs(pats[0].added - 13.0) <= 7.0 / 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_floor_of_spikes_from_other_jobs_does_not_hide_the_period(seed):
+    # GIVEN the same checkpoints, and half the steps slowed by up to 3.5 ms: a third of all steps stand out from
+    # their neighbours, eight or more between two checkpoints
+    v = _busy_host(_loop(420, 20 + seed, {40: 13.0}), seed, 0.5, 3.5)
+    pats = find_patterns(v, spread_of(v))
+    # THEN every 40th step is found, not nothing, nor every 20th (the checkpoints and the spikes between them)
+    assert [(p.every, p.phase, len(p.members)) for p in pats] == [(40, 0, 10)]
+    assert abs(pats[0].added - 13.0) <= 3.5 / 2
+
+
+def test_a_cheap_checkpoint_between_the_others_counts_and_does_not_lower_their_odds():
+    # GIVEN the checkpoints of 13 ms every 40 steps, one of them 1.5 ms (a fsync with nothing to flush), and a
+    # half the steps slowed by up to 3.5 ms: many steps stand out as far as the cheap one
+    v = _loop(420, 30, {40: 13.0})
+    v[200] -= 11.5
+    v = _busy_host(v, 30, 0.5, 3.5)
+    (p,) = find_patterns(v, spread_of(v))
+    # THEN the pattern has all ten: the other nine make the period, and the cheap one is at it
+    assert (p.every, p.phase, p.members) == (40, 0, tuple(range(40, 420, 40)))

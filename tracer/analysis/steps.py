@@ -60,14 +60,21 @@ class StepPart(Record):
 
 
 class StepPattern(Record):
-    """Slow steps that come back with a period: every ``every``-th step from ``first_step``."""
+    """Steps that come back with a period, each longer than its neighbours: every ``every``-th step from
+    ``first_step``."""
 
     every: Annotated[int, Field(description="the period, in steps (seconds when basis = seconds)")]
     first_step: Annotated[
         int,
         Field(description="numbered by the wait that ends it: step 2 is the first complete one (a second: its number)"),
     ]
-    count: Annotated[int, Field(description="slow steps in the pattern")]
+    count: Annotated[
+        int,
+        Field(
+            description="steps in the pattern: those at its period that stand out from their neighbours (on a busy "
+            "host some of them by less than slow_above_ms)"
+        ),
+    ]
     added_ms: Annotated[
         float,
         Field(description="what one adds to a step: the median of their ms less their neighbours' (4 either side)"),
@@ -107,7 +114,9 @@ class StepSeries(Record):
     p90_ms: float
     max_ms: float
     slow_steps: Annotated[int, Field(description="steps above slow_above_ms")]
-    patterns: Annotated[list[StepPattern], Field(description="periodic slow steps, most steps first")]
+    patterns: Annotated[
+        list[StepPattern], Field(description="periodic slow steps, most added time (added_ms x count) first")
+    ]
     irregular: Annotated[list[SlowStep], Field(description="slow steps in no pattern, slowest first (at most 20)")]
     series_ms: Annotated[list[float], Field(description="every step's ms, in order (detail=True; at most 5000)")]
     headline: Annotated[str, Field(description="one line: the typical step, and the slow steps' pattern")]
