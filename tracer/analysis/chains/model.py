@@ -438,6 +438,52 @@ Evidence = Annotated[
 ]
 
 
+ROOT_KINDS = ("on_cpu", "external_wait", "cpu_capacity", "placement", "gpu", "interpreter", "hung")
+
+
+class Hop(Record):
+    """One hop of a chain's wait path (issue 28): a thread that the affected thread's lost time waited on,
+    directly or through the hops before it. The first hop is the affected thread itself; the last is the root."""
+
+    tid: Annotated[int | None, Field(description="the thread, when one")]
+    pid: Annotated[int | None, Field(description="its process")]
+    comm: Annotated[str, Field(description="its name (thread or process)")]
+    role: Annotated[
+        str,
+        Field(description="training | worker | helper | rank | job_thread | other_process | kernel | gpu"),
+    ]
+    edge: Annotated[
+        str,
+        Field(
+            description="how the previous hop waited on this one: start (the affected thread) | woken_by (blocked "
+            "until this thread woke it: futex, pipe, socket, lock, GIL) | cpu_held_by (runnable while this held "
+            "its CPU) | gpu (waited in a CUDA call for queued GPU work)"
+        ),
+    ]
+    state: Annotated[str, Field(description="what this hop was doing: on_cpu | blocked | io | runq | gpu")]
+    share: Annotated[float, Field(description="share of the affected thread's lost time through this hop, 0..1")]
+    ms: Annotated[float, Field(description="that time, ms")]
+    site: Annotated[str | None, Field(description="'file:line function' where it ran or waited, where known")]
+
+
+class Root(Record):
+    """Where a chain's wait path ends (issue 28)."""
+
+    kind: Annotated[
+        str,
+        Field(
+            description="on_cpu (a thread running: its lines) | external_wait (disk, network, timer, a pipe or "
+            "socket whose writer is outside the job) | cpu_capacity (every CPU the job may use was busy) | "
+            "placement (the job waited for a CPU while CPUs outside its allowed set were idle, or its cgroup was "
+            "throttled) | gpu | interpreter (CPython's own work: the cyclic GC) | hung (blocked since before "
+            "the recording)"
+        ),
+    ]
+    detail: Annotated[str, Field(description="one line: what the root is, in the trace's own terms")]
+    site: Annotated[str | None, Field(description="'file:line function' of the root, where known")] = None
+    stack: Annotated[list[str], Field(description="the root's stack, innermost first, a few frames")] = []
+
+
 class CausalChain(Record):
     """One diagnosis: how much of the affected thread's time a cause cost, who caused it, and what to change."""
 
@@ -459,6 +505,11 @@ class CausalChain(Record):
     summary: Annotated[str, Field(description="one-sentence diagnosis")]
     evidence: Evidence
     recommendations: Annotated[list[str], Field(description="fixes for this trace, most effective first")]
+    path: Annotated[
+        list[Hop],
+        Field(description="the waits followed from the affected thread to the root, one hop each (issue 28)"),
+    ] = []
+    root: Annotated[Root | None, Field(description="where the path ends: the cause to act on")] = None
     explained_by: Annotated[
         str | None,
         Field(
