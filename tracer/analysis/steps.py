@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import duckdb
@@ -137,20 +138,47 @@ def step_series(
     return series_of(conn, t, detail)
 
 
-def series_of(conn: duckdb.DuckDBPyConnection, t: ThreadTime, detail: bool = False) -> StepSeries:
-    """Return the step series of thread ``t`` (see the module docstring)."""
-    markers = conn.execute(
+@dataclass(frozen=True)
+class StepMarkers:
+    """The one definition of a thread's steps (issue 31), read by the step series, the ranks and compare alike:
+    the thread's stored waits for the GPU (runtime ones only when it has them: a runtime wait and the driver call
+    inside it are one wait) and how many of them end one step (:func:`markers_per_step`)."""
+
+    rows: list[tuple[int, int, str, int, str]]  # (ts_ns, dur_ns, op, stack_id or 0, layer), in time order
+    per_step: int  # waits per step
+
+    @property
+    def ends(self) -> list[int]:
+        """Each step's end: the end of its last wait."""
+        k = self.per_step
+        return [int(m[0] + m[1]) for i, m in enumerate(self.rows) if i % k == k - 1]
+
+    def per_step_of(self, op: str) -> int:
+        """Return how many of one step's waits are ``op`` (at least 1: an op outside the step's sequence, such as
+        the driver twin of a runtime wait, is counted as one a step)."""
+        return max(1, sum(1 for m in self.rows[: self.per_step] if m[2] == op))
+
+
+def step_markers(conn: duckdb.DuckDBPyConnection, tid: int) -> StepMarkers:
+    """Return thread ``tid``'s step markers (see :class:`StepMarkers`); ``per_step`` is 1 under 3 waits."""
+    rows = conn.execute(
         "SELECT ts_ns, dur_ns, op, coalesce(stack_id, 0), layer FROM cuda_calls WHERE tid = ? AND list_contains(?, op) "
         "ORDER BY ts_ns",
-        [t.tid, list(SYNC_OPS)],
+        [tid, list(SYNC_OPS)],
     ).fetchall()
-    if any(m[4] == "runtime" for m in markers):  # a runtime wait and the driver call inside it are one wait
-        markers = [m for m in markers if m[4] == "runtime"]
+    if any(m[4] == "runtime" for m in rows):
+        rows = [m for m in rows if m[4] == "runtime"]
+    k = markers_per_step([(m[2], m[3]) for m in rows]) if len(rows) >= 3 else 1
+    return StepMarkers([(int(a), int(b), str(c), int(d), str(e)) for a, b, c, d, e in rows], k)
+
+
+def series_of(conn: duckdb.DuckDBPyConnection, t: ThreadTime, detail: bool = False) -> StepSeries:
+    """Return the step series of thread ``t`` (see the module docstring)."""
+    sm = step_markers(conn, t.tid)
+    markers, k = sm.rows, sm.per_step
     if len(markers) < 3:
         return _seconds(conn, t)
-    keys = [(m[2], m[3]) for m in markers]
-    k = markers_per_step(keys)
-    ends = [int(m[0] + m[1]) for i, m in enumerate(markers) if i % k == k - 1]
+    ends = sm.ends
     durations = [(b - a) / MS for a, b in zip(ends, ends[1:], strict=False)]
     note = _stored_note(conn, t, len(markers))
     site = _site(conn, [m[3] for m in markers[:k]])
@@ -352,4 +380,14 @@ def _empty(pid: int | None, tid: int | None, note: str) -> StepSeries:
     )
 
 
-__all__ = ["SlowStep", "StepPart", "StepPattern", "StepSeries", "markers_per_step", "series_of", "step_series"]
+__all__ = [
+    "SlowStep",
+    "StepMarkers",
+    "StepPart",
+    "StepPattern",
+    "StepSeries",
+    "markers_per_step",
+    "series_of",
+    "step_markers",
+    "step_series",
+]

@@ -70,7 +70,12 @@ class StepSide(Record):
         float, Field(description="bound on steps/s' error from the launch sampler, % (0: counted from exact calls)")
     ]
     marker: Annotated[str | None, Field(description="the training thread's most frequent wait for the GPU")]
-    markers: Annotated[float, Field(description="calls of the marker on the training thread")]
+    waits_per_step: Annotated[
+        int, Field(description="the marker's calls in one step (tracer.analysis.steps: the one definition)")
+    ] = 1
+    markers: Annotated[
+        float, Field(description="steps the marker ended on the training thread: its calls / waits_per_step")
+    ]
     launches: Annotated[float, Field(description="kernel launches of the training thread (scaled when duty-cycled)")]
     launches_per_marker: float | None
     launch_error_pct: Annotated[float, Field(description="bound on the launch count's error, % (0: exact)")]

@@ -2,9 +2,11 @@
 beyond noise.
 
 A step ends where the training thread waits for the GPU (the catalog's ``waits_for_gpu`` calls): the marker is
-the wait it makes most often. When both sides queue the same number of launches per marker, a step is a marker.
-When one side waits k times less often (a fix that reads the loss every k steps) or not at all, a step is the
-launches between two waits of the side that waits most often. Otherwise (launches per step changed: fused
+the wait it makes most often, and a step holds as many of its calls as :mod:`tracer.analysis.steps` (the one
+definition of a step) counts in one step (a loop that reads the loss and an accuracy with the same op waits twice
+a step: its marker's calls are twice its steps). When both sides queue the same number of launches per step of
+the marker, a step is one. When one side waits k times less often (a fix that reads the loss every k steps) or not
+at all, a step is the launches between two steps of the side that waits most often. Otherwise (launches per step changed: fused
 kernels, CUDA graphs) the rates are shown, marked not comparable. ``StepsCompare.method`` says which held.
 
 Issue 20: how the steps are counted once a step is known (:func:`step_clock`). Duty-cycled launch probes see a
@@ -25,6 +27,7 @@ from tracer.analysis.chains.sync_stall import sync_ops
 from tracer.analysis.compare.load import MIN_SECONDS, Loop, S, Side
 from tracer.analysis.compare.model import Noise, StepCount, StepsCompare, StepSide
 from tracer.analysis.compare.statistics import MIN_REL_DELTA, NoiseTests, judge, relative_change
+from tracer.analysis.steps import step_markers
 
 # launches per step on both sides within this (plus the launch counts' error bounds) count as the same step
 CADENCE_TOL = 0.05
@@ -38,7 +41,8 @@ class Cadence:
     """The training thread's waits and launches in one recording: totals, and per whole second of its loop."""
 
     marker: str | None = None
-    markers: float = 0.0  # calls of the marker on the training thread in its loop
+    waits_per_step: int = 1  # the marker's calls in one step (tracer.analysis.steps.StepMarkers.per_step_of)
+    markers: float = 0.0  # steps the marker ended on the training thread in its loop: its calls / waits_per_step
     # markers per whole second: from the periods between consecutive markers when every call of it is stored (a
     # second holding a third of a period counts a third of a marker), else its rows per second, scaled
     marker_series: dict[int, float] = field(default_factory=dict)
@@ -142,11 +146,12 @@ def cadence(side: Side) -> Cadence:
         if mine.get(best, 0):
             marker_scale = calls_per_row(best, pid[best])
             out.marker = best
-            out.markers = mine[best] * marker_scale
-            if marker_scale <= 1.0:  # every call stored: time each period between two waits
-                out.marker_series, out.marker_rate = periods_per_second(stamps(best), side.seconds)
+            k = out.waits_per_step = step_markers(side.conn, subject.tid).per_step_of(best)
+            out.markers = mine[best] * marker_scale / k
+            if marker_scale <= 1.0:  # every call stored: time each period between two steps' last waits
+                out.marker_series, out.marker_rate = periods_per_second(stamps(best)[k - 1 :: k], side.seconds)
             else:  # a sample of the calls: only their count per second can be scaled
-                counts = {sec: n * marker_scale for (op, sec), n in secs.items() if op == best}
+                counts = {sec: n * marker_scale / k for (op, sec), n in secs.items() if op == best}
                 out.marker_series = {sec: counts.get(sec, 0.0) for sec in side.seconds}
     launches = side.ctx.ops_of(subject.pid, lambda o: o.part == "launch")
     if launches:
@@ -175,9 +180,10 @@ def cadence(side: Side) -> Cadence:
                     "AND ts_ns > $first AND ts_ns < $last GROUP BY op",
                     {"tid": subject.tid, "ops": names, "first": first, "last": last},
                 ).fetchall()
-                out.between = sum(c * scales[op] for op, c in inside) / ((n - 1) * marker_scale)
+                out.between = sum(c * scales[op] for op, c in inside) * out.waits_per_step / ((n - 1) * marker_scale)
                 if marker_scale <= 1.0 and any(scales[op] > 1.0 for op in names):
-                    out.between = _whole_period(side, subject.tid, out.marker, names, (first, last)) or out.between
+                    whole = _whole_period(side, subject.tid, out.marker, out.waits_per_step, names, (first, last))
+                    out.between = whole or out.between
     return out
 
 
@@ -185,8 +191,11 @@ def cadence(side: Side) -> Cadence:
 MIN_WHOLE_PERIODS = 3
 
 
-def _whole_period(side: Side, tid: int, marker: str, launches: list[str], span: tuple[int, int]) -> float | None:
-    """Return the launches of one period between two consecutive waits, counted where the probes saw it whole.
+def _whole_period(
+    side: Side, tid: int, marker: str, per_step: int, launches: list[str], span: tuple[int, int]
+) -> float | None:
+    """Return the launches of one step (``per_step`` consecutive waits of the marker), counted where the probes saw
+    it whole.
 
     When some launch rows are missing (duty-cycled probes, a full ring buffer) the launches between the first and
     the last wait are a scaled estimate, and the estimator's few percent of error decide the k of a side that waits
@@ -196,13 +205,13 @@ def _whole_period(side: Side, tid: int, marker: str, launches: list[str], span: 
     CADENCE_TOL of the largest (a period the probes cut shows fewer). None when no such count exists (probes live
     for shorter than a period, a loop whose steps differ), and the scaled estimate stands."""
     counts = side.conn.execute(
-        "WITH m AS (SELECT ts_ns, row_number() OVER (ORDER BY ts_ns) AS i FROM cuda_calls "
+        "WITH m AS (SELECT ts_ns, (row_number() OVER (ORDER BY ts_ns) - 1) // $k AS i FROM cuda_calls "
         "  WHERE tid = $tid AND op = $marker AND ts_ns >= $first AND ts_ns <= $last), "
         "l AS (SELECT ts_ns FROM cuda_calls WHERE tid = $tid AND list_contains($ops, op) "
         "  AND ts_ns > $first AND ts_ns < $last) "
         "SELECT n, count(*) AS periods FROM (SELECT m.i, count(*) AS n FROM l ASOF JOIN m ON l.ts_ns >= m.ts_ns "
         "GROUP BY m.i) GROUP BY n ORDER BY periods DESC, n DESC",
-        {"tid": tid, "marker": marker, "ops": launches, "first": span[0], "last": span[1]},
+        {"tid": tid, "marker": marker, "k": per_step, "ops": launches, "first": span[0], "last": span[1]},
     ).fetchall()
     if not counts:
         return None
@@ -312,6 +321,7 @@ def _side(c: Cadence, clock: StepClock) -> StepSide:
         steps_per_wait=clock.per_wait,
         steps_error_pct=round(100 * clock.error, 2),
         marker=c.marker,
+        waits_per_step=c.waits_per_step,
         markers=round(c.markers, 1),
         launches=round(c.launches, 1),
         launches_per_marker=None if c.per_marker is None else round(c.per_marker, 2),

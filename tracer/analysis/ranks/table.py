@@ -14,10 +14,11 @@ of excess a step against 20.1 by the ranks' own clocks). The seconds that tell *
 edges pro-rated: a straggler needs two hot seconds (:mod:`.straggler`), and whether a second is hot is a ratio
 within it, which pro-rating does not bias.
 
-A step is one wait for the GPU per step of a training loop (``loss.item()``, a synchronize): the steps in the
-window are the exact count of the rank's most frequent waiting op (op_stats) times the share of its stored calls
-that lie in the window (the stored calls are all of them, or a sample within the recorder's budget). A rank
-without one has no step count, and its table gives times only.
+A step is what :mod:`tracer.analysis.steps` says it is (:func:`~tracer.analysis.steps.step_markers`, the one
+definition): the steps in the window are the exact count of the rank's most frequent waiting op (op_stats), over
+that op's waits per step on the rank's thread (a loop that reads the loss and an accuracy with the same op waits
+twice a step), times the share of its stored calls that lie in the window (the stored calls are all of them, or a
+sample within the recorder's budget). A rank without one has no step count, and its table gives times only.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from probes.catalog import OP_NAMES, OpClass, ops_where
 from tracer.analysis.breakdown.thread_time import S, ThreadTime, ThreadTimes
 from tracer.analysis.ranks import phases
 from tracer.analysis.recording import RecordingInfo
+from tracer.analysis.steps import step_markers
 from tracer.analysis.taxonomy import part_name, waits_for_gpu
 
 STEP_PARTS = ("launch", "sync")  # the calls that mark a training loop's steps (as the chains' subjects)
@@ -47,6 +49,7 @@ class RankTime:
     end_ns: int
     step_op: str | None = None  # the waiting op that marks its steps
     step_calls: int = 0  # exact calls of step_op over its own steps
+    waits_per_step: int = 1  # calls of step_op that end one step (tracer.analysis.steps.StepMarkers.per_step_of)
     steps: float | None = None  # of those, in the common window
     by_sec: dict[int, dict[str, float]] = field(default_factory=dict)  # in the common window, to tell when
     total: dict[str, float] = field(default_factory=dict)  # over the common window (phases.window_total)
@@ -109,7 +112,7 @@ def _count_steps(conn: duckdb.DuckDBPyConnection, ranks: list[RankTime], start: 
             "WHERE pid = $pid AND op = $op",
             {"a": start, "b": end, "pid": r.pid, "op": r.step_op},
         ).fetchone()
-        r.steps = r.step_calls * inside / stored if stored else None
+        r.steps = r.step_calls / r.waits_per_step * inside / stored if stored else None
 
 
 def _gpu_collective(conn: duckdb.DuckDBPyConnection, tids: list[int]) -> dict[int, dict[int, float]]:
@@ -174,6 +177,8 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
         a, b = spans.get(t.tid, (t.first_ns, t.end_ns))
         r = RankTime(rank, pid, t, max(a, t.first_ns), min(b, t.end_ns))
         r.step_op, r.step_calls = _step_op(conn, pid)
+        if r.step_op:
+            r.waits_per_step = step_markers(conn, t.tid).per_step_of(r.step_op)
         if t.tid not in spans:
             # no CUDA steps: the seconds it waited in collectives (its whole span when it never did)
             whole = phases.phases_by_second(info, t, wakers.get(t.tid, []), phases.second_weights(t, 0, 1 << 62))
