@@ -6,8 +6,9 @@ the wait it makes most often, and a step holds as many of its calls as :mod:`tra
 definition of a step) counts in one step (a loop that reads the loss and an accuracy with the same op waits twice
 a step: its marker's calls are twice its steps). When both sides queue the same number of launches per step of
 the marker, a step is one. When one side waits k times less often (a fix that reads the loss every k steps) or not
-at all, a step is the launches between two steps of the side that waits most often. Otherwise (launches per step changed: fused
-kernels, CUDA graphs) the rates are shown, marked not comparable. ``StepsCompare.method`` says which held.
+at all, a step is the launches between two steps of the side that waits most often. Otherwise (launches per step
+changed: fused kernels, CUDA graphs) the rates are shown, marked not comparable. ``StepsCompare.method``
+says which held.
 
 Issue 20: how the steps are counted once a step is known (:func:`step_clock`). Duty-cycled launch probes see a
 launch-heavy loop a fifth of the time, in windows that do not line up with the seconds, so launches counted per
