@@ -45,7 +45,7 @@ TARGET_CHARS = 160  # the launched command in the overview, cut (a long command 
 # has it whole (a straggler's summary alone was 466 bytes of a 4 KB answer)
 TOP_CHAIN_CHARS = 200
 
-__all__ = ["DATALOADER_COMM", "main_pid", "op_stats", "process_stats", "trace_stats"]
+__all__ = ["DATALOADER_COMM", "main_pid", "op_stats", "trace_stats"]
 
 
 class Environment(Record):
@@ -331,14 +331,6 @@ def process_rows(
         )  # fmt: skip
         for p, pp, comm, first, ex, code, calls, sw, pre, off, rq, worst in got
     ]
-
-
-def process_stats(
-    conn: duckdb.DuckDBPyConnection, *, pid: int | None = None, info: RecordingInfo | None = None
-) -> list[ProcessStat]:
-    """Return every traced process (or just ``pid``): CUDA calls, switches, off-CPU time, worst stall, exit
-    (``info``: the recording, when the caller has loaded it)."""
-    return [r.stat() for r in process_rows(conn, pid=pid, info=info)]
 
 
 def _processes(conn: duckdb.DuckDBPyConnection, pid: int | None, info: RecordingInfo, detail: bool) -> dict:

@@ -72,10 +72,6 @@ class Straggler:
     def phase_excess_ns(self) -> float:
         return self.excess_ns.get(self.phase, 0.0)
 
-    @property
-    def total_excess_ns(self) -> float:
-        return sum(self.excess_ns.values())
-
 
 def find_straggler(table: RankTable) -> Straggler | None:
     """Return the table's straggler, or None when the ranks wait for each other about equally."""
