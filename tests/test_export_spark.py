@@ -29,7 +29,7 @@ RANKS_PER_HOST = 3
 SLOW_MS = 20.0
 STEPS = 300  # an even count: a median averages the two middle steps
 JITTER_NS = 400_000  # < the 0.5 ms between a step's last launch and its sync: the calls keep their order
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "multi-host.md"
 # pyspark 4.3 warns on import that it does not yet support pandas 3 (unused here: no pandas conversion)
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
 
