@@ -19,6 +19,7 @@ import typer
 from tracer.analysis.arguments import check_args
 from tracer.errors import UsageError
 from tracer.views.console import make_console
+from tracer.views.output import check_output_file
 
 DbOption = Annotated[
     Path,
@@ -300,12 +301,7 @@ def export(
     if path is None and json:
         raise UsageError("--json and -o - both write to stdout", "Write the trace to a file, or drop --json.")
     if path is not None:
-        if path.is_dir():
-            raise UsageError(f"{path} is a directory", "Pass a file name, e.g. -o trace.json.")
-        if not path.parent.is_dir():
-            raise UsageError(f"no directory {path.parent} to write {path.name} into", "Create it, or pick another -o.")
-        if path.exists() and not force:
-            raise UsageError(f"{path} exists", "Pass --force to overwrite it, or pick another -o.")
+        check_output_file(path, force)
     with _open(db) as conn:
         summary = export_trace(conn, path, fmt=fmt, start_s=start, end_s=end, max_events=max_events or None)
     for note in summary.notes:

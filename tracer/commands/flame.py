@@ -15,6 +15,7 @@ import typer
 
 from tracer.commands.analysis import DEFAULT_DB, DbsOption, PidOption, _open, err
 from tracer.errors import UsageError
+from tracer.views.output import check_output_file
 
 
 def flame(
@@ -57,10 +58,7 @@ def flame(
     out = output or f"flame-{mode}.{'speedscope.json' if fmt == 'speedscope' else 'folded'}"
     path = None if out == "-" else Path(out)
     if path is not None:
-        if path.is_dir() or not path.parent.is_dir():
-            raise UsageError(f"cannot write {path}", "Pass a file name in an existing directory with -o.")
-        if path.exists() and not force:
-            raise UsageError(f"{path} exists", "Pass --force to overwrite it, or pick another -o.")
+        check_output_file(path, force)
     with _open(db) as conn:
         try:
             result = thread_stacks(conn, mode, pid=pid, tid=thread, limit=None)

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from tracer.analysis import Record
 from tracer.views.export import rows
+from tracer.views.output import refuse_existing
 
 if TYPE_CHECKING:
     from tracer.analysis.recording import RecordingInfo
@@ -118,9 +119,7 @@ def export_ranks(
             "Export it as one file, without --per-rank.",
         )
     paths = {r: rank_file(directory, r) for r in groups}
-    taken = [str(p) for p in paths.values() if p.exists()]
-    if taken and not force:
-        raise UsageError(f"{', '.join(taken)} exist{'s' if len(taken) == 1 else ''}", "Pass --force to overwrite.")
+    refuse_existing(list(paths.values()), force)
     host = rows.session_info(conn).get("host")
     sizes = [info.procs[p].world_size for pids in groups.values() for p in pids if info.procs[p].world_size]
     world_size = max([*sizes, max(groups) + 1])

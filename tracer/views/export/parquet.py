@@ -72,6 +72,7 @@ from tracer.analysis.recording import table_columns
 from tracer.analysis.sqltext import literal
 from tracer.errors import StoreError, UsageError
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLES, Table
+from tracer.views.output import refuse_existing
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # what DuckDB (as Hive and Spark) names a NULL partition value
 SCHEMA_FILE = "schema.json"
@@ -315,11 +316,12 @@ def _rank_value(dirname: str) -> int | None:
 
 
 def _refuse_existing(dst: Path, host: str | None, force: bool) -> None:
-    if dst.exists() and not force:
-        raise UsageError(
-            f"{dst} exists: a recording of host {host!r} was exported there before",
-            "Pass --force to replace that host's partition (the other hosts' stay), or pick another -o.",
-        )
+    refuse_existing(
+        [dst],
+        force,
+        f"A recording of host {host!r} was exported there before: pass --force to replace that host's "
+        "partition (the other hosts' stay), or pick another -o.",
+    )
 
 
 def _move_into_place(src: Path, dst: Path, host: str | None, force: bool) -> bool:
