@@ -40,6 +40,7 @@ from tracer.vocabulary import (
     PROCESS_ROLES,
     RECORDED_ROLES,
     THREAD_ROLES,
+    UNNAMED_TASK,
     UNSEEN_WAKER,
     WAKER_CLASSES,
     WAKER_KINDS,
@@ -207,15 +208,18 @@ def test_the_bpf_names_interrupt_kinds_as_the_vocabulary():
 
 
 def test_the_recorder_writes_wakers_from_the_vocabulary():
-    # GIVEN drained wake aggregates: a task, a timer interrupt, a block interrupt, and a wakeup never seen
-    keys = np.zeros(4, dtype=events.WAKE_KEY_DTYPE)
-    vals = np.zeros(4, dtype=events.WAKE_VAL_DTYPE)
-    keys["waker_irq"] = [0, 1, 5, 0]
-    vals["waker_pid"] = [4242, 0, 0, 0]
-    vals["waker_comm"] = [b"pt_data_worker", b"", b"whatever", b""]
-    # THEN thread_wakers names them as the readers do
+    # GIVEN drained wake aggregates: a task, a timer interrupt, a block interrupt, a wakeup never seen, a task whose
+    # name was not read, and the idle task
+    keys = np.zeros(6, dtype=events.WAKE_KEY_DTYPE)
+    vals = np.zeros(6, dtype=events.WAKE_VAL_DTYPE)
+    keys["waker_irq"] = [0, 1, 5, 0, 0, 0]
+    vals["waker_pid"] = [4242, 0, 0, 0, 4243, 0]
+    vals["waker_comm"] = [b"pt_data_worker", b"", b"whatever", b"", b"", b"swapper/1"]
+    # THEN thread_wakers names them as the readers do (the table held "" and "swapper/1" where every reader
+    # printed "?" and "[idle]")
     got = columns.waker_columns(columns.Aggregates(keys, vals))["waker_comm"]
-    assert got == ["pt_data_worker", WAKER_KINDS[1], WAKER_KINDS[5], UNSEEN_WAKER]
+    assert got == ["pt_data_worker", WAKER_KINDS[1], WAKER_KINDS[5], UNSEEN_WAKER, UNNAMED_TASK, IDLE_WAKER]
+    assert got == [got[0], *(waker_name(int(p), c) for p, c in zip(vals["waker_pid"][1:], got[1:], strict=True))]
 
 
 def test_the_tables_and_the_classes_are_the_vocabulary(db):

@@ -28,13 +28,15 @@ IDLE_WAKER = "[idle]"
 # thread_wakers had pid 0 with an empty name ("?" in the breakdown), sched a NULL waker
 UNSEEN_WAKER = "[unseen]"
 INTERRUPT_WAKERS: frozenset[str] = frozenset({*WAKER_KINDS.values(), IDLE_WAKER, UNSEEN_WAKER})
+# a task whose name the probes could not read (it exited as it woke the thread)
+UNNAMED_TASK = "?"
 
 
 def waker_name(pid: int | None, comm: str | None) -> str:
     """Return the one name of a waker: a task's comm; for pid 0 (or none) the interrupt's kind, the idle task,
     or :data:`UNSEEN_WAKER` when no waker was seen."""
     if pid:
-        return comm or "?"
+        return comm or UNNAMED_TASK
     if comm in INTERRUPT_WAKERS:
         return comm
     return IDLE_WAKER if comm else UNSEEN_WAKER

@@ -18,7 +18,7 @@ from probes.catalog import CATALOG, MEMCPY_KIND_NAMES, NO_ARG, OP_COUNT_MAX, OpC
 from tracer.hist import percentile, slot_bounds
 from tracer.recorder import events, rankenv
 from tracer.recorder.proctree import ProcInfo, ThreadInfo
-from tracer.vocabulary import TRACER_ROLE, UNSEEN_WAKER, WAKER_KINDS
+from tracer.vocabulary import TRACER_ROLE, UNSEEN_WAKER, WAKER_KINDS, waker_name
 
 Columns = dict[str, Any]
 
@@ -224,9 +224,10 @@ def waker_columns(w: Aggregates) -> Columns:
 
 def _waker_names(irq: np.ndarray, pid: np.ndarray, comm: np.ndarray) -> list[str]:
     """A waker's name in the one vocabulary the readers use (tracer/vocabulary.py): an interrupt handler
-    (waker_irq, IRQ_* of sched.bpf.c) by its kind, a task by its comm, no wakeup seen (pid 0, no name) as such."""
+    (waker_irq, IRQ_* of sched.bpf.c) by its kind, anything else as :func:`waker_name` shows it, so the table
+    holds the name every reader prints (a task with no name read is "?", not "")."""
     return [
-        WAKER_KINDS.get(k, c) if k else (c if c or p else UNSEEN_WAKER)
+        WAKER_KINDS.get(k, c) if k else waker_name(p, c)
         for k, p, c in zip(irq.tolist(), pid.tolist(), events.cstr(comm), strict=True)
     ]
 
