@@ -3,7 +3,8 @@ as recorded on Debian's stripped CPython 3.11 (static take_gil shows as '?') and
 
 from __future__ import annotations
 
-from tracer.analysis.stack_time import StackTime, blocked_kind, short_site, site_of, syscall_of, thread_name
+from tracer.analysis.code_site import short_site, site_of
+from tracer.analysis.stack_time import StackTime, blocked_kind, syscall_of, thread_name
 
 PY = ("python", "/w/train.py", "main", "/w/train.py", 40)
 CALL = ("python", "/w/fakecuda.py", "FakeCuda.call", "/w/fakecuda.py", 299)

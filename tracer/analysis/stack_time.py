@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-# kind, module, function, file, line: one frame, outermost first
-Frame = tuple[str, str | None, str | None, str | None, int | None]
+from tracer.analysis.code_site import Frame, short_site, site_of
 
 GIL_FUNCTIONS = frozenset(
     {"take_gil", "PyCOND_TIMEDWAIT", "PyCOND_WAIT", "_PyEval_AcquireLock", "_PyMutex_LockTimed", "_PyMutex_LockSlow"}
@@ -46,9 +45,6 @@ LOCK_FUNCTIONS = frozenset(
 )
 SYNC_FUNCTIONS = frozenset({"fsync", "fdatasync", "sync_file_range", "msync", "syncfs", "sync"})
 SLEEP_FUNCTIONS = frozenset({"clock_nanosleep", "nanosleep", "__nanosleep", "usleep", "sleep"})
-WAIT_KINDS = ("cuda", "gil", "lock", "io", "sleep", "other")
-
-_LIBRARY_PARTS = ("site-packages", "dist-packages", "<frozen", "/lib/python3")
 
 
 def is_interpreter(module: str | None) -> bool:
@@ -94,28 +90,6 @@ def blocked_kind(frames: list[Frame], state: str, in_call: bool) -> str:
 def syscall_of(frames: list[Frame]) -> str | None:
     """The innermost named native function (the libc call the thread waits in), if any."""
     return next((f[2] for f in innermost_native(frames) if f[2] and f[2] != "?" and not f[2].startswith("0x")), None)
-
-
-def _is_library(path: str | None) -> bool:
-    return not path or any(p in path for p in _LIBRARY_PARTS)
-
-
-def user_frame(frames: list[Frame]) -> Frame | None:
-    """The innermost Python frame in the user's own code (library frames skipped), else the innermost Python one."""
-    py = [f for f in reversed(frames) if f[0] == "python"]
-    return next((f for f in py if not _is_library(f[3])), py[0] if py else None)
-
-
-def site_of(frames: list[Frame]) -> str | None:
-    """'file:line function' of the innermost user Python frame, or None without Python frames."""
-    f = user_frame(frames)
-    return f"{f[3]}:{f[4]} {f[2]}" if f else None
-
-
-def short_site(frames: list[Frame]) -> str | None:
-    """'function (file.py:line)' of the innermost user Python frame, the way a thread is named."""
-    f = user_frame(frames)
-    return f"{f[2]} ({(f[3] or '?').rsplit('/', 1)[-1]}:{f[4]})" if f else None
 
 
 def load_frames(conn: duckdb.DuckDBPyConnection, stack_ids: Iterable[int]) -> dict[int, list[Frame]]:

@@ -13,8 +13,9 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
+from tracer.analysis.code_site import site_of
 from tracer.analysis.db import session_row
-from tracer.analysis.stack_time import blocked_kind, load_frames, site_of, thread_name
+from tracer.analysis.stack_time import blocked_kind, load_frames, thread_name
 
 MODES = ("on-cpu", "off-cpu")
 Mode = Literal["on-cpu", "off-cpu"]

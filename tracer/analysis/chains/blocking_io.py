@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
 from tracer.analysis.chains.model import BlockingIoEvidence, CausalChain, Culprit, IoSite
-from tracer.analysis.stack_time import StackTime, blocked_stacks, sampled_stacks, syscall_of, user_frame
+from tracer.analysis.code_site import user_frame
+from tracer.analysis.stack_time import StackTime, blocked_stacks, sampled_stacks, syscall_of
 
 CATEGORY = "blocking_io"
 HIGH = HIGH_SHARE

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 
+from tracer.analysis.code_site import Frame, user_frame
 from tracer.analysis.db import session_row
-from tracer.analysis.stack_time import Frame, load_frames, user_frame
+from tracer.analysis.stack_time import load_frames
 
 BATCH_ROWS = 50_000  # Arrow batch size: ~10 MB of call rows, a fraction of a second of formatting each
 Row = dict[str, object]
