@@ -102,3 +102,12 @@ def processes() -> dict[int, ProcStat]:
 def children(pid: int) -> list[int]:
     """Return the living (not zombie) child processes of ``pid``, in pid order."""
     return sorted(c for c, st in processes().items() if st.ppid == pid and not st.zombie)
+
+
+def resident_bytes(pid: int | str = "self") -> int | None:
+    """Return the resident memory of ``pid`` in bytes (/proc/PID/statm's second field), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

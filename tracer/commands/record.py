@@ -164,7 +164,21 @@ def record(
     ] = None,
     mcp_token_file: Annotated[
         Path | None,
-        typer.Option("--mcp-token-file", help="Bearer token file for a non-loopback --mcp-http (or TRACER_MCP_TOKEN)."),
+        typer.Option(
+            "--mcp-token-file",
+            help="Bearer token file for a non-loopback --mcp-http or --metrics (or TRACER_MCP_TOKEN).",
+        ),
+    ] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics",
+            metavar="[HOST]:PORT",
+            help="Serve Prometheus metrics of the recording in progress at http://HOST:PORT/metrics (':9464' = "
+            "loopback): exact CUDA call histograms and counts, copy bytes, the training thread's time by part, lost "
+            "events, the recorder's own CPU and memory (docs/node-agent.md). A non-loopback address needs the "
+            "bearer token of --mcp-token-file or TRACER_MCP_TOKEN. It stops with the recording.",
+        ),
     ] = None,
     keep_running: Annotated[
         bool,
@@ -182,6 +196,8 @@ def record(
     Or launch and trace a command:  sudo tracer record --db run.duckdb -- python train.py --epochs 2
 
     Ask an assistant while it runs:  sudo tracer record --pid 1234 --mcp-http :8090
+
+    Feed Prometheus while it runs:  sudo tracer record --pid 1234 --metrics :9464
 
     Stops on Ctrl-C, at --duration, or when every traced process has exited; each way writes the same final
     summary. A launched command still running at --duration is stopped (SIGTERM, then SIGKILL after 5 s) unless
@@ -211,6 +227,8 @@ def record(
         mcp_http=mcp_http,
         mcp_token_file=_absolute(mcp_token_file) if mcp_token_file else None,
     )
+    if metrics is not None:
+        opts.metrics_token, opts.metrics_listen = _listen_token(metrics, opts.mcp_token_file, "--metrics")
     live = sys.stderr.isatty()
 
     def status(msg: str) -> None:
@@ -231,18 +249,27 @@ def record(
 def _check_mcp_http(spec: str | None, token_file: Path | None) -> None:
     """Refuse a bad --mcp-http before anything is attached: an address that does not parse, or a non-loopback
     one without a bearer token."""
-    if spec is None:
-        return
+    if spec is not None:
+        _listen_token(spec, token_file, "--mcp-http")
+
+
+def _listen_token(spec: str, token_file: Path | None, flag: str) -> tuple[str | None, tuple[str, int]]:
+    """Return (the bearer token, (host, port)) of a ``[HOST]:PORT`` server option: the token is required on a
+    non-loopback address (the MCP server's rule, shared by --mcp-http and --metrics), None on loopback."""
     from mcp_server.http import is_loopback, parse_listen, read_token
 
-    host, _port = parse_listen(spec)
-    if not is_loopback(host) and not read_token(token_file, os.environ.get("TRACER_MCP_TOKEN")):
+    host, port = parse_listen(spec)
+    if is_loopback(host):
+        return None, (host, port)
+    token = read_token(token_file, os.environ.get("TRACER_MCP_TOKEN"))
+    if not token:
         from tracer.errors import UsageError
 
         raise UsageError(
-            f"--mcp-http on non-loopback address {host} needs a bearer token",
-            "Set TRACER_MCP_TOKEN or pass --mcp-token-file FILE, or bind to loopback with --mcp-http :PORT.",
+            f"{flag} on non-loopback address {host} needs a bearer token",
+            f"Set TRACER_MCP_TOKEN or pass --mcp-token-file FILE, or bind to loopback with {flag} :PORT.",
         )
+    return token, (host, port)
 
 
 def diagnose(summary: RecordSummary) -> None:

@@ -98,6 +98,8 @@ class RecordOptions:
     sample_hz: int = sampler.DEFAULT_HZ  # on-CPU samples per second of CPU (cpu_samples); 0: no sampling
     offcpu_stacks: bool = True  # capture where target threads block (offcpu_stacks)
     max_db_bytes: int | None = None  # --max-db-size: thin the oldest detail rows to keep the file under it
+    metrics_listen: tuple[str, int] | None = None  # --metrics: serve Prometheus metrics at (HOST, PORT) (metrics.py)
+    metrics_token: str | None = None  # the bearer token a scrape must send (a non-loopback --metrics)
 
 
 @dataclass
@@ -161,6 +163,7 @@ class Recorder:
         self._session_written = False
         self.live: Any = None
         self._live_failed = False
+        self.metrics: Any = None  # (MetricsState, MetricsServer) with --metrics
 
     def _elapsed(self) -> float:
         """Seconds since the `tracer record` process started."""
@@ -244,6 +247,8 @@ class Recorder:
         """Record until stopped; return the summary. Raises TracerError before anything is written."""
         self._validate()
         check_environment()
+        if self.opts.metrics_listen is not None:
+            self._start_metrics()  # a port in use is refused before anything is written
         # both clocks read back to back: the realtime one lines this recording up with other hosts' (a job)
         clocks = read_start_clocks()
         self.start_mono = clocks.mono_ns
@@ -337,6 +342,20 @@ class Recorder:
         if self.live.proc is not None:  # the server's own watch of this process is a backstop's second line
             self.guardian.also_end(self.live.proc.pid, self.live.dir)
         self._status(f"serving this recording over MCP at http://{self.opts.mcp_http}/mcp (snapshots on demand)")
+
+    def _start_metrics(self) -> None:
+        """The Prometheus endpoint (recorder/metrics.py), fed by the tick."""
+        from tracer.recorder.metrics import MetricsServer, MetricsState
+
+        host, port = self.opts.metrics_listen or ("127.0.0.1", 0)
+        state = MetricsState()
+        try:
+            server = MetricsServer(host, port, state, self.opts.metrics_token)
+        except OSError as e:
+            raise UsageError(f"cannot serve --metrics on {host}:{port}: {e.strerror}", "pick a free port") from None
+        server.start()
+        self.metrics = (state, server)
+        self._status(f"serving Prometheus metrics at http://{host}:{server.port}/metrics")
 
     def _start_sampler(self) -> None:
         """The on-CPU sampler (recorder/sampler.py); a kernel that refuses it leaves the recording without samples."""
@@ -596,6 +615,8 @@ class Recorder:
         self._apply_overhead_budget(now - self._last_tick)
         self._last_tick = now
         self.attacher.release_stale(older_than_ns=2_000_000_000)
+        if self.metrics is not None:
+            self.metrics[0].refresh(self.bpf, self.tree.procs, self.tree.alive())
         if self.live is not None:
             self.live.refresh()
             why = self.live.failure()
@@ -654,7 +675,10 @@ class Recorder:
 
         tb = take("tbreak", events.TB_KEY_DTYPE, events.TB_VAL_DTYPE)
         if len(tb):
-            self.store.put("thread_breakdown", columns.breakdown_columns(tb, self._launch_sampled))
+            bd = columns.breakdown_columns(tb, self._launch_sampled)
+            self.store.put("thread_breakdown", bd)
+            if self.metrics is not None:
+                self.metrics[0].add_breakdown(bd, tb.vals["v"][:, events.C.TB_CALLS])
             self.store.put("sched_stats", columns.sched_stats_columns(tb))
             for tid, n in zip(tb.keys["tid"].tolist(), tb.vals["v"][:, events.C.TB_CALLS].tolist(), strict=True):
                 if n:  # most threads of a job make no CUDA call: no entry (threads.cuda_calls reads 0)
@@ -740,6 +764,8 @@ class Recorder:
         self.cycler.stop()
         if self.command is not None:
             self.command.end(status, keep_running=self.opts.keep_command)
+        if self.metrics is not None:
+            self.metrics[1].stop()
         if self.live is not None:
             self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
         try:
