@@ -23,7 +23,9 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 KVER=$(uname -r)
-PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-dev gcc g++ make binutils)
+# prometheus: promtool checks deploy/prometheus/alerts.yml, and its server scrapes `tracer record --metrics` in
+# tests/integration/test_metrics_real.py
+PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-dev gcc g++ make binutils prometheus)
 need_apt=0
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || need_apt=1; done
 [ -e "/lib/modules/$KVER/build/include" ] || need_apt=1
