@@ -1,0 +1,144 @@
+"""`tracer record --metrics`, for real: a fixture job recorded with the endpoint on, scraped while it runs and after
+it exited, directly and by a real Prometheus server (Debian's prometheus, 1 s scrape interval, storage in tmp).
+
+Oracle: the workload's own call counts (sync_heavy.py writes them to --counts-dir at exit); the endpoint's
+``tracer_cuda_call_duration_seconds_count`` of its sync op, and Prometheus's query of it, must equal them exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import PY, read_counts, start_record, workload
+from tests.support.need import need
+
+STEPS = 30
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(port: int) -> dict[tuple[str, str, str], float]:
+    """(sample name, op, pid) -> value of the call histogram's samples (le="+Inf" for the buckets)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("tracer_cuda_call_duration_seconds") and s.labels.get("le", "+Inf") == "+Inf":
+                out[(s.name.rpartition("_")[2], s.labels["op"], s.labels["pid"])] = s.value
+    return out
+
+
+def _wait(cond, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: the recorder exited early:\n{proc.stderr.read() if proc.stderr else ''}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _start_prometheus(tmp: Path, target_port: int) -> tuple[subprocess.Popen, int]:
+    binary = shutil.which("prometheus")
+    need(binary, "the prometheus server is not installed (Debian's prometheus package: setup.sh installs it)")
+    port = _free_port()
+    cfg = tmp / "prometheus.yml"
+    cfg.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        f"scrape_configs:\n  - job_name: tracer\n    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n"
+    )
+    proc = subprocess.Popen(
+        [
+            str(binary),
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "prometheus.log", "w"),  # noqa: SIM115 (closed with the process)
+    )
+    return proc, port
+
+
+def _prom_query(port: int, q: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.loads(r.read())["data"]["result"]
+    except OSError:
+        return []  # not up yet
+
+
+def test_prometheus_scrapes_the_exact_sync_count(tmp_path):
+    counts, done, stop = tmp_path / "counts", tmp_path / "done", tmp_path / "stop"
+    counts.mkdir()
+    port = _free_port()
+    prom, prom_port = _start_prometheus(tmp_path, port)
+    # the job (30 steps of 3 x 50 ms waits: >= 4.5 s, so a scrape falls inside it) exits, then its parent shell
+    # waits for the test: the recording (and the endpoint) goes on meanwhile
+    job = (
+        f"{PY} {workload('sync_heavy.py')} --steps {STEPS} --kernel-us 50000 --counts-dir {counts}; "
+        f"touch {done}; while [ ! -e {stop} ]; do sleep 0.1; done"
+    )
+    rec = start_record(
+        ["--db", str(tmp_path / "t.duckdb"), "--force", "--metrics", f"127.0.0.1:{port}", "--", "sh", "-c", job]
+    )
+    try:
+        # GIVEN a scrape while the job runs: its syncs are counted as they happen
+        def live_syncs():
+            try:
+                s = _scrape(port)
+            except OSError:
+                return None
+            n = [v for (kind, op, _), v in s.items() if kind == "count" and op == "cudaStreamSynchronize"]
+            return n and 0 < n[0] < STEPS and n[0]
+
+        assert _wait(live_syncs, 120, "a scrape during the job", rec)
+        _wait(done.exists, 120, "the job's end", rec)
+        ((pid, own),) = [(c["pid"], c["counts"]) for c in read_counts(counts)]
+        assert own["cudaStreamSynchronize"] == STEPS
+        # WHEN the job has exited and left the traced tree (retired 5 s after its exit)
+        time.sleep(6.5)
+        s = _scrape(port)
+        # THEN its series are still served, with its exact counts: _count and the +Inf bucket
+        for op in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy"):
+            assert s[("count", op, str(pid))] == own[op], op
+            assert s[("bucket", op, str(pid))] == own[op], op
+        # AND a real Prometheus server's query of the sync count equals the job's own count
+        q = f'tracer_cuda_call_duration_seconds_count{{op="cudaStreamSynchronize",pid="{pid}"}}'
+        res = _wait(
+            lambda: [r for r in _prom_query(prom_port, q) if float(r["value"][1]) == STEPS],
+            60,
+            "Prometheus to hold the final count",
+        )
+        assert res[0]["metric"]["job"] == "tracer" and res[0]["metric"]["comm"] == "python3"
+        stop.touch()
+        out, err = rec.communicate(timeout=120)
+        assert rec.returncode == 0, err
+    finally:
+        stop.touch()
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+        prom.terminate()
+        try:
+            prom.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+            prom.wait()
