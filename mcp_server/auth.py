@@ -6,18 +6,15 @@ Compared in constant time; the token never appears on the command line (it would
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from tracer.bearer import authorized  # the one check, shared with the metrics endpoint
+
 Scope = MutableMapping[str, Any]
+__all__ = ["BearerTokenMiddleware", "authorized"]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
-
-
-def authorized(headers: MutableMapping[bytes, bytes] | dict[bytes, bytes], token: str) -> bool:
-    """True when the raw ASGI ``headers`` carry ``Authorization: Bearer <token>`` (compared in constant time)."""
-    return hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {token}".encode())
 
 
 class BearerTokenMiddleware:

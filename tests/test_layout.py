@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tracer", "mcp_server", "probes")
 # the shared contract: the schema, the one histogram, /proc, errors, the live-snapshot handshake between a
-# recorder and the MCP server it serves through, and the vocabulary
+# recorder and the MCP server it serves through, the vocabulary, and the bearer-token check
 CONTRACT = {
     "tracer",
     "tracer.schema",
@@ -27,6 +27,7 @@ CONTRACT = {
     "tracer.errors",
     "tracer.live",
     "tracer.vocabulary",  # the names the recorder writes and every reader shows (issue 23)
+    "tracer.bearer",  # the bearer-token check of the MCP server and the recorder's metrics endpoint (issue 32)
 }
 
 

@@ -33,9 +33,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from mcp_server.auth import authorized
 from probes.catalog import CATALOG, NO_ARG, OpClass
 from tracer import procfs
+from tracer.bearer import authorized
 from tracer.hist import slot_bounds
 from tracer.recorder import bpfmaps, events
 
@@ -170,10 +170,17 @@ class MetricsState:
     threads: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     trainer: dict[int, int] = field(default_factory=dict)  # pid -> its training thread's tid, once it made a call
     dropped: set[int] = field(default_factory=set)  # pids whose series went (their in-kernel totals stay)
+    failures: int = 0  # snapshots that failed (logged once)
     snapshot: Snapshot = field(default_factory=Snapshot)
 
     def add_breakdown(self, bd: Mapping[str, Any], calls: np.ndarray) -> None:
         """Add drained thread_breakdown rows (columns.breakdown_columns' columns; ``calls``: each row's CUDA calls)."""
+        try:
+            self._add_breakdown(bd, calls)
+        except Exception as e:  # a bug here must not end a recording
+            self._failed(e)
+
+    def _add_breakdown(self, bd: Mapping[str, Any], calls: np.ndarray) -> None:
         parts = np.stack([np.asarray(bd[p], dtype=np.int64) for p in events.TB_PARTS], axis=1)
         rows = np.concatenate([np.asarray(calls, dtype=np.int64)[:, None], parts], axis=1)
         for pid, tid, row in zip(bd["pid"].tolist(), bd["tid"].tolist(), rows, strict=True):
@@ -202,13 +209,22 @@ class MetricsState:
 
     def refresh(self, bpf: Any, procs: Mapping[int, Any], alive: Iterable[int], now: float | None = None) -> None:
         """Build and publish the snapshot from the in-kernel maps. ``procs``: the tree's ProcInfo by pid (for the
-        labels); ``alive``: the pids not known to have exited."""
+        labels); ``alive``: the pids not known to have exited. A failure keeps the last snapshot: the metrics are
+        never a reason for the recording to stop."""
         now = time.monotonic() if now is None else now
-        keys, vals = bpfmaps.dump(bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
-        hkeys, hvals = bpfmaps.dump(bpf["op_hist"], events.HIST_KEY_DTYPE, events.COUNT_DTYPE)
-        lost = bpf["lost"]
-        lost_n = tuple((name, int(lost[ct.c_int(i)].value)) for name, i in LOST_KINDS.items())
-        self.publish(keys, vals, hkeys, hvals, procs, set(alive), now, lost_n)
+        try:
+            keys, vals = bpfmaps.dump(bpf["op_totals"], events.OP_KEY_DTYPE, events.OP_TOTAL_DTYPE)
+            hkeys, hvals = bpfmaps.dump(bpf["op_hist"], events.HIST_KEY_DTYPE, events.COUNT_DTYPE)
+            lost = bpf["lost"]
+            lost_n = tuple((name, int(lost[ct.c_int(i)].value)) for name, i in LOST_KINDS.items())
+            self.publish(keys, vals, hkeys, hvals, procs, set(alive), now, lost_n)
+        except Exception as e:  # a bug here must not end a recording
+            self._failed(e)
+
+    def _failed(self, e: Exception) -> None:
+        if not self.failures:
+            log.warning("the metrics snapshot failed (the last one is served): %s", e, exc_info=True)
+        self.failures += 1
 
     def publish(
         self,
@@ -348,7 +364,7 @@ def render(snap: Snapshot) -> bytes:
 
 class MetricsServer:
     """GET /metrics over HTTP from a thread, rendering ``state.snapshot`` as it is at the request. With ``token``,
-    a request without ``Authorization: Bearer <token>`` gets 401 (the MCP server's check, mcp_server/auth.py)."""
+    a request without ``Authorization: Bearer <token>`` gets 401 (the MCP server's check, tracer/bearer.py)."""
 
     def __init__(self, host: str, port: int, state: MetricsState, token: str | None = None) -> None:
         self.state = state
@@ -367,7 +383,13 @@ class MetricsServer:
                 if self.path.split("?", 1)[0] != "/metrics":
                     self._send(404, b"only /metrics is served\n", "text/plain")
                     return
-                self._send(200, render(server.state.snapshot), CONTENT_TYPE_LATEST)
+                try:
+                    body = render(server.state.snapshot)
+                except Exception as e:
+                    log.warning("rendering /metrics failed: %s", e, exc_info=True)
+                    self._send(500, f"rendering the metrics failed: {e}\n".encode(), "text/plain")
+                    return
+                self._send(200, body, CONTENT_TYPE_LATEST)
 
             def _send(self, code: int, body: bytes, ctype: str, extra: list[tuple[str, str]] | None = None) -> None:
                 self.send_response(code)
