@@ -152,8 +152,21 @@ def test_the_server_checks_the_bearer_token():
         srv.stop()
 
 
-def test_a_non_loopback_metrics_address_without_a_token_is_refused(capsys, monkeypatch):
+@pytest.mark.parametrize("flag", ["--metrics", "--mcp-http"])
+def test_a_non_loopback_address_without_a_token_is_refused(flag, capsys, monkeypatch):
     monkeypatch.delenv("TRACER_MCP_TOKEN", raising=False)
-    assert main(["record", "--metrics", "0.0.0.0:9464", "--", "true"]) != 0
+    assert main(["record", flag, "0.0.0.0:9464", "--", "true"]) != 0
     err = capsys.readouterr().err
-    assert "--metrics on non-loopback address 0.0.0.0 needs a bearer token" in err and "Traceback" not in err
+    assert f"{flag} on non-loopback address 0.0.0.0 needs a bearer token" in err and "Traceback" not in err
+
+
+def test_the_token_is_required_off_loopback_only(monkeypatch, tmp_path):
+    from tracer.commands.record import _listen_token
+
+    monkeypatch.setenv("TRACER_MCP_TOKEN", "from-env")
+    assert _listen_token(":9464", None, "--metrics") == (None, ("127.0.0.1", 9464))  # loopback: no token asked
+    assert _listen_token("[::1]:9464", None, "--metrics") == (None, ("::1", 9464))
+    assert _listen_token("0.0.0.0:9464", None, "--metrics") == ("from-env", ("0.0.0.0", 9464))
+    f = tmp_path / "token"
+    f.write_text("from-file\n")
+    assert _listen_token("10.0.0.1:9464", f, "--metrics") == ("from-file", ("10.0.0.1", 9464))
