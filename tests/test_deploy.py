@@ -70,6 +70,14 @@ def test_promtool_accepts_the_alert_rules():
     assert f"SUCCESS: {len(_rules())} rules found" in r.stdout
 
 
+def test_the_alerts_fire_on_their_failure_mode_and_not_on_a_healthy_job():
+    # deploy/prometheus/alerts_test.yml: synthetic series with known shares (sync-bound, data-bound, straggler
+    # ranks; a healthy job), each alert's expected labels and rendered annotations, for promtool's evaluator
+    tests = RULES.with_name("alerts_test.yml")
+    r = subprocess.run([_promtool(), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_the_dashboards_queries_parse(tmp_path):
     yaml = need_module("yaml")
     exprs = _dashboard_exprs()
