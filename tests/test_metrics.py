@@ -170,3 +170,20 @@ def test_the_token_is_required_off_loopback_only(monkeypatch, tmp_path):
     f = tmp_path / "token"
     f.write_text("from-file\n")
     assert _listen_token("10.0.0.1:9464", f, "--metrics") == ("from-file", ("10.0.0.1", 9464))
+
+
+def test_labels_follow_the_process_until_its_first_cuda_call_then_stay():
+    sync = OP["cudaStreamSynchronize"]
+    no_keys, no_vals = _totals([])
+    hk, hv = _hist([])
+    st = MetricsState()
+    # a launched command is first a fork of the recorder: its thread time shows before its exec
+    bd = {"pid": np.array([10]), "tid": np.array([10]), **{p: np.array([1000]) for p in events.TB_PARTS}}
+    st.add_breakdown(bd, np.array([0]))
+    st.publish(no_keys, no_vals, hk, hv, {10: _proc("tracer")}, {10}, 1.0)
+    keys, vals = _totals([(10, sync, 1, 1000, 0)])
+    hk, hv = _hist([(10, sync, 1000, 1)])
+    st.publish(keys, vals, hk, hv, {10: _proc("python3", rank=3)}, {10}, 2.0)  # exec'd, then its first call
+    st.publish(keys, vals, hk, hv, {10: _proc("renamed", rank=3)}, {10}, 3.0)  # a later rename: same series
+    (s,) = st.snapshot.ops
+    assert s.labels == ("cudaStreamSynchronize", "runtime", "10", "python3", "3")

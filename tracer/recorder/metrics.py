@@ -157,7 +157,8 @@ def bucket_counts(slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Proc:
-    labels: tuple[str, str, str]  # pid, comm, rank: fixed at the process's first CUDA call, so a series keeps them
+    labels: tuple[str, str, str]  # pid, comm, rank
+    frozen: bool = False  # labels fixed: it made a CUDA call (so past its exec), and its series keep them
     gone_at: float | None = None  # monotonic s when first seen exited
 
 
@@ -239,15 +240,23 @@ class MetricsState:
     ) -> None:
         """Build the snapshot from dumped ``op_totals`` (keys, vals) and ``op_hist`` (hkeys, hvals): the pure part
         of :meth:`refresh`."""
-        for pid in set(keys["pid"].tolist()) | {p for p, _ in self.threads}:
-            if pid in self.procs or (pid in self.dropped and pid not in alive):
+        called = set(keys["pid"].tolist())
+        for pid in called | {p for p, _ in self.threads}:
+            p = self.procs.get(pid)
+            if (p is not None and p.frozen) or (p is None and pid in self.dropped and pid not in alive):
                 continue
             self.dropped.discard(pid)
             info = procs.get(pid)
+            if info is None and p is not None:  # left the tree: it keeps the name it had there
+                p.frozen = p.frozen or pid in called
+                continue
             rank = info.dist.rank if info is not None and info.dist is not None else None
             st = procfs.stat(pid) if info is None else None
             comm = info.comm if info is not None else st.comm if st is not None else ""
-            self.procs[pid] = _Proc((str(pid), comm, "" if rank is None else str(rank)))
+            # until its first CUDA call a process may still exec (a launched command is first a fork of ours)
+            self.procs[pid] = _Proc(
+                (str(pid), comm, "" if rank is None else str(rank)), pid in called, p.gone_at if p is not None else None
+            )
         for pid, p in list(self.procs.items()):  # an exited process's series stay RETAIN_S
             if pid in alive:
                 p.gone_at = None
