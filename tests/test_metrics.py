@@ -152,6 +152,23 @@ def test_the_server_checks_the_bearer_token():
         srv.stop()
 
 
+def test_the_server_binds_ipv6_loopback():
+    import socket
+
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 on this machine")
+    st, _ = _state_with_job()
+    srv = MetricsServer("::1", 0, st)
+    srv.start()
+    try:
+        code, body = _get(f"http://[::1]:{srv.port}/metrics")
+        assert code == 200 and "# HELP tracer_cpu_seconds_total" in body
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("flag", ["--metrics", "--mcp-http"])
 def test_a_non_loopback_address_without_a_token_is_refused(flag, capsys, monkeypatch):
     monkeypatch.delenv("TRACER_MCP_TOKEN", raising=False)
