@@ -78,6 +78,22 @@ def test_the_alerts_fire_on_their_failure_mode_and_not_on_a_healthy_job():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_promtool_accepts_the_scrape_config_with_the_rules(tmp_path):
+    yaml = need_module("yaml")
+    cfg = yaml.safe_load(RULES.with_name("scrape.yml").read_text())
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    assert jobs["cuda-host-tracer"]["static_configs"] == [{"targets": ["127.0.0.1:9464"]}]  # the systemd unit's
+    k8s = jobs["cuda-host-tracer-k8s"]
+    assert k8s["authorization"]["type"] == "Bearer" and k8s["kubernetes_sd_configs"]  # the DaemonSet's, with a token
+    # Debian's Prometheus is built without Kubernetes discovery: promtool checks the rest
+    cfg["scrape_configs"] = [j for j in cfg["scrape_configs"] if "kubernetes_sd_configs" not in j]
+    cfg["rule_files"] = [str(RULES)]
+    f = tmp_path / "prometheus.yml"
+    f.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([_promtool(), "check", "config", str(f)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_the_dashboards_queries_parse(tmp_path):
     yaml = need_module("yaml")
     exprs = _dashboard_exprs()
