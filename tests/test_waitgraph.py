@@ -13,7 +13,7 @@ from tracedb import TraceBuilder as Builder
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.context import ChainContext
 from tracer.analysis.db import open_trace
-from tracer.analysis.waitgraph import trace_path
+from tracer.analysis.waitgraph import trace, trace_path
 
 HOLDER = MAIN_PID + 60
 FEEDER = 7777  # a process outside the traced tree (a storage service, a pipe's writer)
@@ -94,8 +94,25 @@ def test_a_lock_held_over_a_read_from_outside_the_job_is_an_external_wait_two_ho
     assert path[1].share == pytest.approx(12 / 12.5, abs=0.01) and path[1].role == "job_thread"
     assert path[1].state == "blocked" and path[1].site == "/w/ckpt.py:12 fetch"
     assert root.kind == "external_wait" and root.site == "/w/ckpt.py:12 fetch"
-    assert "storage (pid 7777), outside the job" in root.detail and " in read " in root.detail
+    assert (
+        root.detail
+        == f"python3 ({HOLDER}) waited in read at /w/ckpt.py:12 fetch for storage (pid 7777), a process outside the job"
+    )
     assert root.stack[:2] == ["read", "/w/ckpt.py:12 fetch"]
+
+
+def test_the_root_found_share_counts_what_reached_a_root(tmp_path):
+    # the lock waits (12 of 12.5 ms) reach a root: the holder's reads (an external wait) and its time on CPU
+    # meanwhile (its lines); the batch waits' worker is not followed
+    p = recording(tmp_path)
+    with open_trace(p) as c:
+        ctx = ChainContext.load(c)
+        t = trace(ctx, ctx.training, "blocked")
+    assert t.found == pytest.approx(12 / 12.5, abs=0.01) and t.ns == ctx.training.time.ns("blocked")
+    # a cycle ends at no root: of the lock waits only the holder's time on CPU (10 of its 100 ms) is found
+    with open_trace(recording(tmp_path, cycle=True)) as c:
+        ctx = ChainContext.load(c)
+        assert trace(ctx, ctx.training, "blocked").found == pytest.approx(0.1 * 12 / 12.5, abs=0.02)
 
 
 def test_a_holder_on_cpu_is_the_root_with_its_sampled_line(tmp_path):

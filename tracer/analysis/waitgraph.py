@@ -141,13 +141,11 @@ def _comm(ctx, pid: int | None, tid: int | None, fallback: str | None = None) ->
 def _stack(frames: list[Frame]) -> list[str]:
     """A few frames, innermost first: Python ones as 'file:line function', native ones by name."""
     out = []
-    for kind, module, function, file, line in reversed(frames):
+    for kind, _module, function, file, line in reversed(frames):
         if kind == "python":
             out.append(f"{file}:{line} {function}")
         elif function and function != "?" and not function.startswith("0x"):
             out.append(function)
-        elif module:
-            out.append(module.rsplit("/", 1)[-1])
         if len(out) >= STACK_FRAMES:
             break
     return out
@@ -168,7 +166,7 @@ def _branch_key(ctx, node: _Node, r: _Row, frames: list[Frame]) -> tuple:
     if ctx.info.is_tracer(r.waker_pid, r.waker_comm, None):
         return ("unknown", "tracer")
     if not ctx.info.in_tree(r.waker_pid) and r.waker_pid != node.pid:
-        return ("ext", f"{name} (pid {r.waker_pid}), outside the job", r.stack_id)
+        return ("ext", f"{name} (pid {r.waker_pid}), a process outside the job", r.stack_id)
     if r.waker_tid is None or r.waker_tid == node.tid:
         return ("unknown", name)
     return ("thread", int(r.waker_pid), int(r.waker_tid))
@@ -271,7 +269,9 @@ def _external_root(ctx, b: _Branch, comm: str, tid: int) -> tuple[str | None, st
         what, state = "disk I/O" + (" (uninterruptible)" if any(r.state == "D" for r in b.rows) else ""), "io"
     else:
         what, state = b.key[1], "blocked"
-    detail = f"{comm} ({tid}) waited for {what}" + (f" in {call}" if call else "") + (f" at {site}" if site else "")
+    detail = (
+        f"{comm} ({tid}) waited" + (f" in {call}" if call else "") + (f" at {site}" if site else "") + f" for {what}"
+    )
     return site, state, Root(kind="external_wait", detail=detail, site=site, stack=_stack(frames))
 
 
@@ -340,28 +340,35 @@ def _follow(
     lost_ns: float,
     seen: set[int],
     depth: int,
-) -> tuple[list[Hop], Root | None, str | None]:
-    """Follow the heaviest of a node's blocked branches; return the hops after the node, the root, and the
-    node's own site (where it waited)."""
+) -> tuple[list[Hop], Root | None, str | None, float]:
+    """Follow the heaviest of a node's blocked branches; return the hops after the node, the root, the node's own
+    site (where it waited), and the share of the traced time that reached a root: the node's waits that end at
+    one at once (a disk, a process outside the job, the GPU) and, along the followed waker, its time on CPU or
+    waiting for one, and what its own followed waits reached."""
     if not branches or total_ns <= 0:
-        return [], None, None
+        return [], None, None, 0.0
+    reached = sum(share * x.ns / total_ns for x in branches if x.key[0] in ("io", "ext", "gpu"))
     b = branches[0]
     k = share * b.ns / total_ns
     if b.key[0] in ("io", "ext"):
         site, _, root = _external_root(ctx, b, node.comm, node.tid)
-        return [], root, site
+        return [], root, site, reached
     if b.key[0] == "gpu":
-        return [], Root(kind="gpu", detail=f"{node.comm} ({node.tid}) waited in a CUDA call for the GPU"), None
+        root = Root(kind="gpu", detail=f"{node.comm} ({node.tid}) waited in a CUDA call for the GPU")
+        return [], root, None, reached
     if b.key[0] != "thread" or depth >= MAX_DEPTH:
-        return [], None, None
+        return [], None, None, reached
     _, wpid, wtid = b.key
     own = _wait_site(ctx, b)
     if wtid in seen:  # a cycle: the waker is already on the path
-        return [], None, own
+        return [], None, own, reached
     w = _Node(wtid, wpid, _comm(ctx, wpid, wtid, next((r.waker_comm for r in b.rows if r.waker_comm), None)))
     mix = _state_mix(ctx.times.by_tid(wtid), _blocked_rows(ctx, wtid), b.by_sec)
     sums = {st: sum(v.values()) for st, v in mix.items()}
     state = max(sums, key=lambda st: sums[st])
+    # its time on CPU or waiting for one is a root (its lines; CPU capacity) whichever state the path follows
+    if b.ns:
+        reached += k * (sums["on_cpu"] + sums["runq"]) / b.ns
     ks = k * sums[state] / b.ns if b.ns else 0.0
     hop = Hop(
         tid=wtid,
@@ -376,17 +383,14 @@ def _follow(
     )
     if state == "on_cpu":
         site, root = _on_cpu_root(ctx, wtid, mix["on_cpu"])
-        return [hop.model_copy(update={"site": site})], root, own
+        return [hop.model_copy(update={"site": site})], root, own, reached
     if state == "runq":
-        return (
-            [hop.model_copy(update={"state": "runq"})],
-            Root(kind="cpu_capacity", detail=f"{w.comm} ({wtid}) waited for a CPU while the thread waited on it"),
-            own,
-        )
+        root = Root(kind="cpu_capacity", detail=f"{w.comm} ({wtid}) waited for a CPU while the thread waited on it")
+        return [hop], root, own, reached
     sub = _branches(ctx, w, mix["blocked"], lambda _s: 1.0, in_calls=True)
-    hops, root, site = _follow(ctx, subject, w, sub, sums[state], ks, lost_ns, seen | {wtid}, depth + 1)
+    hops, root, site, deeper = _follow(ctx, subject, w, sub, sums[state], ks, lost_ns, seen | {wtid}, depth + 1)
     hop = hop.model_copy(update={"site": site, "state": "io" if sub and sub[0].key[0] == "io" else "blocked"})
-    return [hop, *hops], root, own
+    return [hop, *hops], root, own, reached + deeper
 
 
 def _wait_site(ctx, b: _Branch) -> str | None:
@@ -398,16 +402,26 @@ def _wait_site(ctx, b: _Branch) -> str | None:
     return site_of(_frames(ctx, [sid]).get(sid, [])) if sid is not None else None
 
 
-def root_share(path: list[Hop], root: Root | None) -> float:
-    """The share of the traced time that reached the root (the last hop's, times the root branch's own)."""
-    if root is None or not path:
-        return 0.0
-    return path[-1].share
+@dataclass(frozen=True)
+class Traced:
+    """A traced part of a thread's time: the path, its root, and the share of that time whose root was found
+    (0..1; more than the path's last hop when other waits of the thread end at a root at once)."""
+
+    path: list[Hop]
+    root: Root | None
+    found: float
+    ns: float  # the traced parts' time
 
 
 def trace_path(
     ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None = None
 ) -> tuple[list[Hop], Root | None]:
+    """Follow ``parts`` of ``subject``'s time to their root: (hops, root) of :func:`trace`."""
+    t = trace(ctx, subject, parts, kinds)
+    return t.path, t.root
+
+
+def trace(ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None = None) -> Traced:
     """Follow ``parts`` of ``subject``'s time (breakdown part names: blocked, runq_*, sync, copy, cpu...) to their
     root. Returns the hops (the first is the subject itself, edge 'start') and the root, or ([], None) when the
     parts hold no time. With several kinds of parts, the path follows the kind that holds the most time: its
@@ -417,7 +431,7 @@ def trace_path(
     t = subject.time
     lost = float(t.ns(*parts))
     if lost <= 0:
-        return [], None
+        return Traced([], None, 0.0, 0.0)
     groups = {
         "blocked": [p for p in parts if p in BLOCKED_PARTS],
         "runq": [p for p in parts if p in RUNQ_PART_NAMES],
@@ -445,7 +459,7 @@ def trace_path(
 
     if group == "runq":
         hops, root = _holders_root(ctx, subject, share, lost)
-        return [start("runq"), *hops], root
+        return Traced([start("runq"), *hops], root, share, lost)
     if group == "gpu":
         runq = sync_runq_share(ctx, subject)
         if runq >= RUNQ_IN_SYNC:
@@ -453,7 +467,7 @@ def trace_path(
             root = root.model_copy(
                 update={"detail": f"inside its waits for the GPU, {runq:.0%} runnable: " + root.detail}
             )
-            return [start("runq"), *hops], root
+            return Traced([start("runq"), *hops], root, share, lost)
         k = share * (1 - runq)
         gpu = Hop(
             tid=None,
@@ -468,17 +482,19 @@ def trace_path(
         )
         op = next(iter(ctx.ops_of(subject.pid, lambda o: o.part in GPU_PARTS)), None)
         site = ctx.code_site(subject.pid, [op.op], subject.tid) if op else None
-        return [start("gpu", site), gpu], Root(
+        root = Root(
             kind="gpu", detail="the GPU's queued work" + (f" ({op.op} at {site})" if op and site else ""), site=site
         )
+        # the rest of the waits, runnable, is CPU capacity's: a root too
+        return Traced([start("gpu", site), gpu], root, share, lost)
     if group == "cpu":
         mass = {sec: float(sum(r.get(p, 0) for p in groups["cpu"])) for sec, r in t.by_sec.items()}
         site, root = _on_cpu_root(ctx, subject.tid, mass)
-        return [start("on_cpu", site)], root
+        return Traced([start("on_cpu", site)], root, share, lost)
     branches = _branches(ctx, me, None, ctx.in_steps(subject, "blocked"), in_calls=False)
     total = sum(b.ns for b in branches)
     if kinds is not None:
         branches = _branches(ctx, me, None, ctx.in_steps(subject, "blocked"), in_calls=False, kinds=frozenset(kinds))
-    hops, root, site = _follow(ctx, subject, me, branches, total, share, lost, {subject.tid}, 0)
+    hops, root, site, found = _follow(ctx, subject, me, branches, total, share, lost, {subject.tid}, 0)
     state = "io" if branches and branches[0].key[0] == "io" else "blocked"
-    return [start(state, site), *hops], root
+    return Traced([start(state, site), *hops], root, min(found, share), lost)
