@@ -10,7 +10,7 @@ import pytest
 from tracedb import HOG_PID, MAIN_PID, MS, S, _base, insert_rows
 from tracedb import TraceBuilder as Builder
 
-from tracer.analysis.chains import compute_chains
+from tracer.analysis.chains import compute_chains, write_chains
 from tracer.analysis.chains.context import ChainContext
 from tracer.analysis.db import open_trace
 from tracer.analysis.waitgraph import trace, trace_path
@@ -164,3 +164,16 @@ def test_every_chain_carries_its_path_and_the_lock_chain_ends_at_the_read(tmp_pa
     assert [(h.tid, h.edge) for h in ch.path] == [(MAIN_PID, "start"), (HOLDER, "woken_by")]
     assert ch.root.kind == "external_wait" and ch.root.site == "/w/ckpt.py:12 fetch"
     assert all(x.path and x.root for x in res.chains if x.tid == MAIN_PID)
+
+
+def test_write_chains_stores_the_path_and_root_in_the_evidence(tmp_path):
+    p = recording(tmp_path)
+    with open_trace(p) as c:
+        chains = compute_chains(c, limit=100).chains
+    with duckdb.connect(str(p)) as con:
+        write_chains(con, chains)
+        kind, hops = con.execute(
+            "SELECT evidence->'root'->>'kind', json_array_length(evidence->'path') FROM causal_chains "
+            "WHERE category = 'lock_contention'"
+        ).fetchone()
+    assert (kind, hops) == ("external_wait", 2)

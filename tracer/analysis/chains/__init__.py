@@ -61,6 +61,9 @@ WAIT_KINDS: dict[str, frozenset[str]] = {
     "gil_contention": frozenset({"gil"}),
     "blocking_io": frozenset({"io"}),
 }
+# categories whose thread waits on another rank's: the generic path would end at this host's GPU, which is not
+# the cause (their detectors name the straggler); they get no path rather than a wrong one
+NO_GENERIC_PATH = frozenset({"straggler_rank"})
 
 __all__ = [
     "CATEGORIES",
@@ -120,7 +123,7 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
 def with_path(ctx: ChainContext, c: CausalChain) -> CausalChain:
     """Return ``c`` with its wait path (tracer.analysis.waitgraph) from its thread and the parts of the thread's
     time its category explains (coverage.EXPLAINS), unless its detector set one, or it is about no subject."""
-    if c.path or c.root is not None or c.tid is None:
+    if c.path or c.root is not None or c.tid is None or c.category in NO_GENERIC_PATH:
         return c
     s = next((x for x in ctx.subjects if x.tid == c.tid), None)
     parts = [p for p, cats in EXPLAINS.items() if c.category in cats]
