@@ -163,7 +163,11 @@ def test_every_chain_carries_its_path_and_the_lock_chain_ends_at_the_read(tmp_pa
     assert ch.severity in ("HIGH", "MEDIUM")
     assert [(h.tid, h.edge) for h in ch.path] == [(MAIN_PID, "start"), (HOLDER, "woken_by")]
     assert ch.root.kind == "external_wait" and ch.root.site == "/w/ckpt.py:12 fetch"
+    # its path starts at the lock waits alone: 12 of the 12.5 ms the thread is blocked a step
+    assert ch.path[0].share == pytest.approx(12 / 12.5, abs=0.01)
     assert all(x.path and x.root for x in res.chains if x.tid == MAIN_PID)
+    # and a chain about the waits for the GPU follows those, not the host work they serialize
+    assert all(x.root.kind == "gpu" for x in res.chains if x.category in ("gpu_bound", "sync_stall")), res.chains
 
 
 def test_write_chains_stores_the_path_and_root_in_the_evidence(tmp_path):

@@ -493,8 +493,10 @@ def trace(ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None 
         return Traced([start("on_cpu", site)], root, share, lost)
     branches = _branches(ctx, me, None, ctx.in_steps(subject, "blocked"), in_calls=False)
     total = sum(b.ns for b in branches)
+    first = share
     if kinds is not None:
         branches = _branches(ctx, me, None, ctx.in_steps(subject, "blocked"), in_calls=False, kinds=frozenset(kinds))
+        first = share * sum(b.ns for b in branches) / total if total else 0.0
     hops, root, site, found = _follow(ctx, subject, me, branches, total, share, lost, {subject.tid}, 0)
     state = "io" if branches and branches[0].key[0] == "io" else "blocked"
-    return Traced([start(state, site), *hops], root, min(found, share), lost)
+    return Traced([start(state, site, first), *hops], root, min(found, share), lost)

@@ -61,6 +61,14 @@ WAIT_KINDS: dict[str, frozenset[str]] = {
     "gil_contention": frozenset({"gil"}),
     "blocking_io": frozenset({"io"}),
 }
+# the parts a category's path follows, where not every part it explains (coverage.EXPLAINS): a stall's and the
+# GPU's are the waits for the GPU, not the host work they serialize
+PATH_PARTS: dict[str, tuple[str, ...]] = {
+    "sync_stall": ("sync", "copy"),
+    "gpu_bound": ("sync", "copy"),
+    "host_python": ("cpu",),
+    "launch_bound": ("cpu", "launch"),
+}
 # categories whose thread waits on another rank's: the generic path would end at this host's GPU, which is not
 # the cause (their detectors name the straggler); they get no path rather than a wrong one
 NO_GENERIC_PATH = frozenset({"straggler_rank"})
@@ -126,7 +134,7 @@ def with_path(ctx: ChainContext, c: CausalChain) -> CausalChain:
     if c.path or c.root is not None or c.tid is None or c.category in NO_GENERIC_PATH:
         return c
     s = next((x for x in ctx.subjects if x.tid == c.tid), None)
-    parts = [p for p, cats in EXPLAINS.items() if c.category in cats]
+    parts = PATH_PARTS.get(c.category) or [p for p, cats in EXPLAINS.items() if c.category in cats]
     if s is None or not parts:
         return c
     path, root = waitgraph.trace_path(ctx, s, parts, WAIT_KINDS.get(c.category))
