@@ -38,7 +38,15 @@ from tracer.analysis.stack_time import (
     top_lines,
 )
 from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES
-from tracer.vocabulary import BLOCK_WAKER, NET_WAKER, TIMER_WAKER, waker_name
+from tracer.vocabulary import (
+    BLOCK_WAKER,
+    DATALOADER_ROLE,
+    HOP_ROLES,
+    NET_WAKER,
+    RANK_ROLE,
+    TIMER_WAKER,
+    waker_name,
+)
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -113,22 +121,25 @@ def _frames(ctx, ids: Iterable[int | None]) -> dict[int, list[Frame]]:
     return cache
 
 
+TRAINING, WORKER, HELPER, RANK, JOB_THREAD, OTHER_PROCESS, KERNEL, GPU = HOP_ROLES
+
+
 def _role(ctx, subject, pid: int | None, tid: int | None) -> str:
-    """What a hop's thread is, seen from the affected thread."""
+    """What a hop's thread is, seen from the affected thread (tracer.vocabulary.HOP_ROLES)."""
     if tid is not None and tid == subject.tid:
-        return "training" if subject.training else "job_thread"
+        return TRAINING if subject.training else JOB_THREAD
     if not pid:
-        return "kernel"
+        return KERNEL
     if not ctx.info.in_tree(pid):
-        return "other_process"
+        return OTHER_PROCESS
     role = ctx.info.process_role(pid)
-    if role == "rank":
-        return "rank"
-    if role == "dataloader_worker":
-        return "worker"
+    if role == RANK_ROLE:
+        return RANK
+    if role == DATALOADER_ROLE:
+        return WORKER
     if pid == subject.pid:
-        return "job_thread"
-    return "helper"
+        return JOB_THREAD
+    return HELPER
 
 
 def _comm(ctx, pid: int | None, tid: int | None, fallback: str | None = None) -> str:
@@ -284,7 +295,7 @@ def _holders_root(ctx, subject, share: float, lost_ns: float) -> tuple[list[Hop]
     if holders and total > 0:
         h = holders[0]
         k = share * h.runq_ms / total
-        role = _role(ctx, subject, h.pid, None) if h.holder != "self" else "job_thread"
+        role = _role(ctx, subject, h.pid, None) if h.holder != "self" else JOB_THREAD
         hops.append(
             Hop(
                 tid=None,
@@ -473,7 +484,7 @@ def trace(ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None 
             tid=None,
             pid=None,
             comm="GPU",
-            role="gpu",
+            role=GPU,
             edge="gpu",
             state="gpu",
             share=round(k, 4),
