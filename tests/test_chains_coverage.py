@@ -48,7 +48,7 @@ def test_a_part_no_chain_explains_is_listed_with_where_its_time_went(dbs):
     res = covered(dbs["fault_storm"])
     p = parts(res)
     # THEN the faults are memory_pressure's, the waits for the GPU the GPU being the limit
-    assert p["blocked"][1] == ["memory_pressure"] and p["sync"][1] == ["gpu_limit"]
+    assert p["blocked"][1] == ["memory_pressure"] and p["sync"][1] == ["root:gpu"]
     # AND the run-queue wait behind the storm thread, which no chain claims, is listed with its holder
     share, by, sites = p["runq_self"]
     assert by == [] and share >= MIN_PART and sites and sites[0].startswith(f"cache_fill {MAIN_PID} [self]")
@@ -99,3 +99,12 @@ def test_the_cli_and_mcp_report_the_same_coverage(dbs, capsys):
     r = anyio.run(go)
     assert not r.is_error, r.content
     assert r.structured_content["coverage"] == covered(db).coverage.model_dump(mode="json")
+
+
+def test_the_lost_time_of_each_scenario_has_its_root_found(dbs):
+    # GIVEN the healthy loop: its lost time is its waits for the GPU (the GPU's root) and its batch waits (a worker
+    # on CPU meanwhile: its lines); THEN every part has a root and the root-found share is nearly all of it
+    cv = covered(dbs["healthy"]).coverage
+    assert 0 < cv.lost_share < 1 and cv.root_found_share >= 0.9
+    assert {p.part: p.root for p in cv.parts if p.part == "sync"} == {"sync": "gpu"}
+    assert not any(x == "gpu_limit" for p in cv.parts for x in p.explained_by)

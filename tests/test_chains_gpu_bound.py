@@ -43,3 +43,19 @@ def test_never_above_low_even_at_99_percent(tmp_path):
 
 def test_not_below_half(tmp_path):
     assert gpu_bound(tmp_path, builder("sync_stall")) == []  # 50 % waiting, a hair under: the stall is the story
+
+
+def test_not_when_the_waits_for_the_gpu_were_waits_for_a_cpu(tmp_path):
+    # GIVEN the same loop, its syncs runnable for 94% of their time (the GPU done, a hog holding the CPU: issue 28)
+    b = TraceBuilder(duration_s=10)
+    b.process(MAIN_PID, "python3")
+    for i in range(100):
+        b.call(i * 100 * MS, 5 * US, "cudaLaunchKernel")
+        b.call(i * 100 * MS + 10 * US, 99_900 * US, "cudaDeviceSynchronize", off_cpu_ns=99_800 * US,
+               runq_ns=94_000 * US)  # fmt: skip
+    # THEN the GPU is not called the limit: nothing says "nothing to fix on the host"
+    assert gpu_bound(tmp_path, b) == []
+    with open_trace(tmp_path / "t.duckdb") as c:
+        cv = compute_chains(c, limit=100).coverage
+    sync = next(p for p in cv.parts if p.part == "sync")
+    assert "root:gpu" not in sync.explained_by and sync.root == "cpu_capacity"

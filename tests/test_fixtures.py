@@ -444,3 +444,24 @@ def test_help(script):
         timeout=10,
     )
     assert "usage:" in out.stdout
+
+
+def test_lock_io_reads_from_a_storage_service_outside_it(built, tmp_path):
+    # GIVEN the storage service writing a record every 8 ms into a named pipe, started on its own
+    fifo = tmp_path / "p.fifo"
+    os.mkfifo(fifo)
+    feeder = subprocess.Popen([sys.executable, str(WORKLOADS / "lock_io.py"), "--feed", str(fifo)])
+    try:
+        counts = tmp_path / "counts"
+        counts.mkdir()
+        # WHEN the loop runs 20 steps with its reader on that pipe
+        docs = run_workload("lock_io", "--steps", "20", "--fifo", str(fifo), counts_dir=counts)
+    finally:
+        feeder.kill()
+        feeder.wait()
+    # THEN one process made the loop's calls (the reader is a thread of it; the storage service is not counted)
+    ((_, main),) = docs.items()
+    assert main["counts"]["cudaStreamSynchronize"] == 20 and main["counts"]["cudaLaunchKernel"] == 80
+    # and without a pipe it says what it needs, without a traceback
+    r = subprocess.run([sys.executable, str(WORKLOADS / "lock_io.py")], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2 and "--fifo is required" in r.stderr and "Traceback" not in r.stderr

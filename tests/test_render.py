@@ -8,7 +8,7 @@ from rich.console import Console, Group
 
 from tracer.analysis.breakdown import Holder
 from tracer.analysis.chains import CausalChain, ChainsResult
-from tracer.analysis.chains.model import CpuContentionEvidence, Culprit
+from tracer.analysis.chains.model import CpuContentionEvidence, Culprit, Hop, Root
 from tracer.analysis.processes import BusyThread, group_processes
 from tracer.analysis.sql import SqlResult
 from tracer.analysis.stacks import Frame, StacksResult, StackStat
@@ -22,7 +22,7 @@ from tracer.views.render import (
     to_json,
     us,
 )
-from tracer.views.render.chains import _evidence_view, _few
+from tracer.views.render.chains import _evidence_view, _few, path_lines
 from tracer.views.render.stacks import _fold_native
 
 
@@ -88,6 +88,23 @@ def test_chains_view():
     assert "No causal chains" in text_of(
         ChainsResult(chains=[], total=0, by_severity={}, basis="none", note="", training_tid=None)
     )
+
+
+def test_a_chains_path_is_a_few_lines_ending_at_its_root():
+    path = [
+        Hop(tid=10, pid=10, comm="python", role="training", edge="start", state="blocked", share=1.0, ms=900.0,
+            site="train.py:50 main"),
+        Hop(tid=11, pid=10, comm="[b]writer[/b]", role="job_thread", edge="woken_by", state="io", share=0.62,
+            ms=558.0, site="ckpt.py:12 write"),
+    ]  # fmt: skip
+    root = Root(kind="external_wait", detail="writer (11) waited in fsync at ckpt.py:12 write for disk I/O")
+    lines = [t.plain for t in path_lines(path, root)]
+    assert lines == [
+        "path: python (10) [training, blocked] at train.py:50 main",
+        "  --woken_by 62%--> [b]writer[/b] (11) [job_thread, io] at ckpt.py:12 write",
+        "  => root external_wait: writer (11) waited in fsync at ckpt.py:12 write for disk I/O",
+    ]
+    assert path_lines([], None) == [] and "root not found" in path_lines(path[:1], None)[-1].plain
 
 
 def test_stacks_view():

@@ -428,7 +428,7 @@ TABLES: tuple[Table, ...] = (
         ("pids", "INTEGER[]", "affected processes"),
         ("op", "VARCHAR", "affected CUDA op"),
         ("summary", "VARCHAR", "one-sentence diagnosis"),
-        ("evidence", "JSON", "measured numbers behind it"),
+        ("evidence", "JSON", "measured numbers behind it, and the wait path: evidence->'path' (hops), ->'root'"),
         ("recommendations", "JSON", "fixes specific to this trace"),
     ),
     _t(

@@ -73,6 +73,17 @@ DRIVER_THREAD = "driver"  # another process's main CUDA thread (most launch + sy
 CUDA_THREAD = "cuda"  # another thread that makes CUDA calls
 PLAIN_THREAD = "thread"  # a thread with no CUDA call
 THREAD_ROLES: tuple[str, ...] = (TRAINING_THREAD, DRIVER_THREAD, CUDA_THREAD, PLAIN_THREAD)
+# -- what a hop of a chain's wait path is, seen from the affected thread (tracer.analysis.waitgraph; chains.model.Hop)
+HOP_ROLES: tuple[str, ...] = (
+    TRAINING_THREAD,
+    "worker",  # a DataLoader worker process's thread
+    "helper",  # another process of the job
+    RANK_ROLE,
+    "job_thread",  # another thread of the affected thread's process (or the affected thread, not training)
+    "other_process",  # outside the traced job
+    "kernel",  # an interrupt, no task
+    "gpu",
+)
 
 # -- the parts of a thread's time ---------------------------------------------------------------------------------
 # thread_breakdown's columns are f"{part}_ns" in this order, and they add up to wall_ns: on CPU outside calls,

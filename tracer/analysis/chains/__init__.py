@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 
+from tracer.analysis import waitgraph
 from tracer.analysis.chains import (
     allocation_churn,
     blocking_io,
@@ -33,7 +34,7 @@ from tracer.analysis.chains import (
     sync_stall,
 )
 from tracer.analysis.chains.context import ChainContext, Subject
-from tracer.analysis.chains.coverage import coverage
+from tracer.analysis.chains.coverage import EXPLAINS, coverage
 from tracer.analysis.chains.model import (
     CATEGORIES,
     SEVERITIES,
@@ -52,6 +53,25 @@ from tracer.analysis.chains.model import (
     SyncStallEvidence,
 )
 from tracer.analysis.gcpause import gc_paused
+
+# the blocked waits a category is about, where it is about one kind (stack_time.blocked_kind): its path follows
+# those waits, not the thread's heaviest ones
+WAIT_KINDS: dict[str, frozenset[str]] = {
+    "lock_contention": frozenset({"lock"}),
+    "gil_contention": frozenset({"gil"}),
+    "blocking_io": frozenset({"io"}),
+}
+# the parts a category's path follows, where not every part it explains (coverage.EXPLAINS): a stall's and the
+# GPU's are the waits for the GPU, not the host work they serialize
+PATH_PARTS: dict[str, tuple[str, ...]] = {
+    "sync_stall": ("sync", "copy"),
+    "gpu_bound": ("sync", "copy"),
+    "host_python": ("cpu",),
+    "launch_bound": ("cpu", "launch"),
+}
+# categories whose thread waits on another rank's: the generic path would end at this host's GPU, which is not
+# the cause (their detectors name the straggler); they get no path rather than a wrong one
+NO_GENERIC_PATH = frozenset({"straggler_rank"})
 
 __all__ = [
     "CATEGORIES",
@@ -103,8 +123,22 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
     with gc_paused():
         chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
     chains = memory_pressure.explained_by_storms(chains)
+    chains = [with_path(ctx, c) for c in chains]
     chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
     return chains
+
+
+def with_path(ctx: ChainContext, c: CausalChain) -> CausalChain:
+    """Return ``c`` with its wait path (tracer.analysis.waitgraph) from its thread and the parts of the thread's
+    time its category explains (coverage.EXPLAINS), unless its detector set one, or it is about no subject."""
+    if c.path or c.root is not None or c.tid is None or c.category in NO_GENERIC_PATH:
+        return c
+    s = next((x for x in ctx.subjects if x.tid == c.tid), None)
+    parts = PATH_PARTS.get(c.category) or [p for p, cats in EXPLAINS.items() if c.category in cats]
+    if s is None or not parts:
+        return c
+    path, root = waitgraph.trace_path(ctx, s, parts, WAIT_KINDS.get(c.category))
+    return c.model_copy(update={"path": path, "root": root}) if path else c
 
 
 def compute_chains(
@@ -155,6 +189,8 @@ def write_chains(rw_conn: duckdb.DuckDBPyConnection, chains: Sequence[CausalChai
             "basis": c.basis,
             "culprit": c.culprit.model_dump() if c.culprit else None,
             "explained_by": c.explained_by,
+            "path": [h.model_dump() for h in c.path],
+            "root": c.root.model_dump() if c.root else None,
             **c.evidence.model_dump(),
         }
         rw_conn.execute(

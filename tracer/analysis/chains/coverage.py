@@ -12,8 +12,14 @@ Two parts are explained without a chain of their own:
 - waiting for the GPU (``sync``, ``copy``) and the host work it hides (``cpu``, ``launch``) when the GPU is the
   limit: a ``gpu_bound`` chain, or, short of one, a thread whose waits for the GPU (at least MIN_PART of its
   steps) no ``sync_stall`` chain calls a stall. The thread waits because the device is busy, which is the goal
-  of a training loop;
+  of a training loop. Without a chain, the part says ``root:gpu`` (:data:`GPU_ROOT`): the wait-for graph's root,
+  not a chain. Waits for the GPU spent mostly runnable (``cuda_calls.runq_ns``) are waits for a CPU: the GPU is
+  not the limit then, and the chains that explain waits for a CPU explain them (issue 28);
 - ``runq_tracer``: the tracer's own CPU, which the breakdown names as such (and ``bench/overhead`` measures).
+
+Besides, the wait-for graph (:mod:`tracer.analysis.waitgraph`) follows each group of the thread's *lost* time
+(blocked; waiting for a CPU, the tracer's apart; waiting for the GPU) to its root: ``root_found_share`` is the
+share of that time whose root it found, and each part names the kind of its root.
 
 And the thread's CPU outside calls is a chain's when most of its samples (``AT_SITE``) run under the function of
 that chain's code site: the Python of the code that makes the churned calls (the ctypes or binding work around
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tracer.analysis import waitgraph
 from tracer.analysis.chains.context import ChainContext, Subject
 from tracer.analysis.chains.model import CausalChain, Coverage, PartCoverage
 from tracer.analysis.stack_time import blocked_stacks, sampled_stacks, top_lines
@@ -61,6 +68,10 @@ EXPLAINS: dict[str, frozenset[str]] = {
 }
 GPU_PARTS = frozenset({"sync", "copy", "cpu", "launch"})  # explained when the GPU is the limit (module docstring)
 TRACER_PART = "runq_tracer"
+GPU_ROOT = "root:gpu"  # not a chain: the wait-for graph's root, the GPU (the thread waits for a busy device)
+# The training thread's lost time: its waits (blocked, for a CPU but the tracer's, for the GPU), traced by the
+# wait-for graph in these groups, one path each (tracer.analysis.waitgraph.trace)
+LOST_GROUPS: tuple[tuple[str, ...], ...] = (("blocked",), ("runq_self", "runq_tree", "runq_other"), ("sync", "copy"))
 
 
 def _of(chain: CausalChain, s: Subject) -> bool:
@@ -68,12 +79,14 @@ def _of(chain: CausalChain, s: Subject) -> bool:
     return chain.tid == s.tid if chain.tid is not None else s.pid in chain.pids
 
 
-def _gpu_limited(s: Subject, mine: Sequence[CausalChain]) -> bool:
+def _gpu_limited(ctx: ChainContext, s: Subject, mine: Sequence[CausalChain]) -> bool:
     """True when the thread's waits for the GPU are the device being the limit, not a stall to fix: a gpu_bound
     chain says so, or the thread waits for the GPU MIN_PART of its steps or more and no sync_stall chain calls
     its waits a stall."""
     cats = {c.category for c in mine}
     waits = s.share(s.time.ns("sync", "copy"))
+    if waitgraph.sync_runq_share(ctx, s) >= waitgraph.RUNQ_IN_SYNC:
+        return False  # most of those waits were for a CPU, not for the GPU (issue 28)
     return "gpu_bound" in cats or ("sync_stall" not in cats and waits >= MIN_PART)
 
 
@@ -135,20 +148,26 @@ def coverage(ctx: ChainContext, chains: Sequence[CausalChain]) -> Coverage | Non
     if s is None or s.time.wall <= 0:
         return None
     mine = [c for c in chains if _of(c, s)]
-    gpu = _gpu_limited(s, mine)
+    gpu = _gpu_limited(ctx, s, mine)
+    # syncs spent mostly runnable waited for a CPU: the chains that explain waits for a CPU explain them
+    cpu_bound_syncs = waitgraph.sync_runq_share(ctx, s) >= waitgraph.RUNQ_IN_SYNC
+    found, lost, roots = root_found(ctx, s)
     parts = []
     for part in PART_NAMES:
         ns = s.time.ns(part)
         share = s.share(ns)
         if share < MIN_PART:
             continue
-        by = sorted({c.category for c in mine if c.category in EXPLAINS.get(part, ())})
+        explains = EXPLAINS.get(part, frozenset())
+        if cpu_bound_syncs and part in ("sync", "copy"):
+            explains = EXPLAINS["runq_other"] | EXPLAINS["runq_tree"] | EXPLAINS["runq_self"]
+        by = sorted({c.category for c in mine if c.category in explains})
         if not by and part == "cpu":
             by = _cpu_at_sites(ctx, s, mine)
         if not by and part == TRACER_PART:
             by = ["tracer"]
         elif not by and gpu and part in GPU_PARTS:
-            by = ["gpu_limit"]
+            by = [GPU_ROOT]
         parts.append(
             PartCoverage(
                 part=part,
@@ -156,6 +175,7 @@ def coverage(ctx: ChainContext, chains: Sequence[CausalChain]) -> Coverage | Non
                 share=round(share, 4),
                 explained_by=by,
                 top_sites=[] if by else _sites(ctx, s, part),
+                root=roots.get(part),
             )
         )
     unexplained = sum(p.share for p in parts if not p.explained_by)
@@ -165,4 +185,22 @@ def coverage(ctx: ChainContext, chains: Sequence[CausalChain]) -> Coverage | Non
         steps_ms=round(s.time.wall / MS, 1),
         parts=parts,
         unexplained_share=round(unexplained, 4),
+        lost_share=round(s.share(lost), 4),
+        root_found_share=round(found / lost, 4) if lost > 0 else 1.0,
     )
+
+
+def root_found(ctx: ChainContext, s: Subject) -> tuple[float, float, dict[str, str]]:
+    """Return (ns of the thread's lost time whose root the wait-for graph found, its lost time, part -> the kind of
+    the root its group's path ends at): each group of LOST_GROUPS traced once."""
+    found = lost = 0.0
+    roots: dict[str, str] = {}
+    for group in LOST_GROUPS:
+        t = waitgraph.trace(ctx, s, group)
+        if t.ns <= 0:
+            continue
+        lost += t.ns
+        found += t.ns * t.found
+        if t.root is not None:
+            roots.update(dict.fromkeys(group, t.root.kind))
+    return found, lost, roots

@@ -1,6 +1,10 @@
 """gpu_bound: the training thread spends most of its steps waiting for the GPU: the GPU is the limit. This is
 the healthy shape of a training loop, reported for information and never above LOW; the fixes are on the GPU
 side (mixed precision, fused kernels, a larger batch if memory allows).
+
+Not when those waits were mostly spent runnable, waiting for a CPU (``cuda_calls.runq_ns``; the wait-for graph's
+sync edge, :func:`tracer.analysis.waitgraph.sync_runq_share`): the GPU had finished and the thread could not run,
+so "the GPU is the limit" would contradict the chain that names the CPU's holders (issue 28).
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 from tracer.analysis.chains.context import ChainContext
 from tracer.analysis.chains.model import CausalChain, Culprit, GpuBoundEvidence
 from tracer.analysis.chains.sync_stall import sync_ops
+from tracer.analysis.waitgraph import RUNQ_IN_SYNC, sync_runq_share
 
 CATEGORY = "gpu_bound"
 # half of the steps' time waiting for the GPU: more than the host's own work and every other part together
@@ -24,7 +29,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         sync = t.ns("sync")
         # a description of the loop, not a cost: the plain share of its steps, however short they are
         share = t.share(sync)
-        if share < SYNC_SHARE_MIN:
+        if share < SYNC_SHARE_MIN or sync_runq_share(ctx, s) >= RUNQ_IN_SYNC:
             continue
         ops = sync_ops(ctx, s.pid)
         calls = sum(o.calls for o in ops)

@@ -532,13 +532,20 @@ class PartCoverage(Record):
     explained_by: Annotated[
         list[str],
         Field(
-            description="the categories of the thread's chains that account for it; 'gpu_limit' when the thread "
-            "waits because the GPU is the limit, 'tracer' for the tracer's own CPU; empty: unexplained"
+            description="the categories of the thread's chains that account for it; no chain but 'root:gpu' when "
+            "the thread waits because the GPU is the limit (the wait-for graph's root, not a chain), 'tracer' for "
+            "the tracer's own CPU; empty: unexplained"
         ),
     ]
     top_sites: Annotated[
         list[str], Field(description="unexplained only: where the time went, heaviest first (code sites or holders)")
     ]
+    root: Annotated[
+        str | None,
+        Field(
+            description="lost time only (blocked, run queue, waits for the GPU): the kind of root its wait path ends at"
+        ),
+    ] = None
 
 
 class Coverage(Record):
@@ -550,6 +557,13 @@ class Coverage(Record):
     steps_ms: Annotated[float, Field(description="the thread's steps (first to last CUDA call), ms")]
     parts: list[PartCoverage]
     unexplained_share: Annotated[float, Field(description="share of the steps in parts no chain explains, 0..1")]
+    lost_share: Annotated[
+        float,
+        Field(description="share of the steps lost: blocked, waiting for a CPU (not the tracer's) or for the GPU"),
+    ] = 0.0
+    root_found_share: Annotated[
+        float, Field(description="of that lost time, the share whose root the wait-for graph found, 0..1")
+    ] = 0.0
 
 
 class ChainsResult(Record):

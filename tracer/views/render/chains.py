@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from tracer.analysis.chains import CausalChain, ChainsResult
-from tracer.analysis.chains.model import Coverage
+from tracer.analysis.chains.model import Coverage, Hop, Root
 from tracer.views.render.cells import SEVERITY_STYLE, us
 
 LIST_ITEMS = 8  # evidence lists show this many items, then how many there are in all
@@ -62,6 +62,25 @@ def _cost_line(c: CausalChain) -> Text:
     return t
 
 
+def _hop(h: Hop) -> str:
+    """One hop: 'name (tid) [role, state] at site'."""
+    who = h.comm + (f" ({h.tid})" if h.tid is not None else f" (pid {h.pid})" if h.pid else "")
+    return f"{who} [{h.role}, {h.state}]" + (f" at {h.site}" if h.site else "")
+
+
+def path_lines(path: Sequence[Hop], root: Root | None) -> list[Text]:
+    """A chain's wait path in a few lines: the affected thread, each hop with its edge and share, the root."""
+    if not path:
+        return []
+    lines = [Text(f"path: {_hop(path[0])}")]
+    lines += [Text(f"  --{h.edge} {h.share:.0%}--> {_hop(h)}") for h in path[1:]]
+    if root is not None:
+        lines.append(Text(f"  => root {root.kind}: {root.detail}", "bold"))
+    else:
+        lines.append(Text("  => root not found (a cycle of waits, or deeper than the graph follows)", "dim"))
+    return lines
+
+
 def render_coverage(cv: Coverage | None) -> RenderableType:
     """Return what the chains leave unexplained of the training thread's time: each part of at least 5% of its
     steps, with what explains it or, when nothing does, where its time went."""
@@ -69,9 +88,13 @@ def render_coverage(cv: Coverage | None) -> RenderableType:
         return Text("")
     head = Text(f"coverage of thread {cv.tid} (pid {cv.pid}), {cv.steps_ms:,.0f} ms of steps: ", "bold")
     head.append(f"{cv.unexplained_share:.0%} unexplained", "bold red" if cv.unexplained_share > 0.10 else "bold")
+    if cv.lost_share:
+        head.append(f"; root found for {cv.root_found_share:.0%} of its lost time ({cv.lost_share:.0%} of its steps)")
     lines: list[RenderableType] = [head]
     for p in cv.parts:
         why = ", ".join(p.explained_by) if p.explained_by else "unexplained"
+        if p.root:
+            why += f"  (root: {p.root})"
         lines.append(Padding(Text(f"{p.part:<11} {p.share:6.1%}  {p.ms:>10,.1f} ms  {why}"), (0, 0, 0, 2)))
         lines += [Padding(Text(site, "dim"), (0, 0, 0, 6)) for site in p.top_sites]
     return Group(*lines)
@@ -102,6 +125,7 @@ def render_chains(res: ChainsResult) -> RenderableType:
                 "dim",
             ),
             _cost_line(c),
+            *path_lines(c.path, c.root),
             Text("evidence", "bold"),
         ]
         # a typed evidence record (pydantic) or a plain dict: the same key/value view

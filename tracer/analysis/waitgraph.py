@@ -1,0 +1,513 @@
+"""The wait-for graph (issue 28): follow a part of a thread's lost time, hop by hop, to its root.
+
+A thread's lost time waits on something; the recording says on what:
+
+- blocked (``offcpu_stacks``): the thread that woke it (a lock's holder releasing it, a worker delivering a
+  batch, the GIL's holder), or an interrupt (a disk completion, a packet, a timer), or a process outside the job;
+- runnable (``runq_*``): the tasks that held its CPU (``preemptors``);
+- inside a call that waits for the GPU (``sync``, ``copy``): the GPU, unless the call was mostly runnable and
+  waiting for a CPU (``cuda_calls.runq_ns``), in which case the CPU's holders.
+
+A waker that is a thread of the job is followed in turn: what was *it* doing over the seconds in which it woke
+the waiter (its own breakdown of those seconds, weighted by the time it ended there)? On CPU: a root, its sampled
+lines. Blocked: follow its own wakers. Runnable: CPU capacity. The walk stops at a root (``ROOT_KINDS``), after
+``MAX_DEPTH`` hops, or at a thread already on the path (a cycle). At each node it takes the branch that carries
+the most time, so the shares multiply along the path: a hop's ``share`` is the part of the traced lost time that
+reached it.
+
+Per-second granularity is what the tables hold (``thread_breakdown``, ``offcpu_stacks``, ``cpu_samples`` are per
+(thread, second)): "the same seconds" is the resolution of the graph. Each thread visited costs one query on
+``offcpu_stacks`` (memoized on the context), plus one on ``cpu_samples`` at an on-CPU root: linear in the rows
+of the threads on the path, never in the recording's processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from tracer.analysis.breakdown.thread_time import ThreadTime
+from tracer.analysis.chains.model import Hop, Root
+from tracer.analysis.stack_time import (
+    Frame,
+    blocked_kind,
+    load_frames,
+    sampled_stacks,
+    site_of,
+    syscall_of,
+    top_lines,
+)
+from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES
+from tracer.vocabulary import (
+    BLOCK_WAKER,
+    DATALOADER_ROLE,
+    HOP_ROLES,
+    NET_WAKER,
+    RANK_ROLE,
+    TIMER_WAKER,
+    waker_name,
+)
+
+S = 1_000_000_000
+MS = 1_000_000
+MAX_DEPTH = 4  # hops after the affected thread: a lock holder waiting on a worker waiting on a disk is three
+GPU_PARTS = ("sync", "copy")  # calls that wait for the GPU
+BLOCKED_PARTS = ("blocked",)
+CPU_PARTS = ("cpu", "launch", "alloc", "free", "other")  # the thread's own work (on CPU, in calls that do not wait)
+# a sync whose time was mostly runnable waited for a CPU, not for the GPU
+RUNQ_IN_SYNC = 0.5
+STACK_FRAMES = 4  # frames of a root's stack kept, innermost first
+
+# an interrupt waker -> what the thread waited for
+EXTERNAL = {BLOCK_WAKER: "disk", NET_WAKER: "network", TIMER_WAKER: "timer"}
+
+Weight = Callable[[int], float]
+
+
+@dataclass
+class _Row:
+    """One thread's blocked time in one second, in one stack, state and waker."""
+
+    sec: int
+    stack_id: int | None
+    state: str
+    in_call: bool
+    waker_pid: int | None
+    waker_tid: int | None
+    waker_comm: str | None
+    ns: float
+
+
+@dataclass
+class _Branch:
+    """Where some of a node's blocked time leads: a waker thread to follow, or an external root."""
+
+    key: tuple
+    ns: float = 0.0
+    by_sec: dict[int, float] = field(default_factory=dict)
+    rows: list[_Row] = field(default_factory=list)
+
+
+@dataclass
+class _Node:
+    tid: int
+    pid: int
+    comm: str
+
+
+def _blocked_rows(ctx, tid: int) -> list[_Row]:
+    """Return the thread's blocked rows (offcpu_stacks), read once per context."""
+    key = ("waitgraph.blocked", tid)
+    if key not in ctx.memo:
+        rows = []
+        if ctx.info.has("offcpu_stacks"):
+            rows = [
+                _Row(int(sec), sid, state or "", bool(ic), wp, wt, wc, float(ns or 0))
+                for sec, sid, state, ic, wp, wt, wc, ns in ctx.conn.execute(
+                    "SELECT sec, stack_id, state, in_call, waker_pid, waker_tid, waker_comm, sum(blocked_ns) "
+                    "FROM offcpu_stacks WHERE tid = ? GROUP BY ALL",
+                    [tid],
+                ).fetchall()
+            ]
+        ctx.memo[key] = rows
+    return ctx.memo[key]
+
+
+def _frames(ctx, ids: Iterable[int | None]) -> dict[int, list[Frame]]:
+    cache: dict[int, list[Frame]] = ctx.memo.setdefault(("waitgraph.frames",), {})
+    missing = {i for i in ids if i is not None and i not in cache}
+    if missing:
+        cache.update(load_frames(ctx.conn, missing))
+    return cache
+
+
+TRAINING, WORKER, HELPER, RANK, JOB_THREAD, OTHER_PROCESS, KERNEL, GPU = HOP_ROLES
+
+
+def _role(ctx, subject, pid: int | None, tid: int | None) -> str:
+    """What a hop's thread is, seen from the affected thread (tracer.vocabulary.HOP_ROLES)."""
+    if tid is not None and tid == subject.tid:
+        return TRAINING if subject.training else JOB_THREAD
+    if not pid:
+        return KERNEL
+    if not ctx.info.in_tree(pid):
+        return OTHER_PROCESS
+    role = ctx.info.process_role(pid)
+    if role == RANK_ROLE:
+        return RANK
+    if role == DATALOADER_ROLE:
+        return WORKER
+    if pid == subject.pid:
+        return JOB_THREAD
+    return HELPER
+
+
+def _comm(ctx, pid: int | None, tid: int | None, fallback: str | None = None) -> str:
+    t = ctx.times.by_tid(tid) if tid is not None else None
+    if t is not None and t.comm:
+        return t.comm
+    return fallback or (ctx.info.comm(pid) if pid else "") or (f"thread {tid}" if tid else "?")
+
+
+def _stack(frames: list[Frame]) -> list[str]:
+    """A few frames, innermost first: Python ones as 'file:line function', native ones by name."""
+    out = []
+    for kind, _module, function, file, line in reversed(frames):
+        if kind == "python":
+            out.append(f"{file}:{line} {function}")
+        elif function and function != "?" and not function.startswith("0x"):
+            out.append(function)
+        if len(out) >= STACK_FRAMES:
+            break
+    return out
+
+
+def _branch_key(ctx, node: _Node, r: _Row, frames: list[Frame]) -> tuple:
+    """Which way a blocked row leads: ('io', stack) | ('gpu',) | ('ext', what, stack) | ('thread', pid, tid) |
+    ('unknown',)."""
+    kind = blocked_kind(frames, r.state, r.in_call)
+    if kind == "io":
+        return ("io", r.stack_id)
+    if kind == "cuda":
+        return ("gpu",)
+    name = waker_name(r.waker_pid, r.waker_comm)
+    if not r.waker_pid:
+        what = EXTERNAL.get(name)
+        return ("ext", what, r.stack_id) if what else ("unknown", name)
+    if ctx.info.is_tracer(r.waker_pid, r.waker_comm, None):
+        return ("unknown", "tracer")
+    if not ctx.info.in_tree(r.waker_pid) and r.waker_pid != node.pid:
+        return ("ext", f"{name} (pid {r.waker_pid}), a process outside the job", r.stack_id)
+    if r.waker_tid is None or r.waker_tid == node.tid:
+        return ("unknown", name)
+    return ("thread", int(r.waker_pid), int(r.waker_tid))
+
+
+def _branches(
+    ctx,
+    node: _Node,
+    mass: dict[int, float] | None,
+    weight: Weight,
+    in_calls: bool,
+    kinds: frozenset[str] | None = None,
+) -> list[_Branch]:
+    """Group the node's blocked rows by where they lead, each second's rows weighted: by ``weight(sec)`` for the
+    affected thread (its steps), or scaled to ``mass[sec]`` (the traced time that reached this thread there).
+    ``kinds``: only the waits of those kinds (stack_time.blocked_kind: lock, gil, io...)."""
+    rows = [r for r in _blocked_rows(ctx, node.tid) if in_calls or not r.in_call]
+    if mass is not None:
+        per_sec: dict[int, float] = {}
+        for r in rows:
+            per_sec[r.sec] = per_sec.get(r.sec, 0.0) + r.ns
+    frames = _frames(ctx, {r.stack_id for r in rows})
+    acc: dict[tuple, _Branch] = {}
+    for r in rows:
+        if kinds is not None:
+            fr = frames.get(r.stack_id, []) if r.stack_id is not None else []
+            if blocked_kind(fr, r.state, r.in_call) not in kinds:
+                continue
+        if mass is not None:
+            have = per_sec.get(r.sec, 0.0)
+            w = mass.get(r.sec, 0.0) / have if have else 0.0
+        else:
+            w = weight(r.sec)
+        ns = r.ns * w
+        if ns <= 0:
+            continue
+        key = _branch_key(ctx, node, r, frames.get(r.stack_id, []) if r.stack_id is not None else [])
+        b = acc.setdefault(key, _Branch(key))
+        b.ns += ns
+        b.by_sec[r.sec] = b.by_sec.get(r.sec, 0.0) + ns
+        b.rows.append(r)
+    return sorted(acc.values(), key=lambda b: (-b.ns, str(b.key)))
+
+
+def _state_mix(t: ThreadTime | None, rows: list[_Row], mass: dict[int, float]) -> dict[str, dict[int, float]]:
+    """Split ``mass`` (sec -> ns of traced time reaching thread ``t``) by what ``t`` did in each second: on_cpu,
+    runq, blocked (outside calls or inside them, off CPU and not runnable)."""
+    out: dict[str, dict[int, float]] = {"on_cpu": {}, "runq": {}, "blocked": {}}
+    blocked_of: dict[int, float] = {}
+    if t is None:
+        for r in rows:
+            blocked_of[r.sec] = blocked_of.get(r.sec, 0.0) + r.ns
+    for sec, m in mass.items():
+        row = t.by_sec.get(sec) if t is not None else None
+        if row:
+            calls = sum(row.get(p, 0) for p in CALL_PART_NAMES)
+            call_off = row.get("call_off_cpu", 0)
+            call_runq = row.get("call_runq", 0)
+            on = row.get("cpu", 0) + max(calls - call_off, 0)
+            runq = sum(row.get(p, 0) for p in RUNQ_PART_NAMES) + call_runq
+            blocked = row.get("blocked", 0) + max(call_off - call_runq, 0)
+        else:  # no breakdown for it (a pid filter, an old recording): its blocked rows, the rest on CPU
+            blocked = min(blocked_of.get(sec, 0.0), S)
+            on, runq = S - blocked, 0
+        total = on + runq + blocked
+        if total <= 0:
+            continue
+        for state, v in (("on_cpu", on), ("runq", runq), ("blocked", blocked)):
+            if v > 0:
+                out[state][sec] = m * v / total
+    return out
+
+
+def _on_cpu_root(ctx, tid: int, mass: dict[int, float]) -> tuple[str | None, Root]:
+    """The root at a thread on CPU: its sampled lines over the seconds the traced time reached it."""
+    site, stack = None, []
+    if ctx.info.has("cpu_samples") and mass:
+        top = max(mass.values())
+        stacks = sampled_stacks(ctx.conn, [tid], lambda sec: mass.get(sec, 0.0) / top if top else 0.0).get(tid, [])
+        lines = top_lines(stacks, 1)
+        site = lines[0].site if lines else None
+        best = next((x for x in stacks if x.site == site), stacks[0] if stacks else None)
+        stack = _stack(best.frames) if best else []
+    comm = _comm(ctx, None, tid)
+    return site, Root(
+        kind="on_cpu", detail=f"{comm} ({tid}) on CPU" + (f" at {site}" if site else ""), site=site, stack=stack
+    )
+
+
+def _external_root(ctx, b: _Branch, comm: str, tid: int) -> tuple[str | None, str, Root]:
+    """The root of an external wait: a disk, a network, a timer, a process outside the job; at the thread's own
+    line where it waited."""
+    heaviest: dict[int | None, float] = {}
+    for r in b.rows:
+        heaviest[r.stack_id] = heaviest.get(r.stack_id, 0.0) + r.ns
+    sid = max(heaviest, key=lambda k: heaviest[k]) if heaviest else None
+    frames = _frames(ctx, [sid]).get(sid, []) if sid is not None else []
+    site, call = site_of(frames), syscall_of(frames)
+    if b.key[0] == "io":
+        what, state = "disk I/O" + (" (uninterruptible)" if any(r.state == "D" for r in b.rows) else ""), "io"
+    else:
+        what, state = b.key[1], "blocked"
+    detail = (
+        f"{comm} ({tid}) waited" + (f" in {call}" if call else "") + (f" at {site}" if site else "") + f" for {what}"
+    )
+    return site, state, Root(kind="external_wait", detail=detail, site=site, stack=_stack(frames))
+
+
+def _holders_root(ctx, subject, share: float, lost_ns: float) -> tuple[list[Hop], Root]:
+    """Runnable: the tasks that held the subject's CPU (preemptors); the root is CPU capacity."""
+    holders, _ = ctx.holders(subject)
+    holders = [h for h in holders if h.holder != "tracer"] or holders
+    total = sum(h.runq_ms for h in holders)
+    hops: list[Hop] = []
+    if holders and total > 0:
+        h = holders[0]
+        k = share * h.runq_ms / total
+        role = _role(ctx, subject, h.pid, None) if h.holder != "self" else JOB_THREAD
+        hops.append(
+            Hop(
+                tid=None,
+                pid=h.pid,
+                comm=h.comm,
+                role=role,
+                edge="cpu_held_by",
+                state="on_cpu",
+                share=round(k, 4),
+                ms=round(k * lost_ns / MS, 1),
+                site=None,
+            )
+        )
+    who = ", ".join(f"{h.comm} {h.pid} [{h.holder}] {h.runq_ms:,.0f} ms" for h in holders[:3])
+    return hops, Root(
+        kind="cpu_capacity", detail="every CPU the thread could use was busy" + (f": {who}" if who else "")
+    )
+
+
+def _sync_runq_share(ctx, subject) -> float:
+    """Of the subject's time in calls that wait for the GPU, the share it was runnable and waiting for a CPU:
+    the stored calls' runq_ns over their duration, else the breakdown's in-call run queue over its call time."""
+    if ctx.info.has("cuda_calls", "runq_ns"):
+        ops = [o.op for o in ctx.ops_of(subject.pid, lambda o: o.part in GPU_PARTS)]
+        if ops:
+            dur, runq = ctx.conn.execute(
+                "SELECT sum(dur_ns), sum(coalesce(runq_ns, 0)) FROM cuda_calls WHERE tid = $tid "
+                "AND list_contains($ops, op) AND ts_ns >= $a AND ts_ns < $b",
+                {"tid": subject.tid, "ops": ops, "a": subject.start_ns, "b": subject.end_ns},
+            ).fetchone()
+            if dur:
+                return min(float(runq or 0) / float(dur), 1.0)
+    t = subject.time
+    calls = t.ns(*CALL_PART_NAMES)
+    return min(t.ns("call_runq") / calls, 1.0) if calls else 0.0
+
+
+def sync_runq_share(ctx, subject) -> float:
+    """Public, memoized :func:`_sync_runq_share`: gpu_bound and coverage ask it too."""
+    key = ("waitgraph.sync_runq", subject.tid, subject.start_ns, subject.end_ns)
+    if key not in ctx.memo:
+        ctx.memo[key] = _sync_runq_share(ctx, subject)
+    return ctx.memo[key]
+
+
+def _follow(
+    ctx,
+    subject,
+    node: _Node,
+    branches: list[_Branch],
+    total_ns: float,
+    share: float,
+    lost_ns: float,
+    seen: set[int],
+    depth: int,
+) -> tuple[list[Hop], Root | None, str | None, float]:
+    """Follow the heaviest of a node's blocked branches; return the hops after the node, the root, the node's own
+    site (where it waited), and the share of the traced time that reached a root: the node's waits that end at
+    one at once (a disk, a process outside the job, the GPU) and, along the followed waker, its time on CPU or
+    waiting for one, and what its own followed waits reached."""
+    if not branches or total_ns <= 0:
+        return [], None, None, 0.0
+    reached = sum(share * x.ns / total_ns for x in branches if x.key[0] in ("io", "ext", "gpu"))
+    b = branches[0]
+    k = share * b.ns / total_ns
+    if b.key[0] in ("io", "ext"):
+        site, _, root = _external_root(ctx, b, node.comm, node.tid)
+        return [], root, site, reached
+    if b.key[0] == "gpu":
+        root = Root(kind="gpu", detail=f"{node.comm} ({node.tid}) waited in a CUDA call for the GPU")
+        return [], root, None, reached
+    if b.key[0] != "thread" or depth >= MAX_DEPTH:
+        return [], None, None, reached
+    _, wpid, wtid = b.key
+    own = _wait_site(ctx, b)
+    if wtid in seen:  # a cycle: the waker is already on the path
+        return [], None, own, reached
+    w = _Node(wtid, wpid, _comm(ctx, wpid, wtid, next((r.waker_comm for r in b.rows if r.waker_comm), None)))
+    mix = _state_mix(ctx.times.by_tid(wtid), _blocked_rows(ctx, wtid), b.by_sec)
+    sums = {st: sum(v.values()) for st, v in mix.items()}
+    state = max(sums, key=lambda st: sums[st])
+    # its time on CPU or waiting for one is a root (its lines; CPU capacity) whichever state the path follows
+    if b.ns:
+        reached += k * (sums["on_cpu"] + sums["runq"]) / b.ns
+    ks = k * sums[state] / b.ns if b.ns else 0.0
+    hop = Hop(
+        tid=wtid,
+        pid=wpid,
+        comm=w.comm,
+        role=_role(ctx, subject, wpid, wtid),
+        edge="woken_by",
+        state=state,
+        share=round(k, 4),
+        ms=round(k * lost_ns / MS, 1),
+        site=None,
+    )
+    if state == "on_cpu":
+        site, root = _on_cpu_root(ctx, wtid, mix["on_cpu"])
+        return [hop.model_copy(update={"site": site})], root, own, reached
+    if state == "runq":
+        root = Root(kind="cpu_capacity", detail=f"{w.comm} ({wtid}) waited for a CPU while the thread waited on it")
+        return [hop], root, own, reached
+    sub = _branches(ctx, w, mix["blocked"], lambda _s: 1.0, in_calls=True)
+    hops, root, site, deeper = _follow(ctx, subject, w, sub, sums[state], ks, lost_ns, seen | {wtid}, depth + 1)
+    hop = hop.model_copy(update={"site": site, "state": "io" if sub and sub[0].key[0] == "io" else "blocked"})
+    return [hop, *hops], root, own, reached + deeper
+
+
+def _wait_site(ctx, b: _Branch) -> str | None:
+    """The waiting thread's heaviest line in a branch's rows."""
+    heaviest: dict[int | None, float] = {}
+    for r in b.rows:
+        heaviest[r.stack_id] = heaviest.get(r.stack_id, 0.0) + r.ns
+    sid = max(heaviest, key=lambda k: heaviest[k]) if heaviest else None
+    return site_of(_frames(ctx, [sid]).get(sid, [])) if sid is not None else None
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A traced part of a thread's time: the path, its root, and the share of that time whose root was found
+    (0..1; more than the path's last hop when other waits of the thread end at a root at once)."""
+
+    path: list[Hop]
+    root: Root | None
+    found: float
+    ns: float  # the traced parts' time
+
+
+def trace_path(
+    ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None = None
+) -> tuple[list[Hop], Root | None]:
+    """Follow ``parts`` of ``subject``'s time to their root: (hops, root) of :func:`trace`."""
+    t = trace(ctx, subject, parts, kinds)
+    return t.path, t.root
+
+
+def trace(ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None = None) -> Traced:
+    """Follow ``parts`` of ``subject``'s time (breakdown part names: blocked, runq_*, sync, copy, cpu...) to their
+    root. Returns the hops (the first is the subject itself, edge 'start') and the root, or ([], None) when the
+    parts hold no time. With several kinds of parts, the path follows the kind that holds the most time: its
+    first hop's share is that kind's share of the parts. ``kinds``: of the blocked time, follow only the waits
+    of those kinds (a lock chain's lock waits: ``{"lock"}``); shares stay of the parts' time."""
+    parts = (parts,) if isinstance(parts, str) else tuple(parts)
+    t = subject.time
+    lost = float(t.ns(*parts))
+    if lost <= 0:
+        return Traced([], None, 0.0, 0.0)
+    groups = {
+        "blocked": [p for p in parts if p in BLOCKED_PARTS],
+        "runq": [p for p in parts if p in RUNQ_PART_NAMES],
+        "gpu": [p for p in parts if p in GPU_PARTS],
+        "cpu": [p for p in parts if p in CPU_PARTS],
+    }
+    sizes = {g: float(t.ns(*ps)) if ps else 0.0 for g, ps in groups.items()}
+    group = max(sizes, key=lambda g: sizes[g])
+    share = sizes[group] / lost
+    me = _Node(subject.tid, subject.pid, t.comm)
+    role = _role(ctx, subject, subject.pid, subject.tid)
+
+    def start(state: str, site: str | None = None, k: float = share) -> Hop:
+        return Hop(
+            tid=subject.tid,
+            pid=subject.pid,
+            comm=t.comm,
+            role=role,
+            edge="start",
+            state=state,
+            share=round(k, 4),
+            ms=round(k * lost / MS, 1),
+            site=site,
+        )
+
+    if group == "runq":
+        hops, root = _holders_root(ctx, subject, share, lost)
+        return Traced([start("runq"), *hops], root, share, lost)
+    if group == "gpu":
+        runq = sync_runq_share(ctx, subject)
+        if runq >= RUNQ_IN_SYNC:
+            hops, root = _holders_root(ctx, subject, share * runq, lost)
+            root = root.model_copy(
+                update={"detail": f"inside its waits for the GPU, {runq:.0%} runnable: " + root.detail}
+            )
+            return Traced([start("runq"), *hops], root, share, lost)
+        k = share * (1 - runq)
+        gpu = Hop(
+            tid=None,
+            pid=None,
+            comm="GPU",
+            role=GPU,
+            edge="gpu",
+            state="gpu",
+            share=round(k, 4),
+            ms=round(k * lost / MS, 1),
+            site=None,
+        )
+        op = next(iter(ctx.ops_of(subject.pid, lambda o: o.part in GPU_PARTS)), None)
+        site = ctx.code_site(subject.pid, [op.op], subject.tid) if op else None
+        root = Root(
+            kind="gpu", detail="the GPU's queued work" + (f" ({op.op} at {site})" if op and site else ""), site=site
+        )
+        # the rest of the waits, runnable, is CPU capacity's: a root too
+        return Traced([start("gpu", site), gpu], root, share, lost)
+    if group == "cpu":
+        mass = {sec: float(sum(r.get(p, 0) for p in groups["cpu"])) for sec, r in t.by_sec.items()}
+        site, root = _on_cpu_root(ctx, subject.tid, mass)
+        return Traced([start("on_cpu", site)], root, share, lost)
+    branches = _branches(ctx, me, None, ctx.in_steps(subject, "blocked"), in_calls=False)
+    total = sum(b.ns for b in branches)
+    first = share
+    if kinds is not None:
+        branches = _branches(ctx, me, None, ctx.in_steps(subject, "blocked"), in_calls=False, kinds=frozenset(kinds))
+        first = share * sum(b.ns for b in branches) / total if total else 0.0
+    hops, root, site, found = _follow(ctx, subject, me, branches, total, share, lost, {subject.tid}, 0)
+    state = "io" if branches and branches[0].key[0] == "io" else "blocked"
+    return Traced([start(state, site, first), *hops], root, min(found, share), lost)
