@@ -28,15 +28,8 @@ from dataclasses import dataclass, field
 
 from tracer.analysis.breakdown.thread_time import ThreadTime
 from tracer.analysis.chains.model import Hop, Root
-from tracer.analysis.stack_time import (
-    Frame,
-    blocked_kind,
-    load_frames,
-    sampled_stacks,
-    site_of,
-    syscall_of,
-    top_lines,
-)
+from tracer.analysis.code_site import Frame, site_of
+from tracer.analysis.stack_time import blocked_kind, load_frames, sampled_stacks, syscall_of, top_lines
 from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES
 from tracer.vocabulary import (
     BLOCK_WAKER,

@@ -9,10 +9,10 @@ so "the GPU is the limit" would contradict the chain that names the CPU's holder
 
 from __future__ import annotations
 
+from tracer.analysis import waitgraph
 from tracer.analysis.chains.context import ChainContext
 from tracer.analysis.chains.model import CausalChain, Culprit, GpuBoundEvidence
 from tracer.analysis.chains.sync_stall import sync_ops
-from tracer.analysis.waitgraph import RUNQ_IN_SYNC, sync_runq_share
 
 CATEGORY = "gpu_bound"
 # half of the steps' time waiting for the GPU: more than the host's own work and every other part together
@@ -29,7 +29,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         sync = t.ns("sync")
         # a description of the loop, not a cost: the plain share of its steps, however short they are
         share = t.share(sync)
-        if share < SYNC_SHARE_MIN or sync_runq_share(ctx, s) >= RUNQ_IN_SYNC:
+        if share < SYNC_SHARE_MIN or waitgraph.sync_runq_share(ctx, s) >= waitgraph.RUNQ_IN_SYNC:
             continue
         ops = sync_ops(ctx, s.pid)
         calls = sum(o.calls for o in ops)
