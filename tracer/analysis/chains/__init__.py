@@ -21,6 +21,7 @@ from tracer.analysis.chains import (
     allocation_churn,
     blocking_io,
     cpu_contention,
+    cpu_placement,
     dataloader_starvation,
     gil_contention,
     gpu_bound,
@@ -93,6 +94,7 @@ DETECTORS: tuple[Detector, ...] = (
     blocking_io.detect,
     host_python.detect,
     lock_contention.detect,
+    cpu_placement.detect,
 )
 
 
@@ -103,6 +105,7 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
     with gc_paused():
         chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
     chains = memory_pressure.explained_by_storms(chains)
+    chains = cpu_placement.explains(chains)
     chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
     return chains
 
