@@ -32,6 +32,7 @@ LOW = LOW_SHARE
 MS = 1_000_000
 S = 1_000_000_000
 RUNQ = ("runq_self", "runq_tree", "runq_other", "runq_tracer", "call_runq")
+EXPLAINS_HALF = 0.5  # see explains()
 LAUNCHERS = ("taskset", "numactl")  # commands that set the affinity of the command they run
 
 
@@ -93,8 +94,10 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
 
 def explains(chains: list[CausalChain]) -> list[CausalChain]:
     """Return ``chains`` with each cpu_contention chain of a thread whose cpu_placement chain costs it at least
-    as much marked as explained by that one: the waits left to it are the placement's too (with the job spread
-    over the CPUs it may not use now, they shrink), and its fix (fewer workers) comes after widening it."""
+    half as much (a third of their waits together) marked as explained by that one: the waits left to it are the
+    placement's too (with the job spread over the CPUs it may not use now, they shrink), and its fix (fewer
+    workers) comes after widening it. Below that, the job wants many more CPUs than the placement hides (four
+    CPU-bound workers on two CPUs): its own contention stays a cause of its own."""
     by_tid = {c.tid: c for c in chains if c.category == CATEGORY}
     out = []
     for c in chains:
@@ -103,7 +106,7 @@ def explains(chains: list[CausalChain]) -> list[CausalChain]:
             p is not None
             and c.category == "cpu_contention"
             and c.explained_by is None
-            and p.impact_ms >= c.impact_ms
+            and p.impact_ms >= EXPLAINS_HALF * c.impact_ms
             and (getattr(c.evidence, "holder_class", "") == "own" or p.evidence.trigger != "confined")  # type: ignore[union-attr]
         ):
             c = c.explained(p, f"The job's placement comes first: {p.root.detail if p.root else CATEGORY}.")
@@ -270,10 +273,10 @@ def _job_runq_by_sec(ctx: ChainContext) -> dict[int, tuple[float, float]]:
 
 def set_by(ctx: ChainContext, pl: Placement, online: frozenset[int]) -> tuple[str, str]:
     """Return (who narrowed the placement, its kind: taskset | slurm | cpuset | quota | affinity)."""
-    for cmd in _launch_commands(ctx, pl.pid):
-        words = cmd.split()
-        if words and any(words[0].rsplit("/", 1)[-1] == w for w in LAUNCHERS):
-            return f"the launcher's `{_short(cmd)}`", "taskset"
+    found = [c for c in _launch_commands(ctx, pl.pid) if c.split() and c.split()[0].rsplit("/", 1)[-1] in LAUNCHERS]
+    if found:  # its arguments where a command line has them (an exec seen in a batch names the file only)
+        cmd = next((c for c in found if len(c.split()) > 1), found[0])
+        return f"the launcher's `{_short(cmd)}`", "taskset"
     cpt = pl.env.get("SLURM_CPUS_PER_TASK")
     if cpt or "SLURM_JOB_ID" in pl.env:
         return f"Slurm (--cpus-per-task={cpt or '?'}, SLURM_CPUS_PER_TASK)", "slurm"
