@@ -405,7 +405,7 @@ TABLES: tuple[Table, ...] = (
         "cpu_idle",
         "About 1 Hz per-CPU busy and idle time (/proc/stat): which CPUs sat idle while the job waited for one. "
         "Older recordings lack this table.",
-        ("ts_ns", "BIGINT", "end of the interval"),
+        ("ts_ns", "BIGINT", "when the interval ended"),
         ("cpu", "INTEGER", "CPU number"),
         ("idle_ns", "BIGINT", "idle (and iowait) time in the interval"),
         ("busy_ns", "BIGINT", "busy time in the interval (user, system, irq, steal)"),
