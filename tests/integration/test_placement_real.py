@@ -28,7 +28,6 @@ from tracer.analysis.db import open_trace
 
 pytestmark = pytest.mark.bpf
 
-ARGS = ("--worker-ms", "10", "--steps", "300")
 LOSS_MIN = 0.10  # the confined job is at least this much slower untraced (measured: 23-36 %)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -41,8 +40,15 @@ def steps_per_s(cmd: list[str]) -> float:
     return float(m.group(1))
 
 
-def job() -> list[str]:
-    return workload("confined.py", *ARGS)
+def job(steps: int = 300) -> list[str]:
+    return workload("confined.py", "--worker-ms", "10", "--steps", str(steps))
+
+
+def best_of_two(a: list[str], b: list[str]) -> tuple[float, float]:
+    """Steps/s of ``a`` and ``b``, the best of two runs each, interleaved: other work on the shared CPUs comes and
+    goes, and the best run is the one it slowed least."""
+    runs = [(steps_per_s(a), steps_per_s(b)) for _ in range(2)]
+    return max(r[0] for r in runs), max(r[1] for r in runs)
 
 
 def chains_of(rec: Recording) -> list[CausalChain]:
@@ -81,7 +87,7 @@ def ready() -> None:
 
 def test_confined_by_taskset(ready, tmp_path_factory):
     # GIVEN the untraced truth: pinned to CPU 0, the job makes fewer steps than free on both CPUs
-    free, pinned = steps_per_s(job()), steps_per_s(["taskset", "-c", "0", *job()])
+    free, pinned = best_of_two(job(), ["taskset", "-c", "0", *job()])
     assert pinned < (1 - LOSS_MIN) * free, (pinned, free)
     # WHEN the pinned job is recorded
     rec = cached("placement_taskset", tmp_path_factory, ["taskset", "-c", "0", *job()])
@@ -127,17 +133,18 @@ def cpu_quota(quota_us: int, period_us: int) -> Iterator[Path]:
 
 def test_throttled_by_a_cgroup_quota(ready, tmp_path_factory):
     need(os.geteuid() == 0, "needs root (a cgroup)")
-    with cpu_quota(50_000, 100_000) as procs:
-        quota_job = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *job()]
-        # GIVEN the untraced truth: half a CPU makes the job slower than free
-        free, capped = steps_per_s(job()), steps_per_s(quota_job)
+    # a quarter of a CPU: the job wants ~1.4 (measured 17 steps/s against 40-42 free with a load average of 8)
+    with cpu_quota(25_000, 100_000) as procs:
+        quota_job = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *job(200)]
+        # GIVEN the untraced truth: a quarter of a CPU makes the job slower than free
+        free, capped = best_of_two(job(200), quota_job)
         assert capped < (1 - LOSS_MIN) * free, (capped, free)
         # WHEN it is recorded under the quota
         rec = cached("placement_quota", tmp_path_factory, quota_job)
     found = chains_of(rec)
     ch = placement_chain(found, rec.pid)
     # THEN the root is the quota and the fix raises it
-    assert ch.evidence.trigger in ("throttled", "both") and ch.evidence.quota_cpus == 0.5
-    assert ch.evidence.throttled_periods > 0 and "quota 0.50 CPUs" in ch.root.detail
+    assert ch.evidence.trigger in ("throttled", "both") and ch.evidence.quota_cpus == 0.25
+    assert ch.evidence.throttled_periods > 0 and "quota 0.25 CPUs" in ch.root.detail
     assert any("Raise the CPU quota" in r for r in ch.recommendations)
     no_contradiction(found, rec.pid)
