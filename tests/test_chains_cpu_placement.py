@@ -9,7 +9,7 @@ import pytest
 from tracedb import HOG_PID, MAIN_PID, MS, builder
 
 from tracer.analysis.chains import compute_chains
-from tracer.analysis.chains.cpu_placement import CATEGORY
+from tracer.analysis.chains.cpu_placement import CATEGORY, explains
 from tracer.analysis.db import open_trace
 
 WORKER = MAIN_PID + 1
@@ -125,3 +125,20 @@ def test_recording_without_placement_tables(tmp_path):
     # THEN the chains are today's: the workers' contention, no placement
     assert not [c for c in found if c.category == CATEGORY]
     assert [c.evidence.holder_class for c in found if c.category == "cpu_contention"] == ["own"]
+
+
+def test_own_contention_is_the_placements_from_a_third_of_their_waits(tmp_path):
+    # GIVEN the thread's own-job contention (unpinned) and a placement chain of the same thread
+    b = builder("healthy")
+    behind(b, WORKER, "pt_data_worker")
+    b.placement(MAIN_PID, "0-1")
+    b.idle_cpus({0: 0.0, 1: 0.0})
+    (own,) = [c for c in chains(tmp_path, b) if c.category == "cpu_contention"]
+    (tmp_path / "p").mkdir()
+    (p,) = [c for c in chains(tmp_path / "p", confined()) if c.category == CATEGORY]
+    # THEN the placement explains it when it costs at least half as much (a third of their waits together): four
+    # CPU-bound workers pinned beside the training thread on two CPUs stay a contention of their own
+    (kept, _) = explains([own, p.model_copy(update={"impact_ms": 0.4 * own.impact_ms})])
+    assert kept.explained_by is None
+    (marked, _) = explains([own, p.model_copy(update={"impact_ms": 0.6 * own.impact_ms})])
+    assert marked.explained_by == p.id and "placement comes first" in marked.summary

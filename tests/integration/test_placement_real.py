@@ -109,11 +109,16 @@ def cpu_quota(quota_us: int, period_us: int) -> Iterator[Path]:
     v2 = CGROUP_ROOT / "cgroup.controllers"
     if v2.exists() and "cpu" in v2.read_text().split():
         sub = CGROUP_ROOT / "cgroup.subtree_control"
-        if "cpu" not in sub.read_text().split():
-            sub.write_text("+cpu")
         d = CGROUP_ROOT / name
-        d.mkdir()
-        (d / "cpu.max").write_text(f"{quota_us} {period_us}")
+        try:
+            if "cpu" not in sub.read_text().split():
+                sub.write_text("+cpu")
+            d.mkdir()
+            (d / "cpu.max").write_text(f"{quota_us} {period_us}")
+        except OSError as e:  # a container's cgroup root with processes in it cannot delegate the controller
+            with contextlib.suppress(OSError):
+                d.rmdir()
+            need(False, f"cannot make a cgroup with a CPU quota under {CGROUP_ROOT}: {e}")
     else:
         need((CGROUP_ROOT / "cpu" / "cpu.cfs_quota_us").exists(), "needs a cgroup cpu controller (v2 or v1)")
         d = CGROUP_ROOT / "cpu" / name
