@@ -10,6 +10,7 @@ once a second, and the live processes once more at the end, written only when th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tracer import procfs
@@ -79,11 +80,21 @@ class PlacementWatch:
         last = self._last.get(pid)
         return last[0] if last else None
 
-    def recheck(self, pids: list[int], ts_ns: int) -> None:
-        """At the end: a row for each of ``pids`` read before whose placement changed since."""
+    def recheck(self, pids: list[int], ts_ns: int, parent_of: Callable[[int], int | None]) -> None:
+        """At the end: a row for each of ``pids`` whose placement differs from its last row, or, for a forked
+        process without one, from the placement it inherited (a worker_init_fn that pins each worker)."""
         for pid in pids:
             if pid in self._last:
                 self.note(pid, ts_ns, force=False)
+                continue
+            p, inherited, seen = parent_of(pid), None, {pid}
+            while p is not None and p not in seen and inherited is None:
+                seen.add(p)
+                inherited = self._last_key(p)
+                p = parent_of(p)
+            now = read(pid)
+            if now is not None and inherited is not None and now.key() != inherited:
+                self.note(pid, ts_ns)
 
     def forget(self, pid: int) -> None:
         self._last.pop(pid, None)

@@ -752,7 +752,11 @@ class Recorder:
         t_flush = time.monotonic()
         self._recording_cpu_pct = self._cpu_pct_since_live(t_flush)
         if hasattr(self, "placement"):  # before a launched command is ended: a changed placement, read once more
-            self.placement.recheck(self.tree.alive(), time.monotonic_ns() - self.start_mono)
+            self.placement.recheck(
+                self.tree.alive(),
+                time.monotonic_ns() - self.start_mono,
+                lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
+            )
         if self.command is not None:
             self.command.release()
         self._set_gate(False)  # from now on nobody is stopped
