@@ -187,13 +187,22 @@ def _room(idle: float, waiting: float) -> float:
 
 
 def placements(ctx: ChainContext) -> dict[int, Placement]:
-    """Return each process's latest placement row (memoized)."""
+    """Return the latest placement row of each subject's process and of its ancestors (memoized): a job that
+    exec'd 200 K helpers has as many rows, and only these few are asked for."""
     key = (CATEGORY, "rows")
     if key not in ctx.memo:
+        wanted: set[int] = set()
+        for s in ctx.subjects:
+            p = ctx.info.procs.get(s.pid)
+            wanted.add(s.pid)
+            while p is not None and p.ppid is not None and p.ppid not in wanted:
+                wanted.add(p.ppid)
+                p = ctx.info.procs.get(p.ppid)
         out: dict[int, Placement] = {}
         for pid, cpus, cg, cpuset, lim, q, p, ex, env in ctx.conn.execute(
             "SELECT pid, cpus_allowed, cgroup, cpuset_cpus, limit_cgroup, quota_us, period_us, exec_from, env "
-            "FROM process_placement ORDER BY ts_ns"
+            "FROM process_placement WHERE list_contains(?, pid) ORDER BY ts_ns",
+            [sorted(wanted)],
         ).fetchall():
             prev = out.get(pid)
             allowed = procfs.parse_cpu_list(cpus or "")
@@ -319,7 +328,8 @@ def _chain(ctx: ChainContext, s: Subject, pc: PlacementCost, sev: str) -> Causal
     who, how = set_by(ctx, pl, pc.online)
     allowed = procfs.format_cpu_list(pl.allowed)
     quota = pl.quota_us / pl.period_us if pl.quota_us and pl.period_us else None
-    idle_txt = ", ".join(f"CPU {c} idle {v:.0%}" for c, v in list(pc.outside_idle.items())[:4])
+    idle_short = ", ".join(f"CPU {c} idle {v:.0%}" for c, v in list(pc.outside_idle.items())[:4])
+    idle_txt = idle_short
     if idle_txt and max(pc.outside_idle.values()) < 0.5:  # a shared host: room for the job beside the others
         idle_txt += " (busy with other processes, a fair share of it open to the job)"
     if trigger == "throttled":
@@ -377,7 +387,7 @@ def _chain(ctx: ChainContext, s: Subject, pc: PlacementCost, sev: str) -> Causal
             f"while its cgroup {pl.limit_cgroup} was throttled (quota {quota:.2f} CPUs)"
             if trigger == "throttled"
             else f"while confined to CPUs {{{allowed}}} of {len(pc.online)}"
-            + (f" ({idle_txt})" if idle_txt else "")
+            + (f" ({idle_short})" if idle_short else "")
             + (f", its cgroup throttled too (quota {quota:.2f} CPUs)" if trigger == "both" else "")
         )
         + (f": behind {top.comm} (pid {top.pid})." if top else ".")
