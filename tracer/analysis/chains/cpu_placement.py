@@ -359,8 +359,10 @@ def _chain(ctx: ChainContext, s: Subject, pc: PlacementCost, sev: str) -> Causal
             site=None,
         )
     ]
-    held = sum(h.runq_ms for h in holders) or 1.0
-    for h in holders[:3]:
+    # confined: the waits it counts are those behind the job's own threads, so are the hops
+    via = holders if trigger != "confined" else [h for h in holders if h.holder in ("self", "tree")]
+    held = sum(h.runq_ms for h in via) or 1.0
+    for h in via[:3]:
         role = (
             "worker"
             if h.holder == "tree" and h.comm == DATALOADER_COMM
@@ -437,7 +439,7 @@ def _advice(
         if how == "taskset":
             recs.append(
                 f"Widen the affinity: {who} pins the job (its {workers or 'data'} workers inherit it) to CPUs "
-                f"{{{procfs.format_cpu_list(pl.allowed)}}} while CPUs outside sat idle: drop it or give it more CPUs "
+                f"{{{procfs.format_cpu_list(pl.allowed)}}} while CPUs outside it had room: drop it or give it more CPUs "
                 f"(taskset -c {want} ...); for the running job: taskset -a -cp {want} {s.pid} (and its workers)."
             )
         elif how == "slurm":
