@@ -439,8 +439,8 @@ def _advice(
         if how == "taskset":
             recs.append(
                 f"Widen the affinity: {who} pins the job (its {workers or 'data'} workers inherit it) to CPUs "
-                f"{{{procfs.format_cpu_list(pl.allowed)}}} while CPUs outside it had room: drop it or give it more CPUs "
-                f"(taskset -c {want} ...); for the running job: taskset -a -cp {want} {s.pid} (and its workers)."
+                f"{{{procfs.format_cpu_list(pl.allowed)}}} while CPUs outside it had room: drop it or give it more "
+                f"CPUs (taskset -c {want} ...); for the running job: taskset -a -cp {want} {s.pid} (and its workers)."
             )
         elif how == "slurm":
             recs.append(
