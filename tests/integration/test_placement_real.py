@@ -44,11 +44,11 @@ def job(steps: int = 300) -> list[str]:
     return workload("confined.py", "--worker-ms", "10", "--steps", str(steps))
 
 
-def best_of_two(a: list[str], b: list[str]) -> tuple[float, float]:
-    """Steps/s of ``a`` and ``b``, the best of two runs each, interleaved: other work on the shared CPUs comes and
-    goes, and the best run is the one it slowed least."""
-    runs = [(steps_per_s(a), steps_per_s(b)) for _ in range(2)]
-    return max(r[0] for r in runs), max(r[1] for r in runs)
+def best_of(a: list[str], b: list[str], runs: int = 3) -> tuple[float, float]:
+    """Steps/s of ``a`` and ``b``, the best of ``runs`` runs each, interleaved: other work on the shared CPUs comes
+    and goes, and the best run is the one it slowed least."""
+    got = [(steps_per_s(a), steps_per_s(b)) for _ in range(runs)]
+    return max(r[0] for r in got), max(r[1] for r in got)
 
 
 def chains_of(rec: Recording) -> list[CausalChain]:
@@ -85,12 +85,20 @@ def ready() -> None:
     need(len(os.sched_getaffinity(0)) >= 2, "needs 2 CPUs (a job confined to one of them)")
 
 
+# The pin's cost is the CPU outside it that the job could have had: other work on this shared machine that fills
+# that CPU hides it (measured 68-73 steps/s free against 67-68 pinned with a load average of 4). At nice -10 the
+# job takes the CPUs ahead of that work, free or pinned, and the pin alone decides.
+AHEAD = ["nice", "-n", "-10"]
+
+
 def test_confined_by_taskset(ready, tmp_path_factory):
+    need(os.geteuid() == 0, "needs root (nice -10)")
+    pinned_job = [*AHEAD, "taskset", "-c", "0", *job()]
     # GIVEN the untraced truth: pinned to CPU 0, the job makes fewer steps than free on both CPUs
-    free, pinned = best_of_two(job(), ["taskset", "-c", "0", *job()])
+    free, pinned = best_of([*AHEAD, *job()], pinned_job)
     assert pinned < (1 - LOSS_MIN) * free, (pinned, free)
     # WHEN the pinned job is recorded
-    rec = cached("placement_taskset", tmp_path_factory, ["taskset", "-c", "0", *job()])
+    rec = cached("placement_taskset", tmp_path_factory, pinned_job)
     found = chains_of(rec)
     ch = placement_chain(found, rec.pid)
     # THEN its root is the pin, set by the launcher's taskset, and the fix widens it
@@ -142,7 +150,7 @@ def test_throttled_by_a_cgroup_quota(ready, tmp_path_factory):
     with cpu_quota(25_000, 100_000) as procs:
         quota_job = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *job(200)]
         # GIVEN the untraced truth: a quarter of a CPU makes the job slower than free
-        free, capped = best_of_two(job(200), quota_job)
+        free, capped = best_of(job(200), quota_job)
         assert capped < (1 - LOSS_MIN) * free, (capped, free)
         # WHEN it is recorded under the quota
         rec = cached("placement_quota", tmp_path_factory, quota_job)

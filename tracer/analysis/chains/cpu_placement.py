@@ -282,7 +282,7 @@ def _job_runq_by_sec(ctx: ChainContext) -> dict[int, tuple[float, float]]:
 
 def set_by(ctx: ChainContext, pl: Placement, online: frozenset[int]) -> tuple[str, str]:
     """Return (who narrowed the placement, its kind: taskset | slurm | cpuset | quota | affinity)."""
-    found = [c for c in _launch_commands(ctx, pl.pid) if c.split() and c.split()[0].rsplit("/", 1)[-1] in LAUNCHERS]
+    found = [c for c in map(_from_launcher, _launch_commands(ctx, pl.pid)) if c]
     if found:  # its arguments where a command line has them (an exec seen in a batch names the file only)
         cmd = next((c for c in found if len(c.split()) > 1), found[0])
         return f"the launcher's `{_short(cmd)}`", "taskset"
@@ -309,6 +309,14 @@ def _launch_commands(ctx: ChainContext, pid: int) -> list[str]:
     if ctx.info.target:
         out.append(ctx.info.target)
     return out
+
+
+def _from_launcher(cmd: str) -> str | None:
+    """Return ``cmd`` from its launcher word on (`nice -n 5 taskset -c 0 python x.py` -> `taskset -c 0 python
+    x.py`); None when no launcher runs it."""
+    words = cmd.split()
+    i = next((i for i, w in enumerate(words) if w.rsplit("/", 1)[-1] in LAUNCHERS), None)
+    return None if i is None else " ".join(words[i:])
 
 
 def _short(cmd: str, n: int = 60) -> str:
