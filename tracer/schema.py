@@ -6,7 +6,8 @@ Bump :data:`SCHEMA_VERSION` on any incompatible change; readers refuse a DB from
 distributed-job columns of ``processes`` (rank, local_rank, node_rank, world_size, job_id, launcher): readers
 check for them (``RecordingInfo.has``), so v2 files stay readable. ``session.realtime_at_start_ns`` and
 ``clock_read_ns`` came later without a bump: a job of several recordings (tracer.analysis.job) falls back to
-``started_at`` where they are missing.
+``started_at`` where they are missing. So did ``process_placement``, ``cgroup_cpu`` and ``cpu_idle`` (issue 28):
+readers check for them (``RecordingInfo.has``) and an older recording gets no placement chain.
 """
 
 from __future__ import annotations
