@@ -59,3 +59,15 @@ def test_not_when_the_waits_for_the_gpu_were_waits_for_a_cpu(tmp_path):
         cv = compute_chains(c, limit=100).coverage
     sync = next(p for p in cv.parts if p.part == "sync")
     assert "root:gpu" not in sync.explained_by and sync.root == "cpu_capacity"
+
+
+def test_syncs_waiting_for_a_cpu_are_not_the_gpu(tmp_path):
+    # GIVEN 60 ms syncs of which 40 ms is waiting for a CPU after the GPU was done (call_runq): the GPU work is
+    # 20 % of each step, the thread's waits for a CPU 40 % (issue 28: a confined job drew "the GPU is the limit")
+    b = TraceBuilder(duration_s=10)
+    b.process(MAIN_PID, "python3")
+    for i in range(100):
+        b.call(i * 100 * MS, 5 * US, "cudaLaunchKernel")
+        b.call(i * 100 * MS + 10 * US, 60 * MS, "cudaStreamSynchronize", off_cpu_ns=59 * MS, runq_ns=40 * MS)
+    # THEN no gpu_bound chain: 20 % waiting for the GPU is under SYNC_SHARE_MIN
+    assert gpu_bound(tmp_path, b) == []

@@ -53,3 +53,47 @@ def test_environ_is_what_the_process_was_started_with():
         p.kill()
         p.wait()
     assert procfs.environ(p.pid) is None
+
+
+def test_cpu_lists_parse_and_format():
+    assert procfs.parse_cpu_list("0-2,5,7-8\n") == frozenset({0, 1, 2, 5, 7, 8})
+    assert procfs.parse_cpu_list("") == frozenset()
+    assert procfs.format_cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    assert procfs.format_cpu_list({3}) == "3"
+
+
+def test_affinity_of_a_pinned_child():
+    # GIVEN a child pinned to one CPU of this machine
+    cpu = min(os.sched_getaffinity(0))
+    p = subprocess.Popen([sys.executable, "-c", f"import os,time; os.sched_setaffinity(0, {{{cpu}}}); time.sleep(5)"])
+    try:
+        deadline = time.monotonic() + 5
+        while procfs.cpus_allowed(p.pid) != frozenset({cpu}) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # THEN its affinity reads as that CPU
+        assert procfs.cpus_allowed(p.pid) == frozenset({cpu})
+    finally:
+        p.kill()
+        p.wait()
+    assert procfs.cpus_allowed(p.pid) is None  # gone
+
+
+def test_cgroup_v2_quota_and_throttling(tmp_path, monkeypatch):
+    # GIVEN a v2 tree (no v1 cpu controller) where /job has half a CPU and has been throttled 1.5 s
+    root = tmp_path / "cg"
+    (root / "job" / "step").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpuset cpu\n")
+    (root / "job" / "cpu.max").write_text("50000 100000\n")
+    (root / "job" / "step" / "cpu.max").write_text("max 100000\n")
+    (root / "job" / "cpu.stat").write_text("usage_usec 9\nnr_periods 40\nnr_throttled 30\nthrottled_usec 1500000\n")
+    (root / "job" / "step" / "cpuset.cpus.effective").write_text("0-1\n")
+    monkeypatch.setattr(procfs, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(procfs, "_cgroup_lines", lambda pid: {"": "/job/step"})
+    cg = procfs.cgroup_cpu(1)
+    # THEN the quota is the ancestor's, with its throttling, and the cpuset the process's own cgroup's
+    assert cg == procfs.CgroupCpu("/job/step", "/job", 50_000, 100_000, frozenset({0, 1}), 40, 30, 1_500_000_000)
+
+
+def test_per_cpu_times_cover_every_cpu():
+    t = procfs.cpu_times()
+    assert set(t) >= set(os.sched_getaffinity(0)) and all(b >= 0 and i >= 0 for b, i in t.values())

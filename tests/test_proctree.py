@@ -133,3 +133,20 @@ def test_exits_hidden_by_lost_events_are_noted() -> None:
     assert tree.note_unseen_exits(77, alive=lambda pid: pid == 100) == 1
     assert tree.procs[101].exit_ns == 77 and tree.procs[100].exit_ns is None
     assert [p.pid for p in tree.retire(before_ns=100).procs] == [101]
+
+
+def test_an_exec_keeps_what_ran_before_it() -> None:
+    # GIVEN a launched `taskset -c 0 python train.py`: two execs read in one batch, after both happened (/proc
+    # shows the last image only)
+    tree = ProcessTree(START)
+    tree.procs[100] = ProcInfo(100, 1, "tracer", "tracer record -- taskset -c 0 python train.py", 0)
+    C = events.C
+    ch = tree.apply(
+        _ev(
+            (C.PROC_EXEC, 100, 0, 10, b"taskset", {"filename": b"/usr/bin/taskset"}),
+            (C.PROC_EXEC, 100, 0, 11, b"python3", {"filename": b"/usr/bin/python3"}),
+        )
+    )
+    # THEN the second exec's predecessor is the launcher's file (the placement's setter), not the job itself
+    assert ch.execs == [100, 100]
+    assert ch.exec_from[100] == "/usr/bin/taskset"

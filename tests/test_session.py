@@ -13,6 +13,7 @@ import numpy as np
 
 from probes.catalog import OP_IDS
 from tracer.recorder import columns, events, finalize
+from tracer.recorder.placement import PlacementWatch
 from tracer.recorder.procmaps import MapCache, Mapping
 from tracer.recorder.proctree import ProcessTree, ProcInfo, Retired
 from tracer.recorder.pyruntime import PyRuntimeManager
@@ -50,6 +51,7 @@ def _recorder(db: Path) -> Recorder:
         parent_of=lambda pid: rec.tree.procs[pid].ppid if pid in rec.tree.procs else None,
     )
     rec.store = Store(db, start_mono_ns=START)
+    rec.placement = PlacementWatch()
     return rec
 
 
@@ -81,6 +83,7 @@ def _sizes(rec: Recorder) -> dict[str, int]:
         "stack_hashes": len(r._frames) + len(r._ref_op) + len(r._refs_of) + len(r._ustacks),
         "kernel_names": len(r.handle_names) + len(r._kernels),
         "calls_by_tid": len(rec._calls_by_tid),
+        "placement": len(rec.placement._last),
     }
 
 

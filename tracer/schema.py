@@ -6,7 +6,8 @@ Bump :data:`SCHEMA_VERSION` on any incompatible change; readers refuse a DB from
 distributed-job columns of ``processes`` (rank, local_rank, node_rank, world_size, job_id, launcher): readers
 check for them (``RecordingInfo.has``), so v2 files stay readable. ``session.realtime_at_start_ns`` and
 ``clock_read_ns`` came later without a bump: a job of several recordings (tracer.analysis.job) falls back to
-``started_at`` where they are missing.
+``started_at`` where they are missing. So did ``process_placement``, ``cgroup_cpu`` and ``cpu_idle`` (issue 28):
+readers check for them (``RecordingInfo.has``) and an older recording gets no placement chain.
 """
 
 from __future__ import annotations
@@ -363,6 +364,54 @@ TABLES: tuple[Table, ...] = (
         ("tracer_cpu_ms", "DOUBLE", "CPU ms the tracer's own processes used in the interval"),
     ),
     _t(
+        "process_placement",
+        "Where each process of the traced tree may run (issue 28): its CPU affinity and its cgroup's cpuset and CPU "
+        "quota. Read at attach and at each exec, and again at the end for a process whose placement changed; a "
+        "forked child has its parent's until a row of its own says otherwise. Older recordings lack this table.",
+        ("ts_ns", "BIGINT", "when it was read"),
+        ("pid", "INTEGER", "process id"),
+        ("cpus_allowed", "VARCHAR", "its main thread's CPU affinity (sched_getaffinity), a CPU list: '0', '0-3,6'"),
+        ("cpus", "INTEGER", "CPUs in cpus_allowed"),
+        ("cgroup", "VARCHAR", "its cgroup (/proc/PID/cgroup: the v2 path, or the v1 cpu controller's)"),
+        ("cpuset_cpus", "VARCHAR", "the cgroup's effective cpuset, a CPU list (NULL: unknown)"),
+        ("limit_cgroup", "VARCHAR", "the cgroup (it or an ancestor) whose CPU quota binds it; NULL: no quota"),
+        ("quota_us", "BIGINT", "that quota: CPU us per period (cpu.max / cpu.cfs_quota_us); NULL: no limit"),
+        ("period_us", "BIGINT", "its period, us"),
+        (
+            "exec_from",
+            "VARCHAR",
+            "at an exec: the command line of the image it replaced (a launcher such as `taskset -c 0 python ...` "
+            "that set the affinity and exec'd the job)",
+        ),
+        (
+            "env",
+            "VARCHAR",
+            "launcher settings in its environment that place it, space-separated KEY=VALUE (SLURM_CPUS_PER_TASK, "
+            "SLURM_CPU_BIND, KUBERNETES_SERVICE_HOST, container)",
+        ),
+    ),
+    _t(
+        "cgroup_cpu",
+        "About 1 Hz CPU throttling of each cgroup whose quota binds a traced process (cpu.stat, cumulative: take "
+        "differences between rows). Older recordings lack this table.",
+        ("ts_ns", "BIGINT", "when"),
+        ("cgroup", "VARCHAR", "the cgroup (process_placement.limit_cgroup)"),
+        ("quota_us", "BIGINT", "its CPU quota per period, us"),
+        ("period_us", "BIGINT", "its period, us"),
+        ("nr_periods", "BIGINT", "periods with runnable tasks so far"),
+        ("nr_throttled", "BIGINT", "of those, periods that ran out of quota"),
+        ("throttled_ns", "BIGINT", "time its runqueues spent throttled so far, summed over CPUs"),
+    ),
+    _t(
+        "cpu_idle",
+        "About 1 Hz per-CPU busy and idle time (/proc/stat): which CPUs sat idle while the job waited for one. "
+        "Older recordings lack this table.",
+        ("ts_ns", "BIGINT", "when the interval ended"),
+        ("cpu", "INTEGER", "CPU number"),
+        ("idle_ns", "BIGINT", "idle (and iowait) time in the interval"),
+        ("busy_ns", "BIGINT", "busy time in the interval (user, system, irq, steal)"),
+    ),
+    _t(
         "stacks",
         "Deduplicated call stacks: one row per frame, outermost first (depth 0). Python frames carry the "
         "executing line.",
@@ -421,7 +470,8 @@ TABLES: tuple[Table, ...] = (
             "category",
             "VARCHAR",
             "cpu_contention | sync_stall | allocation_churn | process_churn | memory_pressure | dataloader_starvation "
-            "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python",
+            "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python "
+            "| lock_contention | cpu_placement",
         ),
         ("start_ns", "BIGINT", "start of the affected time range"),
         ("end_ns", "BIGINT", "end"),

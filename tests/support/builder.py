@@ -31,6 +31,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from tracer import procfs
 from tracer.analysis.taxonomy import PART_NAMES, part_name
 from tracer.hist import bucket_of
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLE_BY_NAME, TABLES
@@ -65,6 +66,10 @@ class TraceBuilder:
     host_samples: list[dict[str, Any]] = field(default_factory=list)
     stacks: list[dict[str, Any]] = field(default_factory=list)
     cpu_samples: list[dict[str, Any]] = field(default_factory=list)
+    # placement and limits (issue 28): written only when given, as an older recording has none of them
+    process_placement: list[dict[str, Any]] = field(default_factory=list)
+    cgroup_cpu: list[dict[str, Any]] = field(default_factory=list)
+    cpu_idle: list[dict[str, Any]] = field(default_factory=list)
     sampled_fraction: float = 1.0
     _stack_ids: dict[tuple[tuple[Any, ...], ...], int] = field(default_factory=dict)
 
@@ -231,6 +236,61 @@ class TraceBuilder:
                 tracer_cpu_ms=tracer_cpu_ms,
             )
         )
+
+    def placement(
+        self,
+        pid: int,
+        cpus: str,
+        *,
+        ts_ns: int = 0,
+        cgroup: str = "/",
+        cpuset: str | None = None,
+        limit_cgroup: str | None = None,
+        quota_us: int | None = None,
+        period_us: int | None = None,
+        exec_from: str | None = None,
+        env: str | None = None,
+    ) -> None:
+        """A process_placement row: ``pid`` may run on ``cpus`` (a CPU list), its cgroup and quota."""
+        n = len(procfs.parse_cpu_list(cpus))
+        self.process_placement.append(
+            dict(
+                ts_ns=ts_ns,
+                pid=pid,
+                cpus_allowed=cpus,
+                cpus=n,
+                cgroup=cgroup,
+                cpuset_cpus=cpuset,
+                limit_cgroup=limit_cgroup,
+                quota_us=quota_us,
+                period_us=period_us,
+                exec_from=exec_from,
+                env=env,
+            )
+        )
+
+    def idle_cpus(self, idle_share: dict[int, float], seconds: int | None = None) -> None:
+        """cpu_idle rows every second (ending half-way into the next, as the recorder's tick): each CPU's idle
+        share of it."""
+        for sec in range(seconds if seconds is not None else int(self.duration_s)):
+            for cpu, share in idle_share.items():
+                idle = round(share * S)
+                self.cpu_idle.append(dict(ts_ns=sec * S + S // 2, cpu=cpu, idle_ns=idle, busy_ns=S - idle))
+
+    def throttling(self, cgroup: str, quota_us: int, period_us: int, throttled_per_s_ns: int) -> None:
+        """cgroup_cpu rows every second: ``cgroup`` throttled ``throttled_per_s_ns`` (summed over CPUs) a second."""
+        for sec in range(int(self.duration_s) + 1):
+            self.cgroup_cpu.append(
+                dict(
+                    ts_ns=sec * S + S // 2,
+                    cgroup=cgroup,
+                    quota_us=quota_us,
+                    period_us=period_us,
+                    nr_periods=sec * S // (period_us * US),
+                    nr_throttled=sec * S // (period_us * US) // 2,
+                    throttled_ns=sec * throttled_per_s_ns,
+                )
+            )
 
     def stack(self, frames: Sequence[tuple[str, str, str, str | None, int | None]]) -> int:
         """Intern a stack given outermost first as (kind, module, function, file, line); return its stack_id."""
@@ -584,14 +644,19 @@ class TraceBuilder:
             "stacks": self.stacks,
             "cpu_samples": self.cpu_samples,
         }
+        for name in ("process_placement", "cgroup_cpu", "cpu_idle"):
+            if getattr(self, name):
+                tables[name] = getattr(self, name)
         if self.accounting:
             tables.update(
                 threads=self.thread_rows(), thread_breakdown=self.breakdown_rows(), thread_wakers=self.waker_rows()
             )
         con = duckdb.connect(str(path))
+        placed = self.process_placement or self.cgroup_cpu or self.cpu_idle
         try:
             for t in TABLES:
-                con.execute(t.ddl())
+                if placed or t.name not in ("process_placement", "cgroup_cpu", "cpu_idle"):
+                    con.execute(t.ddl())
             con.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", [APP_ID, str(SCHEMA_VERSION)])
             for name, rows in tables.items():
                 insert_rows(con, name, rows)

@@ -66,6 +66,7 @@ class LifecycleChanges:
 
     forks: list[tuple[int, int]] = field(default_factory=list)  # (parent, child)
     execs: list[int] = field(default_factory=list)
+    exec_from: dict[int, str] = field(default_factory=dict)  # exec'd pid -> the command line it replaced
     exits: list[int] = field(default_factory=list)
 
 
@@ -157,6 +158,7 @@ class ProcessTree:
     def apply(self, ev: np.ndarray) -> LifecycleChanges:
         """Apply a batch of lifecycle events (events.PROC_DTYPE); return what changed."""
         ch = LifecycleChanges()
+        exec_files: dict[int, str] = {}  # pid -> the file it exec'd last in this batch
         for e in ev:
             kind, pid = int(e["kind"]), int(e["pid"])
             ts = int(e["ts_ns"]) - self.start_mono_ns
@@ -182,6 +184,10 @@ class ProcessTree:
             elif pid in self.procs:
                 p = self.procs[pid]
                 if kind == events.C.PROC_EXEC:
+                    # what ran before this image: a launcher (taskset, numactl) that set up the new one. Execs come
+                    # in batches, read after they all happened: /proc already shows the last image
+                    ch.exec_from[pid] = exec_files.get(pid) or p.cmdline
+                    exec_files[pid] = events.cstr1(e["filename"])
                     p.comm = comm
                     p.cmdline = targets.proc_cmdline(pid) or events.cstr1(e["filename"])
                     # the exec has happened (this event is read after it): environ holds what the launcher set

@@ -45,6 +45,7 @@ from tracer.recorder.budget import (
 )
 from tracer.recorder.clocks import read_start_clocks
 from tracer.recorder.command import LaunchedCommand
+from tracer.recorder.placement import PlacementWatch
 from tracer.recorder.preflight import check_environment
 from tracer.recorder.procmaps import MapCache, Mapping, kernel_dev
 from tracer.recorder.proctree import ProcessTree
@@ -225,6 +226,7 @@ class Recorder:
         except KeyError:
             pass
         self.tree.add_target(pid, ppid, first_ns)
+        self.placement.note(pid, first_ns)
         self.maps.attach(pid)
         if self.pyrt is not None and python:
             self._pyrt_configure(pid)
@@ -293,6 +295,7 @@ class Recorder:
         )
         self._open_rings()
         self.sampler = ProcSampler()
+        self.placement = PlacementWatch()
         self.store = Store(
             self.opts.db, force=self.opts.force, start_mono_ns=self.start_mono, max_bytes=self.opts.max_db_bytes
         )
@@ -546,7 +549,9 @@ class Recorder:
             return
         ch = self.tree.apply(ev)
         # execs first: a process that exec'd and then forked in this batch passes its new layout on
+        now_ns = time.monotonic_ns() - self.start_mono
         for pid in ch.execs:
+            self.placement.note(pid, now_ns, exec_from=ch.exec_from.get(pid))
             if self.pyrt is not None:
                 # a new image: the old layout and code objects are gone (BPF dropped its pycfg and reads its code
                 # objects again: pyframes.h exec_gen)
@@ -611,6 +616,7 @@ class Recorder:
                 "tracer_cpu_ms": [tracer_ms],
             },
         )
+        self._write_placement(ts)
         self._drain_aggregates(before_sec=ts // 1_000_000_000 - 1)
         self._apply_overhead_budget(now - self._last_tick)
         self._last_tick = now
@@ -637,6 +643,19 @@ class Recorder:
             + (f" (launches sampled {frac:.0%})" if frac < 1 else "")
         )
 
+    def _write_placement(self, ts: int | None) -> None:
+        """This second's throttling and per-CPU idle samples (none when ``ts`` is None), and the placement rows
+        read since the last call (recorder/placement.py)."""
+        if ts is not None:
+            throttling, idle = self.placement.sample(ts)
+            if throttling["ts_ns"]:
+                self.store.put("cgroup_cpu", throttling)
+            if idle["ts_ns"]:
+                self.store.put("cpu_idle", idle)
+        rows = self.placement.take_rows()
+        if rows["pid"]:
+            self.store.put("process_placement", rows)
+
     def _retire(self, now_ns: int) -> None:
         """Write the final rows of the processes and threads that exited RETIRE_AFTER_NS ago and drop everything
         kept for them (issue 21: memory bounded by the live processes, not by every process the job forked)."""
@@ -652,6 +671,7 @@ class Recorder:
             if p.pid in self.tree.procs:
                 continue  # its pid was reused (ProcessTree.apply): the caches under it are the new process's
             self.maps.forget(p.pid)
+            self.placement.forget(p.pid)
             self.resolver.forget(p.pid)
             self._py_pending.pop(p.pid, None)
             if self.pyrt is not None:
@@ -755,6 +775,12 @@ class Recorder:
         """
         t_flush = time.monotonic()
         self._recording_cpu_pct = self._cpu_pct_since_live(t_flush)
+        if hasattr(self, "placement"):  # before a launched command is ended: a changed placement, read once more
+            self.placement.recheck(
+                self.tree.alive(),
+                time.monotonic_ns() - self.start_mono,
+                lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
+            )
         if self.command is not None:
             self.command.release()
         self._set_gate(False)  # from now on nobody is stopped
@@ -807,6 +833,7 @@ class Recorder:
         for p in self.tree.targets():
             if p.exit_ns is None and not targets.is_alive(p.pid) and status != "interrupted":
                 p.exit_ns = end_ns - self.start_mono
+        self._write_placement(end_ns - self.start_mono)
         summary_ops = self._write_totals(end_ns, live=False)
         self.store.sync()
         traced = sum(o.calls for o in summary_ops)

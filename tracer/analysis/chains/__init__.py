@@ -22,6 +22,7 @@ from tracer.analysis.chains import (
     allocation_churn,
     blocking_io,
     cpu_contention,
+    cpu_placement,
     dataloader_starvation,
     gil_contention,
     gpu_bound,
@@ -113,6 +114,7 @@ DETECTORS: tuple[Detector, ...] = (
     blocking_io.detect,
     host_python.detect,
     lock_contention.detect,
+    cpu_placement.detect,
 )
 
 
@@ -123,6 +125,7 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
     with gc_paused():
         chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
     chains = memory_pressure.explained_by_storms(chains)
+    chains = cpu_placement.explains(chains)
     chains = [with_path(ctx, c) for c in chains]
     chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
     return chains

@@ -51,9 +51,9 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "alloc": frozenset({"allocation_churn"}),
     "free": frozenset({"allocation_churn"}),
     "other": frozenset({"sync_stall", "allocation_churn", "straggler_rank"}),
-    "runq_self": frozenset({"cpu_contention", "gil_contention"}),
-    "runq_tree": frozenset({"cpu_contention", "dataloader_starvation", "process_churn"}),
-    "runq_other": frozenset({"cpu_contention"}),
+    "runq_self": frozenset({"cpu_contention", "gil_contention", "cpu_placement"}),
+    "runq_tree": frozenset({"cpu_contention", "dataloader_starvation", "process_churn", "cpu_placement"}),
+    "runq_other": frozenset({"cpu_contention", "cpu_placement"}),
     "blocked": frozenset(
         {
             "gil_contention",

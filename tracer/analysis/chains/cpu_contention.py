@@ -6,7 +6,9 @@ chains at most per thread: *other* (other tenants' processes: the fix is on the 
 and workers: the fix is in the job). The tracer's share is never counted: it is reported as the tracer's cost.
 Run-queue time behind a thread of the job that is faulting in memory is left to memory_pressure. The *other*
 chain also counts the thread's waits for batches that its data workers were late with because they queued
-behind other processes (``via_workers_ms``, from :func:`dataloader_starvation.loader_wait`).
+behind other processes (``via_workers_ms``, from :func:`dataloader_starvation.loader_wait`). The share of the
+thread's waits that its placement explains (idle CPUs outside its affinity, a used-up cgroup quota:
+:func:`cpu_placement.placement_of`) is cpu_placement's, not this chain's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from tracer.analysis.breakdown.holders import Holder
 from tracer.analysis.chains.applies import has_dataloader
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
+from tracer.analysis.chains.cpu_placement import placement_of
 from tracer.analysis.chains.dataloader_starvation import loader_wait
 from tracer.analysis.chains.memory_pressure import storm_threads
 from tracer.analysis.chains.model import CausalChain, CpuContentionEvidence, Culprit
@@ -50,10 +53,14 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         }
         total_w = sum(weights.values())
         lw = loader_wait(ctx, s)
+        # the waits the job's placement explains (CPUs it may not use sat idle, or its quota ran out) are
+        # cpu_placement's: fewer workers is not their fix
+        pc = placement_of(ctx, s)
         for cls in ("other", "own"):
-            inside = in_call * weights[cls] / total_w if total_w else 0.0
+            keep = pc.keep(own=cls == "own") if pc else 1.0
+            inside = in_call * weights[cls] / total_w * keep if total_w else 0.0
             via = lw.foreign_ns if cls == "other" else 0.0
-            cost = outside[cls] + inside + via
+            cost = outside[cls] * keep + inside + via
             sev = grade(s.share(cost), HIGH, MEDIUM, LOW)
             if sev is None:
                 continue
@@ -62,7 +69,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                 mine = _merge(mine, lw.foreign_holders)
             parts = ("runq_other",) if cls == "other" else ("runq_self", "runq_tree")
             when = ctx.hot_range(s, lambda r, p=parts: sum(r[x] for x in p))
-            out.append(_chain(ctx, s, cls, sev, cost, outside[cls], inside, via, mine, cores, workers, host, when))
+            out.append(
+                _chain(ctx, s, cls, sev, cost, outside[cls] * keep, inside, via, mine, cores, workers, host, when)
+            )
     return out
 
 

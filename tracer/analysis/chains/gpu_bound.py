@@ -26,7 +26,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     out = []
     for s in ctx.subjects:
         t = s.time
-        sync = t.ns("sync")
+        # the syncs' time waiting for a CPU after the GPU was done (call_runq, all but a few µs of it in syncs)
+        # is not the GPU's: a job whose syncs wait for a CPU is not GPU-bound (issue 28)
+        sync = max(t.ns("sync") - t.ns("call_runq"), 0)
         # a description of the loop, not a cost: the plain share of its steps, however short they are
         share = t.share(sync)
         if share < SYNC_SHARE_MIN or waitgraph.sync_runq_share(ctx, s) >= waitgraph.RUNQ_IN_SYNC:

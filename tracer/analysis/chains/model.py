@@ -28,6 +28,7 @@ CATEGORIES = (
     "blocking_io",
     "host_python",
     "lock_contention",
+    "cpu_placement",
 )
 
 
@@ -420,6 +421,32 @@ class LockContentionEvidence(Record):
     holders: Annotated[list[LockHolder], Field(description="the threads that released it, most first")]
 
 
+class CpuPlacementEvidence(Record):
+    """The thread waited for a CPU while CPUs outside the job's allowed set sat idle (affinity, cpuset), or while
+    its cgroup's CPU quota was used up (cpu.max): the placement, not the CPUs, was the limit."""
+
+    kind: Literal["cpu_placement"] = "cpu_placement"
+    trigger: Annotated[str, Field(description="confined (affinity / cpuset) | throttled (cgroup quota) | both")]
+    runq_ms: Annotated[float, Field(description="the thread's waits for a CPU, in and out of calls, ms")]
+    confined_ms: Annotated[
+        float, Field(description="of runq_ms, what the idle CPUs outside its allowed set could have run, ms")
+    ]
+    throttled_ms: Annotated[float, Field(description="of runq_ms, waits while its cgroup was throttled, ms")]
+    cpus_allowed: Annotated[str, Field(description="the CPUs it may run on (affinity and cpuset), a CPU list")]
+    cpus_online: Annotated[int, Field(description="CPUs of the host (cpu_idle)")]
+    outside_idle_pct: Annotated[
+        dict[str, float], Field(description="each CPU outside its set: idle % in the seconds the thread waited")
+    ]
+    set_by: Annotated[str, Field(description="who narrowed its placement, as far as the recording tells")]
+    cgroup: Annotated[str | None, Field(description="the cgroup whose quota binds it")]
+    quota_cpus: Annotated[float | None, Field(description="that quota in CPUs (quota / period); null: none")]
+    throttled_periods: Annotated[int, Field(description="periods that ran out of quota")]
+    job_demand_cpus: Annotated[
+        float, Field(description="the job's CPUs in use plus waiting, averaged over the waiting seconds")
+    ]
+    holders: Annotated[list[Holder], Field(description="who held its CPU meanwhile, most first (tracer excluded)")]
+
+
 Evidence = Annotated[
     CpuContentionEvidence
     | SyncStallEvidence
@@ -433,7 +460,8 @@ Evidence = Annotated[
     | GilContentionEvidence
     | BlockingIoEvidence
     | HostPythonEvidence
-    | LockContentionEvidence,
+    | LockContentionEvidence
+    | CpuPlacementEvidence,
     Field(discriminator="kind"),
 ]
 
