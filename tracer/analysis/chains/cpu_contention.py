@@ -12,12 +12,12 @@ behind other processes (``via_workers_ms``, from :func:`dataloader_starvation.lo
 from __future__ import annotations
 
 from tracer.analysis.breakdown.holders import Holder
-from tracer.analysis.chains.applies import has_dataloader
+from tracer.analysis.chains.applies import has_dataloader, is_dataloader_worker
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.dataloader_starvation import loader_wait
 from tracer.analysis.chains.memory_pressure import storm_threads
 from tracer.analysis.chains.model import CausalChain, CpuContentionEvidence, Culprit
-from tracer.analysis.recording import DATALOADER_COMM, most_alive_at_once
+from tracer.analysis.recording import most_alive_at_once
 
 CATEGORY = "cpu_contention"
 # Issue 10's scale: a fifth of the steps' time spent waiting for a CPU is the job's main problem.
@@ -32,7 +32,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     out = []
     cores = ctx.info.cpu_cores
     workers = most_alive_at_once(
-        [p for p in ctx.info.procs.values() if p.comm == DATALOADER_COMM and p.role != "tracer"], ctx.info.duration_ns
+        [p for p in ctx.info.procs.values() if is_dataloader_worker(ctx, p.pid)], ctx.info.duration_ns
     )
     host = ctx.conn.execute("SELECT max(load1), max(cpu_busy_pct) FROM host_samples").fetchone() or (None, None)
     for s in ctx.subjects:
