@@ -28,6 +28,7 @@ CPU hog on the training cores ranked as a starved loader with the hog second.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tracer.analysis.breakdown.holders import Holder, Waker, wakers_of
@@ -116,6 +117,10 @@ def loader_wait(ctx: ChainContext, s: Subject) -> LoaderWait:
         and w.pid not in helpers
         and ctx.info.process_role(w.pid) != "tracer"
     ]
+    # with DataLoader workers, only they hand batches over: a helper of the job that woke the thread while it
+    # lived (a storage service signalling it is ready) is not a worker (issue 28)
+    if any(is_dataloader_worker(ctx, w.pid) for w in wakers):
+        wakers = [w for w in wakers if is_dataloader_worker(ctx, w.pid)]
     woken = sum((w.blocked_ms - w.in_call_ms) * MS for w in wakers)
     stalls = respawn_stalls(ctx, s)
     if stalls is None:  # no wakers in sched: the respawns' windows, whole seconds
@@ -124,12 +129,16 @@ def loader_wait(ctx: ChainContext, s: Subject) -> LoaderWait:
         woken -= sum(min(st.batch_wait_ns, st.cost_ns) for st in stalls)
     working = foreign = 0.0
     clipped = []
+    pool = _pool_pids(ctx, s, {w.pid for w in wakers})
+    whole = {t.tid: t.wall for pid in {w.pid for w in wakers} for t in ctx.threads_of(pid)}
     for pid in {w.pid for w in wakers}:
         for t in ctx.threads_of(pid):
             t = clip(t, s.start_ns, s.end_ns)
             if t.wall <= 0:
                 continue
-            working += t.wall - t.ns("blocked")
+            # a wait for a source (a storage service, the network) is part of each batch's latency, as their CPU
+            # is: without it, workers latency-bound on a source were "slow" only by their run-queue time
+            working += t.wall - t.ns("blocked") + _source_ns(ctx, t, pool) * t.wall / max(whole.get(t.tid, 1), 1)
             foreign += t.ns("runq_other")
             clipped.append(t)
     held = {h.pid: h for h in ctx.other_holders(clipped)}
@@ -186,18 +195,41 @@ class WorkerTime:
         return "hand_off"
 
 
-def worker_time(ctx: ChainContext, threads: list[ThreadTime], pool: set[int]) -> WorkerTime:
+def _pool_pids(ctx: ChainContext, s: Subject, workers: set[int]) -> frozenset[int]:
+    """The processes whose wakeups of a worker are the loader's own hand-off, not a source: the training
+    processes and the workers with every sibling of theirs."""
+    trainers = {x.pid for x in ctx.subjects if x.launches}
+    comms = {ctx.info.comm(p) for p in workers}
+    sibs = {p.pid for p in ctx.info.descendants(s.pid) if p.comm in comms or is_dataloader_worker(ctx, p.pid)}
+    return frozenset({*trainers, s.pid, *workers, *sibs})
+
+
+def _sources(ctx: ChainContext, t: ThreadTime, pool: frozenset[int]) -> list[Waker]:
+    """The wakers of worker thread ``t`` outside ``pool`` (and not the tracer): its sources, over its span."""
+    key = ("worker_sources", t.tid, pool)
+    if key not in ctx.memo:
+        ctx.memo[key] = [
+            w for w in wakers_of(ctx.conn, ctx.info, t, limit=None) if w.pid not in pool and w.holder != TRACER_ROLE
+        ]
+    return ctx.memo[key]
+
+
+def _source_ns(ctx: ChainContext, t: ThreadTime, pool: frozenset[int]) -> float:
+    return sum((w.blocked_ms - w.in_call_ms) * MS for w in _sources(ctx, t, pool))
+
+
+def worker_time(ctx: ChainContext, threads: list[ThreadTime], pool: frozenset[int]) -> WorkerTime:
     """Return where the workers' ``threads`` spent their time and who woke them; ``pool``: the processes whose
     wakeups are the loader's own hand-off (the training processes and every worker)."""
     cpu = sum(t.ns("cpu") for t in threads)
     runq = sum(t.runq_ns for t in threads)
     blocked = sum(t.ns("blocked") for t in threads)
-    src: dict[tuple[int, int, str], Source] = {}
+    src: dict[tuple[int, str], Source] = {}
     for t in threads:
-        for w in wakers_of(ctx.conn, ctx.info, t, limit=None):
-            if w.pid in pool or w.holder == TRACER_ROLE:
-                continue
-            k = (w.pid, w.tid if w.pid else 0, w.comm)
+        for w in _sources(ctx, t, pool):
+            # one source per process (a service answers each connection from a thread of its own), an interrupt
+            # per kind
+            k = (w.pid, "" if w.pid else w.comm)
             x = src.setdefault(k, Source(w.pid, w.tid if w.pid else 0, w.comm))
             x.ns += (w.blocked_ms - w.in_call_ms) * MS
             x.wakeups += w.wakeups
@@ -289,7 +321,7 @@ def _advice(
         at = (f" in {call}" if call else "") + (f" at {where}" if where else "")
         each = top.ns / top.wakeups / MS if top.wakeups else 0.0
         # the loop waited `share` of its steps: a pool that many times larger hides the source's latency
-        more = min(max(n_workers + 1, -(-n_workers // max(1.0 - share, 1e-3))), MAX_WORKERS_ADVISED)
+        more = min(max(n_workers + 1, math.ceil(n_workers / max(1.0 - share, 1e-3))), MAX_WORKERS_ADVISED)
         rec = (
             f"The {n_workers} workers were blocked {wt.source_ns / wall:.0%} of their time{at}, each wait ended by "
             f"{name}"
@@ -427,7 +459,7 @@ def _chain(ctx: ChainContext, s: Subject, lw: LoaderWait, woken: float, sev: str
     cpu_stacks = [x for st in sampled_stacks(ctx.conn, [x.tid for x in walls]).values() for x in st]
     hot = [h for h in lines(cpu_stacks) if h.site]
     site = hot[0].site if hot else None
-    wt = worker_time(ctx, walls, {*trainers, s.pid, *(p.pid for p in pool), *by_pid})
+    wt = worker_time(ctx, walls, _pool_pids(ctx, s, set(by_pid)))
     n_knob = "num_workers" if dl else "the number of worker processes"
     rec, clause, root, beyond = _advice(ctx, wt, n_workers, n_knob, dl, hot, s.share(woken))
     if root is not None and root.kind in ("cpu_capacity", "on_cpu") and site:
