@@ -33,6 +33,7 @@ from tracer.recorder import columns, events
 from tracer.schema import TABLE_BY_NAME
 from tracer.vocabulary import (
     HOLDER_CLASSES,
+    HOP_ROLES,
     IDLE_WAKER,
     INTERRUPT,
     INTERRUPT_WAKERS,
@@ -132,7 +133,7 @@ def _check_document(doc: dict[str, Any]) -> list[str]:
             bad.append(f"part {v!r}")
         if k in ("ms", "share") and isinstance(v, dict) and not set(v) <= set(PART_NAMES):
             bad.append(f"bucket parts {sorted(set(v) - set(PART_NAMES))}")
-        if k == "role" and v not in (*PROCESS_ROLES, *THREAD_ROLES):
+        if k == "role" and v not in (*PROCESS_ROLES, *THREAD_ROLES, *HOP_ROLES):
             bad.append(f"role {v!r}")
         if k == "thread_role" and v not in THREAD_ROLES:
             bad.append(f"thread_role {v!r}")

@@ -72,6 +72,19 @@ CUDA_THREAD = "cuda"  # another thread that makes CUDA calls
 PLAIN_THREAD = "thread"  # a thread with no CUDA call
 THREAD_ROLES: tuple[str, ...] = (TRAINING_THREAD, DRIVER_THREAD, CUDA_THREAD, PLAIN_THREAD)
 
+# -- what a hop of a chain's wait path is (tracer.analysis.chains.model.Hop.role, issue 28) ------------------------
+# a helper is a process of the job that is not a worker (a storage service, a shell): named by its comm
+HOP_ROLES: tuple[str, ...] = (
+    TRAINING_THREAD,
+    "worker",
+    "helper",
+    RANK_ROLE,
+    "job_thread",
+    "other_process",
+    "kernel",
+    "gpu",
+)
+
 # -- the parts of a thread's time ---------------------------------------------------------------------------------
 # thread_breakdown's columns are f"{part}_ns" in this order, and they add up to wall_ns: on CPU outside calls,
 # inside CUDA calls by the catalog's classes, waiting for a CPU by whose it was, blocked

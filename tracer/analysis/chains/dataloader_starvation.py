@@ -366,9 +366,9 @@ def _advice(
         clause = f"; the workers waited for a CPU {wt.runq_ns / wall:.0%} of their time, on CPU {wt.cpu_ns / wall:.0%}"
         root = Root(
             kind="cpu_capacity",
-            detail=f"{procs} wanted more CPU than the "
-            + (f"{cores} cores" if cores else "cores")
-            + f" they had: the workers waited for one {wt.runq_ns / wall:.0%} of their time",
+            detail=f"{procs} wanted more CPU than the cores they could use"
+            + (f" (the host has {cores})" if cores else "")
+            + f": the workers waited for one {wt.runq_ns / wall:.0%} of their time",
             site=site,
         )
         return rec, clause, root, []
