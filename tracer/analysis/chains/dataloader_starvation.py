@@ -459,7 +459,10 @@ def _chain(ctx: ChainContext, s: Subject, lw: LoaderWait, woken: float, sev: str
     cpu_stacks = [x for st in sampled_stacks(ctx.conn, [x.tid for x in walls]).values() for x in st]
     hot = [h for h in lines(cpu_stacks) if h.site]
     site = hot[0].site if hot else None
-    wt = worker_time(ctx, walls, _pool_pids(ctx, s, set(by_pid)))
+    # each worker's main thread does the work: the threads beside it (a queue's feeder thread, asleep until
+    # there is something to send) would dilute the shares of its time
+    mains = [x for x in walls if x.tid == x.pid] or walls
+    wt = worker_time(ctx, mains, _pool_pids(ctx, s, set(by_pid)))
     n_knob = "num_workers" if dl else "the number of worker processes"
     rec, clause, root, beyond = _advice(ctx, wt, n_workers, n_knob, dl, hot, s.share(woken))
     if root is not None and root.kind in ("cpu_capacity", "on_cpu") and site:
