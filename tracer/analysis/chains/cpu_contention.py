@@ -136,9 +136,15 @@ def _chain(
             + "; on a shared machine, ask for dedicated CPUs (cgroup cpuset / the scheduler's exclusive mode)."
         )
     else:
-        if any(h.holder == "tree" for h in holders) and workers:
+        tree = [h for h in holders if h.holder == "tree"]
+        # a helper of the job (a storage service, a shell's command) is not a worker: fewer workers would not
+        # free its CPU (issue 28)
+        helpers = [h for h in tree if not is_dataloader_worker(ctx, h.pid)]
+        by_workers = sum(h.runq_ms for h in tree) - sum(h.runq_ms for h in helpers)
+        worker_rec = helper_rec = None
+        if by_workers > 0 and workers:
             keep = max(cores - 1, 1) if cores else None
-            recs.append(
+            worker_rec = (
                 f"Its own {workers} DataLoader worker processes held the CPU while the training thread waited "
                 + (
                     f"on {cores} CPUs: lower num_workers to {min(keep, max(workers - 1, 1))} or fewer so a core "
@@ -147,6 +153,14 @@ def _chain(
                     else ": lower num_workers."
                 )
             )
+        if helpers:
+            names = ", ".join(f"{h.comm} (pid {h.pid})" for h in helpers[:3])
+            helper_rec = (
+                f"Helper processes of the job, not workers, held the CPU while the training thread waited: {names}. "
+                f"Give them cores of their own or a lower priority (renice -n 10 -p {helpers[0].pid})."
+            )
+        first_helpers = sum(h.runq_ms for h in helpers) > by_workers
+        recs += [r for r in ((helper_rec, worker_rec) if first_helpers else (worker_rec, helper_rec)) if r]
         if any(h.holder == "self" for h in holders):
             recs.append(
                 f"Threads of its own process ({', '.join(sorted({h.comm for h in holders if h.holder == 'self'}))}) "
