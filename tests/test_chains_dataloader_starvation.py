@@ -158,6 +158,21 @@ def test_workers_blocked_on_a_storage_service_root_at_it(tmp_path):
     assert "recv" in ch.summary and "storage_proxy" in ch.summary
 
 
+def test_a_shell_and_a_helper_are_not_workers(tmp_path):
+    # GIVEN the storage-bound loader, with a start-up shell and its command in the tree, and the storage service
+    # waking the training thread once (it signals it is ready) (issue 28: a shell and the service counted as
+    # workers)
+    b = builder("dataloader_starvation")
+    offcpu = storage_bound(b)
+    b.process(700, "sh", ppid=MAIN_PID, first_ns=S // 2, exit_ns=S // 2 + 5 * MS, exit_code=0)
+    b.process(701, "uname", ppid=700, first_ns=S // 2 + MS, exit_ns=S // 2 + 4 * MS, exit_code=0)
+    b.off_cpu(4_998_500_000, MS, waker_pid=PROXY, waker_comm="storage_proxy")  # in a gap between two steps
+    (ch,) = starvation_with_stacks(tmp_path, b, offcpu)
+    # THEN the pool is the 2 DataLoader workers; the service stays a helper at the path's end
+    assert ch.evidence.worker_count == 2 and {w.pid for w in ch.evidence.workers} == {MAIN_PID + 1, MAIN_PID + 2}
+    assert PROXY not in ch.pids and ch.path[-1].role == "helper"
+
+
 def test_a_storage_service_outside_the_job_is_another_process(tmp_path):
     # GIVEN the same waits, ended by a service the job did not start (an object-store client, a FUSE daemon)
     b = builder("dataloader_starvation")
