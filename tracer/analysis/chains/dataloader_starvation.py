@@ -363,7 +363,10 @@ def _advice(
             + (f" ({hot[0].share:.0%} of their CPU is {site})" if site else "")
             + f", give the job more cores, or keep {knob} below the cores left for them."
         )
-        clause = f"; the workers waited for a CPU {wt.runq_ns / wall:.0%} of their time, on CPU {wt.cpu_ns / wall:.0%}"
+        clause = (
+            f"; the workers waited for a CPU {wt.runq_ns / wall:.0%} of their time, on CPU {wt.cpu_ns / wall:.0%}"
+            + (f" ({hot[0].share:.0%} of it at {site})" if site else "")
+        )
         root = Root(
             kind="cpu_capacity",
             detail=f"{procs} wanted more CPU than the cores they could use"
