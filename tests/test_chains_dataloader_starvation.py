@@ -173,6 +173,22 @@ def test_a_shell_and_a_helper_are_not_workers(tmp_path):
     assert PROXY not in ch.pids and ch.path[-1].role == "helper"
 
 
+def test_a_wait_for_the_source_is_part_of_the_batch_latency_other_tenants_share(tmp_path):
+    # GIVEN the storage-bound workers, each also runnable 30 ms of every second behind another tenant's process
+    b = builder("dataloader_starvation")
+    offcpu = storage_bound(b)
+    for w in (MAIN_PID + 1, MAIN_PID + 2):
+        for sec in range(1, int(b.duration_s)):
+            b.off_cpu(sec * S + 960 * MS, 30 * MS, pid=w, comm="pt_data_worker", reason="preempted",
+                      runq_ns=30 * MS, by_pid=HOG_PID, by_comm="stress-ng")  # fmt: skip
+    (ch,) = starvation_with_stacks(tmp_path, b, offcpu)
+    # THEN the tenant's share of the loop's wait is its share of a batch's latency, the source's wait included:
+    # 30 of every 1000 ms (not 30 of the 100 ms the workers were not blocked: that moved half the wait away)
+    ev = ch.evidence
+    behind = ev.behind_other_processes_ms / (ev.behind_other_processes_ms + ev.woken_by_workers_ms)
+    assert behind == pytest.approx(0.03, abs=0.005) and ch.root.kind == "external_wait"
+
+
 def test_a_storage_service_outside_the_job_is_another_process(tmp_path):
     # GIVEN the same waits, ended by a service the job did not start (an object-store client, a FUSE daemon)
     b = builder("dataloader_starvation")

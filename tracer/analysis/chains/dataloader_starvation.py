@@ -130,15 +130,15 @@ def loader_wait(ctx: ChainContext, s: Subject) -> LoaderWait:
     working = foreign = 0.0
     clipped = []
     pool = _pool_pids(ctx, s, {w.pid for w in wakers})
-    whole = {t.tid: t.wall for pid in {w.pid for w in wakers} for t in ctx.threads_of(pid)}
     for pid in {w.pid for w in wakers}:
-        for t in ctx.threads_of(pid):
-            t = clip(t, s.start_ns, s.end_ns)
+        for whole in ctx.threads_of(pid):
+            t = clip(whole, s.start_ns, s.end_ns)
             if t.wall <= 0:
                 continue
             # a wait for a source (a storage service, the network) is part of each batch's latency, as their CPU
-            # is: without it, workers latency-bound on a source were "slow" only by their run-queue time
-            working += t.wall - t.ns("blocked") + _source_ns(ctx, t, pool) * t.wall / max(whole.get(t.tid, 1), 1)
+            # is: without it, workers latency-bound on a source were "slow" only by their run-queue time (their
+            # sources over their whole span, pro-rated to the part inside the steps)
+            working += t.wall - t.ns("blocked") + _source_ns(ctx, whole, pool) * t.wall / max(whole.wall, 1)
             foreign += t.ns("runq_other")
             clipped.append(t)
     held = {h.pid: h for h in ctx.other_holders(clipped)}
