@@ -333,13 +333,14 @@ def test_a_starved_loop_names_the_workers_python_transform_line(jitter: tuple[To
 
 # --- issue 28: workers waiting on I/O from a storage service ------------------------------------------------------
 
-FETCH = ["--fetch-ms", "30", "--batch", "4", "--epochs", "2", "--steps", "30"]
+FETCH_ARGS = ["--batch", "4", "--epochs", "2", "--steps", "30"]
+FETCH = ["--fetch-ms", "30", *FETCH_ARGS]
 
 
 @pytest.fixture(scope="module")
 def fetching(tmp: Path) -> tuple[TorchRun, float]:
     """The recording and its truth (the fixture's docstring): the loop with and without the service's latency."""
-    quick = [a if a != "30" else "0" for a in FETCH]
+    quick = ["--fetch-ms", "0", *FETCH_ARGS]
     loss = 1 - min(_loop_s(*quick) for _ in range(2)) / min(_loop_s(*FETCH) for _ in range(2))
     return _record(tmp, "fetching", True, *FETCH), loss
 
