@@ -199,10 +199,13 @@ class WorkerTime:
 def _pool_pids(ctx: ChainContext, s: Subject, workers: set[int]) -> frozenset[int]:
     """The processes whose wakeups of a worker are the loader's own hand-off, not a source: the training
     processes and the workers with every sibling of theirs."""
-    trainers = {x.pid for x in ctx.subjects if x.launches}
-    comms = {ctx.info.comm(p) for p in workers}
-    sibs = {p.pid for p in ctx.info.descendants(s.pid) if p.comm in comms or is_dataloader_worker(ctx, p.pid)}
-    return frozenset({*trainers, s.pid, *workers, *sibs})
+    key = ("pool_pids", s.tid, frozenset(workers))  # asked twice per subject; the tree walk is 200 K processes
+    if key not in ctx.memo:
+        trainers = {x.pid for x in ctx.subjects if x.launches}
+        comms = {ctx.info.comm(p) for p in workers}
+        sibs = {p.pid for p in ctx.info.descendants(s.pid) if p.comm in comms or is_dataloader_worker(ctx, p.pid)}
+        ctx.memo[key] = frozenset({*trainers, s.pid, *workers, *sibs})
+    return ctx.memo[key]
 
 
 # (waker pid, waker tid, its name, blocked ns outside calls, wakeups): one waker of a worker thread
