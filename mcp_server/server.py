@@ -250,7 +250,11 @@ def build_server(
     @mcp.tool(title="Waits of a thread by waker", annotations=READ_ONLY)
     def get_waits(
         pid: Annotated[
-            int | None, Field(description="This process's main CUDA thread; omit for the training thread.")
+            int | None,
+            Field(
+                description="This process's main CUDA thread (a process without CUDA calls, a data worker or a "
+                "helper: its main thread); omit for the training thread."
+            ),
         ] = None,
         tid: Annotated[int | None, Field(description="This thread (any thread, CUDA or not).")] = None,
     ) -> Annotated[CallToolResult, Waits]:

@@ -359,3 +359,30 @@ def test_a_tid_reused_by_another_process_keeps_each_thread_s_own_row(tmp_path):
         got = {(t.pid, t.tid): (t.comm, t.cuda_calls) for t in times.threads if t.tid == tid}
     # THEN each (process, thread) has its own name and count
     assert got == {(pid, tid): (comm, calls), (999, tid): ("reuser", 0)}
+
+
+def test_a_mostly_blocked_thread_is_named_by_where_it_waits(tmp_path):
+    # GIVEN a thread blocked 900 ms of every second in recv (fetch_sample's line), sampled on CPU the rest in a
+    # decode function (issue 28: a thread blocked in recv 94% of its time was labelled by its CPU function)
+    from tests.support.builder import insert_rows
+
+    b = builder("healthy")
+    fetch = ("python", "/w/fetch.py", "fetch_sample", "/w/fetch.py", 42)
+    decode = ("python", "/w/fetch.py", "decode", "/w/fetch.py", 50)
+    b.thread(MAIN_PID, METRICS_TID, "python3")
+    recv = b.stack([TRAIN, fetch, ("native", "/lib/x86_64-linux-gnu/libc.so.6", "recv", None, None)])
+    cpu = b.stack([TRAIN, decode])
+    rows = []
+    for sec in range(1, 59):
+        b.off_cpu(sec * S, 900 * MS, tid=METRICS_TID, waker_pid=600, waker_comm="storage_proxy")
+        b.samples(sec, cpu, 9, tid=METRICS_TID)
+        rows.append(dict(sec=sec + 1, pid=MAIN_PID, tid=METRICS_TID, stack_id=recv, state="S", in_call=False,
+                         waker_pid=600, waker_comm="storage_proxy", intervals=1, blocked_ns=900 * MS))  # fmt: skip
+    path = b.write(tmp_path / "blocked.duckdb")
+    with duckdb.connect(str(path)) as c:
+        insert_rows(c, "offcpu_stacks", rows)
+    names = {t.tid: t.name for t in breakdown_of(path).process_threads}
+    # THEN it is named by the call and the line it waits at, not by its CPU function
+    assert names[METRICS_TID] == f"thread {METRICS_TID} (blocked in recv: fetch_sample, fetch.py:42)"
+    # AND the training thread, on CPU more than blocked, keeps its CPU name
+    assert "blocked" not in names[MAIN_PID]

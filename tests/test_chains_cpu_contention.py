@@ -50,6 +50,21 @@ def test_own_workers_are_told_apart(tmp_path):
     assert "num_workers" in ch.recommendations[0] and ch.evidence.dataloader_workers == 2
 
 
+def test_a_helper_holding_the_cpu_is_not_a_worker(tmp_path):
+    # GIVEN the same waits, the CPU held by a storage service the job started (issue 28: "lower num_workers" for
+    # a helper's CPU, and the helper counted as a worker)
+    b = builder("healthy")
+    b.process(600, "storage_proxy", ppid=MAIN_PID, first_ns=0)
+    for i in range(600):
+        b.off_cpu(i * 100 * MS + 3 * MS, 17 * MS, reason="preempted", runq_ns=17 * MS, by_pid=600,
+                  by_comm="storage_proxy")  # fmt: skip
+    (ch,) = contention(tmp_path, b)
+    # THEN the fix names the helper, not the workers, and the workers are the 2 DataLoader workers only
+    assert ch.evidence.holder_class == "own" and ch.evidence.dataloader_workers == 2
+    assert "storage_proxy (pid 600)" in ch.recommendations[0] and "not workers" in ch.recommendations[0]
+    assert not any("num_workers" in r for r in ch.recommendations)
+
+
 @pytest.mark.parametrize("ms,severity", [(15, "MEDIUM"), (3, "LOW"), (1, None)])
 def test_severity_follows_the_share(tmp_path, ms, severity):
     b = builder("healthy")

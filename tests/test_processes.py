@@ -155,3 +155,25 @@ def test_groups_summed_in_duckdb_are_the_groups_of_the_rows(tmp_path, name):
     secs = [x for g in fast for x in (g.off_cpu_s, g.runq_s)]
     assert secs == pytest.approx([x for g in rows for x in (g.off_cpu_s, g.runq_s)], abs=1e-3)
     assert any(g.comm == "git" and g.processes == 30 and g.exited == 29 for g in fast)
+
+
+def test_workers_killed_as_their_parent_shut_down_did_not_fail(tmp_path):
+    # GIVEN a main process that exits at 30 s and three kinds of worker exit (issue 28: workers that exited with
+    # their parent showed failed: 2): two terminated (SIGTERM, status 15) 0.1 s before it, as torch's DataLoader
+    # ends its workers; one killed (SIGKILL, 9) at 10 s, mid-run (the OOM killer); one exiting with status 1 at
+    # the teardown
+    b = builder("healthy")
+    b.process(MAIN_PID, "python3", exit_ns=30 * S, exit_code=0)
+    b.processes = [p for p in b.processes if p["pid"] != MAIN_PID or p["exit_ns"] is not None]
+    for i, (code, at) in enumerate([(15, 29.9), (15, 29.9), (9, 10.0), (256, 29.9)]):
+        b.process(900 + i, "decode_worker", ppid=MAIN_PID, first_ns=S, exit_ns=int(at * S), exit_code=code)
+    db = b.write(tmp_path / "t.duckdb")
+    with open_trace(db) as c:
+        info = load_recording(c)
+        fast = grouped_processes(c, info)
+        rows = group_processes(process_rows(c, info=info))
+    # WHEN grouped, in DuckDB and from the rows; THEN the four exited, and only the mid-run kill and the exit
+    # status 1 failed
+    for groups in (fast, rows):
+        (w,) = [g for g in groups if g.comm == "decode_worker"]
+        assert (w.processes, w.exited, w.failed) == (4, 4, 2)

@@ -62,3 +62,26 @@ def test_the_cli_returns_the_function(db, capsys):
 def test_an_unknown_thread_is_refused(db, capsys):
     assert main(["waits", "--db", str(db), "--tid", "4"]) == 2
     assert "thread 4 is not in this trace" in capsys.readouterr().err
+
+
+def test_a_process_without_cuda_calls_answers_for_its_main_thread(tmp_path):
+    # GIVEN a data worker (no CUDA call) blocked 15 ms at a time in recv, woken by a storage process (issue 28:
+    # get_waits(pid=<a worker>) answered "the recording has no CUDA thread")
+    from tracedb import MS, S, builder
+
+    b = builder("dataloader_starvation")
+    worker = MAIN_PID + 1
+    for k in range(20):
+        b.off_cpu(2 * S + k * 40 * MS, 15 * MS, pid=worker, comm="pt_data_worker", waker_pid=4242,
+                  waker_comm="storage_proxy")  # fmt: skip
+    db = b.write(tmp_path / "w.duckdb")
+    # WHEN its waits are asked for by pid
+    with open_trace(db) as c:
+        w = waits(c, pid=worker)
+    # THEN they are its main thread's, the storage process first with its 20 waits of 15 ms
+    assert (w.pid, w.tid) == (worker, worker)
+    top = w.wakers[0]
+    assert (top.waker, top.pid, top.wakeups, top.blocked_ms, top.typical_ms) == ("storage_proxy", 4242, 20, 300.0, 15.0)
+    # AND a pid with no thread at all says so, naming the pid
+    with open_trace(db) as c:
+        assert "pid 31337" in waits(c, pid=31337).headline

@@ -85,6 +85,7 @@ HOP_ROLES: tuple[str, ...] = (
     "gpu",
 )
 
+
 # -- the parts of a thread's time ---------------------------------------------------------------------------------
 # thread_breakdown's columns are f"{part}_ns" in this order, and they add up to wall_ns: on CPU outside calls,
 # inside CUDA calls by the catalog's classes, waiting for a CPU by whose it was, blocked

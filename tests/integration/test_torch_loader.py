@@ -329,3 +329,44 @@ def test_a_starved_loop_names_the_workers_python_transform_line(jitter: tuple[To
     assert f"torch_loader.py:{hot} python_jitter" in ch.summary
     # AND its share is the augmentation's untraced loss, within the module docstring's band
     assert 0.6 * loss <= ch.share <= 1.25 * loss, (ch.share, loss)
+
+
+# --- issue 28: workers waiting on I/O from a storage service ------------------------------------------------------
+
+FETCH_ARGS = ["--batch", "4", "--epochs", "2", "--steps", "30"]
+FETCH = ["--fetch-ms", "30", *FETCH_ARGS]
+
+
+@pytest.fixture(scope="module")
+def fetching(tmp: Path) -> tuple[TorchRun, float]:
+    """The recording and its truth (the fixture's docstring): the loop with and without the service's latency."""
+    quick = ["--fetch-ms", "0", *FETCH_ARGS]
+    loss = 1 - min(_loop_s(*quick) for _ in range(2)) / min(_loop_s(*FETCH) for _ in range(2))
+    return _record(tmp, "fetching", True, *FETCH), loss
+
+
+def test_workers_waiting_on_storage_root_at_the_service(fetching: tuple[TorchRun, float]) -> None:
+    from tracer.analysis.chains import compute_chains
+    from tracer.analysis.db import open_trace
+
+    # GIVEN torch's workers fetching each item from a storage service answering after 30 ms; WHEN chains are computed
+    run, loss = fetching
+    with open_trace(run.db) as c:
+        found = [ch for ch in compute_chains(c, limit=100).chains if ch.category == "dataloader_starvation"]
+    assert found, "no dataloader_starvation chain"
+    ch = found[0]
+    # THEN the root is the external wait in recv, under the dataset's fetch line, ended by the service
+    assert ch.severity in ("HIGH", "MEDIUM") and ch.root is not None and ch.root.kind == "external_wait", ch.root
+    fetch = f"torch_loader.py:{_marked_line(FIXTURE, 'ITEM_FETCH')} NoisyImages._fetch"
+    assert "recv" in ch.root.detail and "storage_proxy" in ch.root.detail
+    assert any(f.endswith(fetch) for f in ch.root.stack), ch.root.stack
+    # AND the service is a helper at the path's end, not one of the 2 workers
+    assert [(h.role, h.comm) for h in ch.path[1:]] == [("worker", WORKER_COMM), ("helper", "storage_proxy")]
+    assert ch.evidence.worker_count == WORKERS and ch.culprit.pid in run.workers
+    # AND the advice is more workers and deeper prefetch, not the hand-off
+    rec = ch.recommendations[0]
+    assert "raise num_workers to about" in rec and "prefetch_factor" in rec and "hand-off" not in rec
+    # AND its cost is the latency's untraced loss, and the recording far from the decision's cut-off
+    assert 0.6 * loss <= ch.share <= 1.25 * loss, (ch.share, loss)
+    for w in ch.evidence.workers:
+        assert w.blocked_share >= 3 * (w.cpu_share + w.runq_share), w

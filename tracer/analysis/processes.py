@@ -86,7 +86,28 @@ class _Members(NamedTuple):
     exit_code: int | None
 
 
-Who = tuple[str, "int | None", str, "int | None"]  # a traced process's (comm, ppid, role, rank)
+Who = tuple[str, "int | None", str, "int | None"]  # a traced process's (comm, parent, role, rank)
+
+# A child killed by one of these signals while its parent shut down was ended by the teardown, not failed: torch's
+# DataLoader terminates its workers (SIGTERM) at the training process's exit, a shell's children get SIGHUP
+# (issue 28: workers that exited with their parent showed ``failed: 2``).
+TEARDOWN_SIGNALS = (1, 2, 9, 13, 15)  # SIGHUP, SIGINT, SIGKILL, SIGPIPE, SIGTERM
+TEARDOWN_S = 2.0  # killed at most this long before its parent's exit (or after it): killed by the shutdown
+_TEARDOWN_SQL = ", ".join(map(str, TEARDOWN_SIGNALS))
+# the same rule in SQL, over PROCESS_FIGURES_SQL's columns (exit_ns, exit_code, parent_exit_ns)
+FAILED_SQL = (
+    f"exit_ns IS NOT NULL AND coalesce(exit_code, 0) <> 0 AND NOT (exit_code & 127 IN ({_TEARDOWN_SQL}) "
+    f"AND parent_exit_ns IS NOT NULL AND exit_ns >= parent_exit_ns - {int(TEARDOWN_S * 1e9)})"
+)
+
+
+def failed(exit_s: float | None, exit_code: int | None, parent_exit_s: float | None) -> bool:
+    """Return True when a process that exited failed: a non-zero status, unless a teardown signal killed it as
+    its parent shut down (see :data:`TEARDOWN_SIGNALS`)."""
+    if exit_s is None or not exit_code:
+        return False
+    torn = exit_code & 127 in TEARDOWN_SIGNALS and parent_exit_s is not None and exit_s >= parent_exit_s - TEARDOWN_S
+    return not torn
 
 
 def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[ProcessGroup]:
@@ -97,6 +118,7 @@ def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[
     ``sh -c`` helpers ran is one row beside the ``sh`` row, not twelve rows of one (issue 23: a real recording with
     12 helpers answered get_trace_stats in 4.6 KB)."""
     by_pid = {p.pid: (p.comm, p.ppid, p.role, p.rank) for p in procs}
+    exits = {p.pid: p.exit_s for p in procs}
     alone = [
         _Members(
             p.pid,
@@ -113,7 +135,7 @@ def group_processes(procs: Sequence, info: RecordingInfo | None = None) -> list[
             p.worst_stall_ms,
             p.first_s,
             int(p.exit_s is not None),
-            int(p.exit_s is not None and bool(p.exit_code)),
+            int(failed(p.exit_s, p.exit_code, exits.get(p.ppid))),
             p.exit_s,
             p.exit_code,
         )  # fmt: skip
@@ -174,11 +196,14 @@ def _groups(members: Sequence[_Members], who: Callable[[int | None], Who | None]
 # off-CPU time): what stats.process_rows lists one by one and grouped_processes sums by group in DuckDB.
 PROCESS_FIGURES_SQL = """
     SELECT p.pid, p.ppid, coalesce(p.comm, '') AS comm, {rank} AS rank, p.first_ns, p.exit_ns, p.exit_code,
+           par.parent_exit_ns,
            coalesce(o.calls, 0)::BIGINT AS calls, coalesce(s.sw, 0)::BIGINT AS sw, coalesce(s.pre, 0)::BIGINT AS pre,
            coalesce(s.off, 0) AS off, coalesce(s.rq, 0) AS rq, coalesce(s.worst, 0) AS worst,
            row_number() OVER (ORDER BY (p.pid = $main) DESC, coalesce(o.calls, 0) DESC, coalesce(s.off, 0) DESC,
                               p.pid) AS rn
     FROM processes p
+    LEFT JOIN (SELECT pid AS parent, max(exit_ns) AS parent_exit_ns FROM processes GROUP BY pid) par
+           ON par.parent = p.ppid
     LEFT JOIN (SELECT pid, sum(calls) AS calls FROM op_stats GROUP BY pid) o USING (pid)
     LEFT JOIN (SELECT pid, sum(switches) AS sw, sum(preemptions) AS pre, sum(off_cpu_ns) AS off,
                       sum(runq_ns) AS rq, max(max_off_cpu_ns) AS worst FROM sched_stats GROUP BY pid) s USING (pid)
@@ -209,7 +234,7 @@ def grouped_processes(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> l
         WITH p AS ({PROCESS_FIGURES_SQL.format(rank=rank)})
         SELECT arg_min(pid, rn), ppid, comm, count(*), sum(calls)::BIGINT, sum(sw)::BIGINT, sum(pre)::BIGINT,
                sum(off) / 1e9, sum(rq) / 1e9, max(worst) / 1e6, min(coalesce(first_ns, 0)) / 1e9, count(exit_ns),
-               count(*) FILTER (WHERE exit_ns IS NOT NULL AND coalesce(exit_code, 0) <> 0),
+               count(*) FILTER (WHERE {FAILED_SQL}),
                any_value(exit_ns) / 1e9, any_value(exit_code)
         FROM p GROUP BY comm, ppid, rank, CASE WHEN list_contains($special, pid) THEN pid END
         ORDER BY min(rn)""",

@@ -225,13 +225,18 @@ def top_lines(stacks: Iterable[StackTime], limit: int = 3) -> list[Line]:
     return [Line(k, v) for k, v in sorted(acc.items(), key=lambda kv: (-kv[1], kv[0] or ""))[:limit]]
 
 
-def thread_name(comm: str, process_comm: str, tid: int, hottest: list[StackTime]) -> str:
+def thread_name(comm: str, process_comm: str, tid: int, hottest: list[StackTime], blocked: bool = False) -> str:
     """A thread by what it runs: its OS name where it set one, else its tid and hottest Python function
-    ("thread 12858 (aggregate_metrics, metrics.py:15)")."""
+    ("thread 12858 (aggregate_metrics, metrics.py:15)"). ``blocked``: ``hottest`` are where a mostly-blocked
+    thread waits, and it is named so ("thread 12858 (blocked in recv: fetch_sample, fetch.py:42)"): a thread
+    blocked 94% of its time in recv is not its CPU function (issue 28)."""
     if comm and comm != process_comm:
         return f"{comm} ({tid})"
-    site = next((short_site(s.frames) for s in hottest if short_site(s.frames)), None)
-    if site is None:
+    best = next((s for s in hottest if short_site(s.frames)), None)
+    if best is None:
         return f"thread {tid}"
-    fn, where = site.split(" (", 1)
+    fn, where = short_site(best.frames).split(" (", 1)
+    if blocked:
+        call = syscall_of(best.frames)
+        return f"thread {tid} (blocked {f'in {call}: ' if call else 'at '}{fn}, {where}"
     return f"thread {tid} ({fn}, {where}"

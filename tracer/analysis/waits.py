@@ -63,7 +63,13 @@ class Waits(Record):
 def waits(conn: duckdb.DuckDBPyConnection, pid: int | None = None, tid: int | None = None) -> Waits:
     """Return thread ``tid``'s waits by waker (default: ``pid``'s driver thread, or the training thread)."""
     info = load_recording(conn)
-    t = load_thread_times(conn, info, pid).pick(pid, tid)
+    times = load_thread_times(conn, info, pid)
+    t = times.pick(pid, tid)
+    if t is None and pid is not None and tid is None:
+        # a process with no CUDA thread (a data worker, a storage helper): its main thread, else the thread that
+        # blocked the longest, which is the one a question about its waits is about (issue 28)
+        own = times.of_pid(pid)
+        t = next((x for x in own if x.tid == pid), None) or max(own, key=lambda x: x.ns("blocked"), default=None)
     if t is None:
         return Waits(
             pid=pid,
@@ -73,7 +79,11 @@ def waits(conn: duckdb.DuckDBPyConnection, pid: int | None = None, tid: int | No
             in_call_off_cpu_ms=0.0,
             wakers=[],
             more_wakers=0,
-            headline="no thread to follow: the recording has no CUDA thread",
+            headline=(
+                f"no thread of pid {pid} in the recording's time accounting"
+                if pid is not None
+                else "no thread to follow: the recording has no CUDA thread"
+            ),
             note="",
         )
     stored = _stored(conn, info, t)

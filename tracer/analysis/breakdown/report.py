@@ -172,16 +172,42 @@ def thread_names(
     """(pid, tid) -> the thread's name (:func:`~tracer.analysis.stack_time.thread_name`): its OS name where that is
     :func:`informative`, else its tid and the Python function of its hottest sampled stack with Python frames."""
     plain = {(t.pid, t.tid) for t in threads if not informative(t.comm, info.comm(t.pid))}
-    hottest = _hottest_python_stacks(conn, info, plain)
-    frames = load_frames(conn, hottest.values())
+    # a thread blocked longer than it ran is named by where it waits, not by its CPU function (issue 28)
+    waiting = {(t.pid, t.tid) for t in threads if (t.pid, t.tid) in plain and t.ns("blocked") > t.ns("cpu")}
+    hottest = _hottest_python_stacks(conn, info, plain)  # also a waiting thread's, if it has no blocked stack
+    where = _hottest_blocked_stacks(conn, info, waiting)
+    frames = load_frames(conn, [*hottest.values(), *where.values()])
     out = {}
     for t in threads:
         key = (t.pid, t.tid)
-        sid = hottest.get(key)
+        blocked = key in where
+        sid = where.get(key) if blocked else hottest.get(key)
         st = [StackTime(sid, frames=frames.get(sid, []))] if sid is not None else []
         # a generic OS name is passed as none: thread_name then names the thread by its hottest function
-        out[key] = thread_name("" if key in plain else t.comm, info.comm(t.pid), t.tid, st)
+        out[key] = thread_name("" if key in plain else t.comm, info.comm(t.pid), t.tid, st, blocked=blocked)
     return out
+
+
+def _hottest_blocked_stacks(
+    conn: duckdb.DuckDBPyConnection, info: RecordingInfo, threads: set[tuple[int, int]]
+) -> dict[tuple[int, int], int]:
+    """(pid, tid) -> the stack with Python frames each thread was blocked in longest (ties: the lowest stack_id);
+    none for a recording without ``offcpu_stacks``."""
+    if not threads or not info.has("offcpu_stacks"):
+        return {}
+    pids, tids = zip(*sorted(threads), strict=True)
+    rows = conn.execute(
+        """SELECT pid, tid, stack_id FROM (
+             SELECT pid, tid, stack_id,
+                    row_number() OVER (PARTITION BY pid, tid ORDER BY sum(blocked_ns) DESC, stack_id) AS r
+             FROM offcpu_stacks
+             SEMI JOIN (SELECT unnest($pids) AS p, unnest($tids) AS t) ON pid = p AND tid = t
+             WHERE stack_id IN (SELECT stack_id FROM stacks WHERE kind = 'python')
+             GROUP BY pid, tid, stack_id)
+           WHERE r = 1""",
+        {"pids": list(pids), "tids": list(tids)},
+    ).fetchall()
+    return {(int(p), int(t)): int(sid) for p, t, sid in rows}
 
 
 def _hottest_python_stacks(

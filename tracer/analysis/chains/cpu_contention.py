@@ -14,13 +14,13 @@ thread's waits that its placement explains (idle CPUs outside its affinity, a us
 from __future__ import annotations
 
 from tracer.analysis.breakdown.holders import Holder
-from tracer.analysis.chains.applies import has_dataloader
+from tracer.analysis.chains.applies import has_dataloader, is_dataloader_worker
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.cpu_placement import placement_of
 from tracer.analysis.chains.dataloader_starvation import loader_wait
 from tracer.analysis.chains.memory_pressure import storm_threads
 from tracer.analysis.chains.model import CausalChain, CpuContentionEvidence, Culprit
-from tracer.analysis.recording import DATALOADER_COMM, most_alive_at_once
+from tracer.analysis.recording import most_alive_at_once
 
 CATEGORY = "cpu_contention"
 # Issue 10's scale: a fifth of the steps' time spent waiting for a CPU is the job's main problem.
@@ -35,7 +35,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     out = []
     cores = ctx.info.cpu_cores
     workers = most_alive_at_once(
-        [p for p in ctx.info.procs.values() if p.comm == DATALOADER_COMM and p.role != "tracer"], ctx.info.duration_ns
+        [p for p in ctx.info.procs.values() if is_dataloader_worker(ctx, p.pid)], ctx.info.duration_ns
     )
     host = ctx.conn.execute("SELECT max(load1), max(cpu_busy_pct) FROM host_samples").fetchone() or (None, None)
     for s in ctx.subjects:
@@ -145,9 +145,15 @@ def _chain(
             + "; on a shared machine, ask for dedicated CPUs (cgroup cpuset / the scheduler's exclusive mode)."
         )
     else:
-        if any(h.holder == "tree" for h in holders) and workers:
+        tree = [h for h in holders if h.holder == "tree"]
+        # a helper of the job (a storage service, a shell's command) is not a worker: fewer workers would not
+        # free its CPU (issue 28)
+        helpers = [h for h in tree if not is_dataloader_worker(ctx, h.pid)]
+        by_workers = sum(h.runq_ms for h in tree) - sum(h.runq_ms for h in helpers)
+        worker_rec = helper_rec = None
+        if by_workers > 0 and workers:
             keep = max(cores - 1, 1) if cores else None
-            recs.append(
+            worker_rec = (
                 f"Its own {workers} DataLoader worker processes held the CPU while the training thread waited "
                 + (
                     f"on {cores} CPUs: lower num_workers to {min(keep, max(workers - 1, 1))} or fewer so a core "
@@ -156,6 +162,14 @@ def _chain(
                     else ": lower num_workers."
                 )
             )
+        if helpers:
+            names = ", ".join(f"{h.comm} (pid {h.pid})" for h in helpers[:3])
+            helper_rec = (
+                f"Helper processes of the job, not workers, held the CPU while the training thread waited: {names}. "
+                f"Give them cores of their own or a lower priority (renice -n 10 -p {helpers[0].pid})."
+            )
+        first_helpers = sum(h.runq_ms for h in helpers) > by_workers
+        recs += [r for r in ((helper_rec, worker_rec) if first_helpers else (worker_rec, helper_rec)) if r]
         if any(h.holder == "self" for h in holders):
             recs.append(
                 f"Threads of its own process ({', '.join(sorted({h.comm for h in holders if h.holder == 'self'}))}) "

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracer.analysis.chains.applies import helper_pids
+from tracer.analysis.chains.applies import helper_pids, is_dataloader_worker
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, ProcessChurnEvidence, WaveLoss
-from tracer.analysis.recording import DATALOADER_COMM
 from tracer.analysis.taxonomy import CALL_PART_NAMES
 
 CATEGORY = "process_churn"
@@ -260,7 +259,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
             continue  # one wave of long-lived workers is the healthy shape
         forks = [f for w in waves for f in w]
         stalls = respawn_stalls(ctx, s)
-        if stalls is None and not any(f[3] == DATALOADER_COMM for f in forks):
+        if stalls is None and not any(is_dataloader_worker(ctx, f[2]) for f in forks):
             continue
         if stalls is not None and not any(st.cost_ns > 0 for st in stalls):
             continue
@@ -323,7 +322,8 @@ def _chain(
     comm = names.most_common(1)[0][0] if names else "worker"
     avg = cost / MS / respawns
     sev = grade(s.share(cost), HIGH, MEDIUM, LOW) or "LOW"
-    is_dl = comm == DATALOADER_COMM
+    # the role, from the one definition (RecordingInfo.process_role), not the name compared here
+    is_dl = any(is_dataloader_worker(ctx, f[2]) for w in waves[1:] for f in w if f[3] == comm)
     recs = [
         (
             f"Keep the {per_wave} DataLoader workers alive across epochs: DataLoader(..., num_workers={per_wave}, "
