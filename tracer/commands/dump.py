@@ -18,9 +18,15 @@ def _ms(ns: int | None) -> str:
 
 def dump(
     pid: Annotated[int, typer.Option("--pid", "-p", help="The process whose tree to read (children included).")],
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON list: per thread tid, pid, name, rank, state, "
-                                          "syscall, wchan, idle_ns, native, frames [{function, file, line}] "
-                                          "innermost first (comparable to py-spy dump --json).")] = False,  # fmt: skip
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="One JSON list: per thread tid, pid, name, rank, state, "
+            "syscall, wchan, idle_ns, native, frames [{function, file, line}] "
+            "innermost first (comparable to py-spy dump --json).",
+        ),
+    ] = False,  # fmt: skip
 ) -> None:
     """Show what every thread of PID and its children is doing now: Python stack (innermost last here, first in
     --json), kernel state (running, or sleeping in which system call on which wait channel, off CPU for how long:
