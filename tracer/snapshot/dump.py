@@ -81,3 +81,23 @@ class Dumper:
         for p in kernel.tree(pid):
             out.extend(self.process(p, now_ns))
         return out
+
+
+def snapshot_columns(threads: list[ThreadSnapshot], ts_ns: int, reason: str) -> dict[str, list]:
+    """Rows of the ``thread_snapshots`` table (tracer/schema.py) for snapshots read at ``ts_ns`` (session ns)."""
+    import json
+
+    return {
+        "ts_ns": [ts_ns] * len(threads),
+        "reason": [reason] * len(threads),
+        "pid": [t.pid for t in threads],
+        "tid": [t.tid for t in threads],
+        "comm": [t.name for t in threads],
+        "rank": [t.rank for t in threads],
+        "state": [t.state for t in threads],
+        "syscall": [t.syscall for t in threads],
+        "wchan": [t.wchan for t in threads],
+        "blocked_since_ns": [None if t.idle_ns is None else ts_ns - t.idle_ns for t in threads],
+        "native": [t.native for t in threads],
+        "frames": [json.dumps([f.__dict__ for f in t.frames]) for t in threads],
+    }
