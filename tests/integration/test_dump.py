@@ -139,3 +139,60 @@ def test_deadlock_both_threads_in_acquire(tmp_path: Path) -> None:
 def test_missing_pid_is_a_clear_error() -> None:
     out = subprocess.run([*TRACER, "dump", "--pid", "999999999"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode != 0 and "no process" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_recording_stores_snapshots_of_threads_blocked_before_it(tmp_path: Path) -> None:
+    """Attached after the threads blocked, the recording has no switch-out of them; its thread_snapshots still
+    give each one's line and a blocked-since before the recording began, at attach and at the end, and the
+    MCP tool serves them."""
+    import anyio
+    import duckdb
+    from mcp import Client
+
+    from mcp_server.server import build_server
+    from tests.integration._helpers import TRACER as TRACER_BIN
+    from tests.integration._helpers import skip_without_bpf
+    from tracer.analysis.thread_dump import thread_dump
+
+    skip_without_bpf()
+    proc, _ = _start(str(DEBIAN_PYTHON), tmp_path)
+    db = tmp_path / "r.duckdb"
+    try:
+        time.sleep(1.0)  # blocked for a while before the recording
+        out = subprocess.run([str(TRACER_BIN), "record", "--pid", str(proc.pid), "--duration", "3", "--db", str(db)],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    line = marks()
+    with duckdb.connect(str(db), read_only=True) as c:
+        reasons = {r[0] for r in c.execute("SELECT DISTINCT reason FROM thread_snapshots").fetchall()}
+        assert {"attach", "end"} <= reasons
+        dump = thread_dump(c)
+    by = {next((f.function for f in t.frames if f.function in line), None): t for t in dump.threads}
+    for name in ("in_lock", "in_pipe", "in_cond", "in_sleep"):
+        t = by[name]
+        assert next(f.line for f in t.frames if f.function == name) == line[name]
+        assert t.state == "sleeping" and t.reason == "end"
+        # blocked since before the recording began: longer than the recording's 3 s (plus the 1 s before it)
+        assert t.blocked_ms is not None and t.blocked_ms > 3500, t
+    assert by["in_pipe"].syscall == "read"
+
+    async def go():
+        async with Client(build_server(db)) as c:
+            return await c.call_tool("get_thread_dump", {"pid": proc.pid})
+
+    r = anyio.run(go)
+    assert any(t["frames"] and t["frames"][0]["function"] == "in_lock" for t in r.structured_content["threads"])
+
+
+def test_thread_dump_of_a_recording_without_snapshots(tmp_path: Path) -> None:
+    import duckdb
+
+    from tracer.analysis.thread_dump import thread_dump
+
+    with duckdb.connect(str(tmp_path / "old.duckdb")) as c:
+        c.execute("CREATE TABLE session (session_id INTEGER)")
+        d = thread_dump(c)
+    assert d.threads == [] and "no thread snapshots" in d.note
