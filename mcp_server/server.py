@@ -42,8 +42,8 @@ from tracer.analysis.sqlpool import SqlPool, default_pool
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
 from tracer.analysis.stats import TraceStats, trace_stats
 from tracer.analysis.steps import StepSeries, step_series
-from tracer.analysis.thread_stacks import MODES, NoStacks, ThreadStacksResult, thread_stacks
 from tracer.analysis.thread_dump import ThreadDump
+from tracer.analysis.thread_stacks import MODES, NoStacks, ThreadStacksResult, thread_stacks
 from tracer.analysis.waits import Waits, waits
 from tracer.errors import TracerError
 from tracer.schema import schema_markdown
