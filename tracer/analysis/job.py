@@ -70,6 +70,7 @@ PID_COLUMNS: dict[str, tuple[str, ...]] = {
     "cpu_samples": ("pid", "tid"),
     "kernel_names": ("pid",),
     "nccl_comms": ("pid", "tid"),
+    "thread_snapshots": ("pid", "tid"),
 }
 PID_LIST_COLUMNS: dict[str, tuple[str, ...]] = {"causal_chains": ("pids",)}
 STACK_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -87,6 +88,7 @@ TIME_NS_COLUMNS: dict[str, tuple[str, ...]] = {
     "causal_chains": ("start_ns", "end_ns"),
     "nccl_comms": ("ts_ns",),
     "dropped_rows": ("from_ns", "to_ns"),
+    "thread_snapshots": ("ts_ns", "blocked_since_ns"),
 }
 SEC_COLUMNS: dict[str, tuple[str, ...]] = {t.name: ("sec",) for t in TABLES if "sec" in t.column_names}
 
