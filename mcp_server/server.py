@@ -42,6 +42,7 @@ from tracer.analysis.sqlpool import SqlPool, default_pool
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
 from tracer.analysis.stats import TraceStats, trace_stats
 from tracer.analysis.steps import StepSeries, step_series
+from tracer.analysis.thread_dump import ThreadDump
 from tracer.analysis.thread_stacks import MODES, NoStacks, ThreadStacksResult, thread_stacks
 from tracer.analysis.waits import Waits, waits
 from tracer.errors import TracerError
@@ -406,6 +407,25 @@ def build_server(
                 return thread_stacks(c, mode, pid=pid, tid=tid, limit=limit)
             except NoStacks as e:
                 raise ToolError(f"{e}: use get_time_breakdown and get_waits instead.") from None
+
+    @mcp.tool(title="What every thread was doing (thread dump)", annotations=READ_ONLY)
+    def get_thread_dump(
+        pid: Annotated[int | None, Field(description="Only this process.")] = None,
+        at_ms: Annotated[
+            float | None, Field(description="The snapshots read at or before this ms since the start; omit: latest.")
+        ] = None,
+    ) -> ThreadDump:
+        """What each thread of the job was doing, from snapshots the recorder read without stopping it (at attach,
+        when a thread had not run for a second, at the end): per thread its rank, kernel state (running, or
+        sleeping in which system call on which kernel wait channel), how long it had been blocked (blocked_ms,
+        since it last ran, approximate to a few ms), the native function of its system call, and its Python
+        frames innermost first. Answers "where is a hung thread stuck, since when", also for a thread blocked
+        since before the recording began (no switch-out, so no off-CPU stack). Empty with a note for recordings
+        made before snapshots existed. Next: get_thread_stacks for time spent, get_ranks for a job's ranks."""
+        from tracer.analysis.thread_dump import thread_dump
+
+        with conn() as c:
+            return thread_dump(c, pid=pid, at_ms=at_ms)
 
     # run_sql's own threads: its calls block while they wait for a query worker, and on anyio's shared
     # 40-thread pool 45 of them made every other tool wait behind them (issue 17)

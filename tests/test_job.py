@@ -259,6 +259,7 @@ NOT_PID = {
     ("processes", "first_ns"),
     ("processes", "rank"),
     ("nccl_comms", "rank"),
+    ("thread_snapshots", "rank"),
     ("thread_breakdown", "wall_ns"),
     ("thread_breakdown", "runq_self_ns"),
     ("thread_breakdown", "runq_tree_ns"),

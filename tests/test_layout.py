@@ -76,7 +76,8 @@ def test_the_recorder_imports_only_the_contract_and_probes():
         for m, deps in GRAPH.items()
         if _in(m, "tracer.recorder")
         for i in deps
-        if not (i in CONTRACT or _in(i, "tracer.recorder") or _in(i, "probes"))
+        # tracer.snapshot reads live processes (tracer dump, and the recorder's thread snapshots): no reader of a DB
+        if not (i in CONTRACT or _in(i, "tracer.recorder") or _in(i, "tracer.snapshot") or _in(i, "probes"))
     }
     assert not bad, f"the recorder imports a reader, a view or the server: {sorted(bad)}"
 
@@ -134,3 +135,11 @@ def test_the_rule_would_see_a_violation():
     # GIVEN the graph as read  THEN the reader really sees imports (a parser that saw none would pass everything)
     assert "tracer.recorder.store" in GRAPH["tracer.recorder.session"]
     assert "tracer.analysis.db" in GRAPH["mcp_server.server"]
+
+
+def test_the_snapshot_reader_imports_no_analysis_view_or_server():
+    above = ("tracer.analysis", "tracer.views", "tracer.commands", "mcp_server")
+    bad = {
+        (m, i) for m, deps in GRAPH.items() if _in(m, "tracer.snapshot") for i in deps if any(_in(i, a) for a in above)
+    }
+    assert not bad, sorted(bad)

@@ -503,6 +503,25 @@ TABLES: tuple[Table, ...] = (
         ("ret", "INTEGER", "ncclResult_t: 0 is ncclSuccess"),
     ),
     _t(
+        "thread_snapshots",
+        "What each target thread was doing at a moment, read from /proc and the interpreter's memory without "
+        "stopping it (tracer.snapshot): every thread at attach and at the end, and a thread again once it has not run "
+        "for a second. A thread blocked for the whole recording has no switch-out and so no off-CPU stack: this is "
+        "its stack and since-when. Absent from recordings made before it.",
+        ("ts_ns", "BIGINT", "ns since session start: when the snapshot was read"),
+        ("reason", "VARCHAR", "attach | idle (not run for a second) | end"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("comm", "VARCHAR", "thread name"),
+        ("rank", "INTEGER", "the process's rank from its environment (NULL: none)"),
+        ("state", "VARCHAR", "running | sleeping | disk | stopped | zombie ..."),
+        ("syscall", "VARCHAR", "the system call it sits in ('' in user space or running, NULL unreadable)"),
+        ("wchan", "VARCHAR", "the kernel function it waits in"),
+        ("blocked_since_ns", "BIGINT", "ns since session start when it last ran (may be negative; NULL: unknown)"),
+        ("native", "VARCHAR", "the native function its system call was made from"),
+        ("frames", "VARCHAR", "Python frames innermost first, JSON [{function, file, line}]"),
+    ),
+    _t(
         "dropped_rows",
         "Detail rows thinned to keep the file under `tracer record --max-db-size`: one row per table thinned "
         "(cuda_calls, sched, offcpu_stacks, cpu_samples), oldest first by whole time ranges. Every row of that table "

@@ -81,6 +81,9 @@ def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> N
             return sum(o["calls"] for o in r.structured_content["ops"])
 
         assert calls(second) > calls(first) > 0
+        # AND the thread snapshots (taken at attach) are served live too
+        dump, _ = anyio.run(call, url, "get_thread_dump", {})
+        assert not dump.is_error and dump.structured_content["threads"], dump.content
     finally:
         out, err = rec.communicate(timeout=120)
     # AND the recording itself ends normally, with its DB and no server left behind

@@ -16,6 +16,7 @@ TOOLS = frozenset(
         "get_ranks",
         "get_stacks",
         "get_thread_stacks",
+        "get_thread_dump",
         "get_step_series",
         "get_waits",
         "compare_processes",

@@ -71,6 +71,7 @@ PID_COLUMNS: dict[str, tuple[str, ...]] = {
     "kernel_names": ("pid",),
     "nccl_comms": ("pid", "tid"),
     "process_placement": ("pid",),
+    "thread_snapshots": ("pid", "tid"),
 }
 PID_LIST_COLUMNS: dict[str, tuple[str, ...]] = {"causal_chains": ("pids",)}
 STACK_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -91,6 +92,7 @@ TIME_NS_COLUMNS: dict[str, tuple[str, ...]] = {
     "process_placement": ("ts_ns",),
     "cgroup_cpu": ("ts_ns",),
     "cpu_idle": ("ts_ns",),
+    "thread_snapshots": ("ts_ns", "blocked_since_ns"),
 }
 SEC_COLUMNS: dict[str, tuple[str, ...]] = {t.name: ("sec",) for t in TABLES if "sec" in t.column_names}
 

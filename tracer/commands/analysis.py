@@ -519,7 +519,8 @@ MCP_SERVE_HELP = "\n\n".join(
     [
         "Serve the recording to an AI assistant over MCP (stdio or streamable HTTP at /mcp).",
         "Tools: get_trace_stats (start here), get_causal_chains, get_time_breakdown, get_step_series, get_waits, "
-        "get_stacks, get_thread_stacks, get_ranks, compare_processes, compare_traces and run_sql (read-only SQL); "
+        "get_stacks, get_thread_stacks, get_thread_dump, get_ranks, compare_processes, compare_traces and run_sql "
+        "(read-only SQL); "
         "the schema as the resource trace://schema, and the investigate prompt.",
         "Example: tracer mcp serve --db trace.duckdb --http :8090",
         "Then: claude mcp add --transport http tracer http://127.0.0.1:8090/mcp",

@@ -54,6 +54,10 @@ def _register() -> None:
 
     flame_cmds.register(app)
 
+    from tracer.commands import dump as dump_cmds
+
+    dump_cmds.register(app)
+
 
 class _FlagHelp:
     """typer's rich help prints the value type after every option, ``<bool>`` even after flags that take no value

@@ -68,6 +68,7 @@ from tracer.recorder.sysinfo import ProcSampler, environment
 log = logging.getLogger(__name__)
 
 DRAIN_S = 0.2  # ring buffers are drained on this timer (bulk events do not wake the recorder, BPF_RB_NO_WAKEUP)
+IDLE_SNAPSHOT_NS = 1_000_000_000  # a thread off CPU this long is snapshotted again (issue 29: "not run for a second")
 # Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
 SCHED_KEEP_NS = 1_000_000
 SCHED_SAMPLE_EVERY = 16
@@ -165,6 +166,8 @@ class Recorder:
         self.live: Any = None
         self._live_failed = False
         self.metrics: Any = None  # (MetricsState, MetricsServer) with --metrics
+        self._dumper: Any = None
+        self._snapped: dict[int, int] = {}  # tid -> its exec clock at its last snapshot: one per time it stops
 
     def _elapsed(self) -> float:
         """Seconds since the `tracer record` process started."""
@@ -427,6 +430,7 @@ class Recorder:
                     self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
         if not any(targets.libraries_mapped(pid) for pid in self.tree.alive()):
             self._status("no CUDA library loaded by the target yet; waiting for one to be loaded...")
+        self._snapshot("attach")
 
     def _loop(self) -> None:
         self.cycler.start()
@@ -592,7 +596,41 @@ class Recorder:
         self._last_counters = vals
         return delta
 
+    def _snapshot(self, reason: str) -> None:
+        """Store what the target threads are doing now (tracer.snapshot, no process stopped): all of them at attach
+        and at the end; at "idle" (each tick) only those that have not run for IDLE_SNAPSHOT_NS and have not been
+        read since they last ran. A failure costs the snapshot, never the recording."""
+        try:
+            from tracer.snapshot import kernel
+            from tracer.snapshot.dump import Dumper, snapshot_columns
+
+            if self._dumper is None:
+                self._dumper = Dumper(runtime=self.pyrt) if self.pyrt is not None else Dumper()
+            now = kernel.now_exec_ns()
+            ts = time.monotonic_ns() - self.start_mono
+            rows = []
+            for pid in self.tree.alive():
+                only = None
+                if reason == "idle":
+                    only = set()
+                    for tid in kernel.tids(pid):
+                        k = kernel.read_thread(pid, tid, now)
+                        if k is None or k.idle_ns is None or k.idle_ns < IDLE_SNAPSHOT_NS or now is None:
+                            continue
+                        last_ran = now - k.idle_ns
+                        if self._snapped.get(tid) != last_ran:
+                            only.add(tid)
+                            self._snapped[tid] = last_ran
+                    if not only:
+                        continue
+                rows += self._dumper.process(pid, now, only)
+            if rows:
+                self.store.put("thread_snapshots", snapshot_columns(rows, ts, reason))
+        except Exception as e:  # noqa: BLE001 - a snapshot is a bonus, the recording goes on without it
+            log.debug("thread snapshot (%s) failed: %s", reason, e)
+
     def _tick(self) -> None:
+        self._snapshot("idle")
         now = time.monotonic()
         ts = time.monotonic_ns() - self.start_mono
         s = self.sampler.sample()
@@ -794,6 +832,7 @@ class Recorder:
             self.metrics[1].stop()
         if self.live is not None:
             self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
+        self._snapshot("end")
         try:
             self.attacher.close()  # no CUDA call is traced from here on; the rings stay readable for the flush
             summary = self._flush(status, t_flush)

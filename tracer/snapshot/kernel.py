@@ -1,0 +1,129 @@
+"""A thread's kernel state from /proc, read without stopping it: its state letter, the system call it sits in,
+its wait channel and how long since it last ran.
+
+"Since it last ran": ``se.exec_start`` of /proc/PID/task/TID/sched is the scheduler clock at which the thread
+last had its runtime accounted (when it last ran, to within a tick); the same field of the reading thread, which is
+running, is "now" on that clock. The difference is how long the thread has been off CPU. It needs the kernel's
+sched debug fields; without them ``idle_ns`` is None.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from tracer import procfs
+
+STATE_NAMES = {"R": "running", "S": "sleeping", "D": "disk", "T": "stopped", "t": "traced", "Z": "zombie",
+               "X": "dead", "I": "idle"}  # fmt: skip
+
+# x86_64 system call numbers of the waits a stuck thread is most often found in
+SYSCALL_NAMES = {0: "read", 1: "write", 7: "poll", 17: "pread64", 23: "select", 35: "nanosleep", 45: "recvfrom",
+                 47: "recvmsg", 61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+                 257: "openat", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 441: "epoll_pwait2",
+                 3: "close", 44: "sendto", 46: "sendmsg", 43: "accept", 288: "accept4", 42: "connect",
+                 74: "fsync", 75: "fdatasync", 16: "ioctl", 4: "stat", 5: "fstat", 262: "newfstatat",
+                 2: "open", 24: "sched_yield", 34: "pause", 128: "rt_sigtimedwait", 130: "rt_sigsuspend",
+                 19: "readv", 20: "writev", 18: "pwrite64", 295: "preadv", 296: "pwritev"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KernelThread:
+    """One thread as the kernel sees it. ``syscall`` is the call's name (or ``syscall_N``), "" when running in user
+    space, None when unreadable; ``user_pc`` the user instruction pointer the call was made from (0: unknown)."""
+
+    pid: int
+    tid: int
+    comm: str
+    state: str  # running | sleeping | disk | stopped | zombie | ...
+    syscall: str | None
+    syscall_args: tuple[int, ...]
+    user_pc: int
+    wchan: str
+    idle_ns: int | None  # off CPU for this long (None: unknown)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def exec_start_ns(path: str) -> int | None:
+    """``se.exec_start`` (ms with a fraction) of a sched file, in ns; None when absent."""
+    text = _read(path)
+    if not text:
+        return None
+    for line in text.splitlines():
+        if line.startswith("se.exec_start"):
+            ms = line.split(":", 1)[1].strip()
+            whole, _, frac = ms.partition(".")
+            return int(whole) * 1_000_000 + int((frac + "000000")[:6])
+    return None
+
+
+def now_exec_ns() -> int | None:
+    """The scheduler clock now, as the calling (running) thread's own exec_start."""
+    return exec_start_ns("/proc/thread-self/sched")
+
+
+def parse_syscall(text: str | None) -> tuple[str | None, tuple[int, ...], int]:
+    """/proc/PID/task/TID/syscall: "NR a1..a6 sp pc", "-1 sp pc" (blocked, not in a call) or "running"."""
+    if text is None:
+        return None, (), 0
+    parts = text.split()
+    if not parts or parts[0] == "running":
+        return "", (), 0
+    nr = int(parts[0])
+    pc = int(parts[-1], 16) if len(parts) >= 3 else 0
+    if nr < 0:
+        return "", (), pc
+    args = tuple(int(a, 16) for a in parts[1:7])
+    return SYSCALL_NAMES.get(nr, f"syscall_{nr}"), args, pc
+
+
+def read_thread(pid: int, tid: int, now_ns: int | None) -> KernelThread | None:
+    """Thread ``tid`` of ``pid``, or None once it is gone."""
+    base = f"/proc/{pid}/task/{tid}"
+    stat_text = _read(f"{base}/stat")
+    if stat_text is None:
+        return None
+    try:
+        st = procfs.parse_stat(stat_text)
+    except (ValueError, IndexError):
+        return None
+    name, args, pc = parse_syscall(_read(f"{base}/syscall"))
+    wchan = (_read(f"{base}/wchan") or "").strip()
+    idle = None
+    if st.state != "R" and now_ns is not None:
+        last = exec_start_ns(f"{base}/sched")
+        idle = max(0, now_ns - last) if last is not None else None
+    elif st.state == "R":
+        idle = 0
+    return KernelThread(pid, tid, st.comm, STATE_NAMES.get(st.state, st.state), name if st.state != "R" else "",
+                        args, pc, "" if wchan == "0" else wchan, idle)  # fmt: skip
+
+
+def tids(pid: int) -> list[int]:
+    """The threads of ``pid`` (empty once it is gone)."""
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its living descendants, parents first."""
+    procs = procfs.processes()
+    kids: dict[int, list[int]] = {}
+    for p, st in procs.items():
+        if not st.zombie:
+            kids.setdefault(st.ppid, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(sorted(kids.get(p, [])))
+    return out
