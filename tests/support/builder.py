@@ -65,6 +65,7 @@ class TraceBuilder:
     host_samples: list[dict[str, Any]] = field(default_factory=list)
     stacks: list[dict[str, Any]] = field(default_factory=list)
     cpu_samples: list[dict[str, Any]] = field(default_factory=list)
+    gc_collections: list[dict[str, Any]] = field(default_factory=list)
     sampled_fraction: float = 1.0
     _stack_ids: dict[tuple[tuple[Any, ...], ...], int] = field(default_factory=dict)
 
@@ -276,6 +277,29 @@ class TraceBuilder:
                 kernel=kernel,
                 samples=samples,
                 cpu_ns=samples * S // hz,
+            )
+        )
+
+    def gc(
+        self,
+        ts_ns: int,
+        dur_ns: int,
+        generation: int | None,
+        stack_id: int | None = None,
+        pid: int = MAIN_PID,
+        tid: int | None = None,
+        collected: int | None = 0,
+    ) -> None:
+        """One collection of CPython's garbage collector (a ``gc_collections`` row)."""
+        self.gc_collections.append(
+            dict(
+                ts_ns=ts_ns,
+                dur_ns=dur_ns,
+                pid=pid,
+                tid=tid or pid,
+                generation=generation,
+                collected=collected,
+                stack_id=stack_id,
             )
         )
 
@@ -583,6 +607,7 @@ class TraceBuilder:
             "host_samples": self.host_samples,
             "stacks": self.stacks,
             "cpu_samples": self.cpu_samples,
+            "gc_collections": self.gc_collections,
         }
         if self.accounting:
             tables.update(

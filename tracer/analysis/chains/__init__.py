@@ -22,6 +22,7 @@ from tracer.analysis.chains import (
     blocking_io,
     cpu_contention,
     dataloader_starvation,
+    gc_pause,
     gil_contention,
     gpu_bound,
     host_python,
@@ -93,6 +94,7 @@ DETECTORS: tuple[Detector, ...] = (
     blocking_io.detect,
     host_python.detect,
     lock_contention.detect,
+    gc_pause.detect,
 )
 
 
@@ -103,6 +105,7 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
     with gc_paused():
         chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
     chains = memory_pressure.explained_by_storms(chains)
+    chains = gc_pause.explained_by_gc(chains)
     chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
     return chains
 

@@ -28,6 +28,7 @@ CATEGORIES = (
     "blocking_io",
     "host_python",
     "lock_contention",
+    "gc_pause",
 )
 
 
@@ -420,6 +421,27 @@ class LockContentionEvidence(Record):
     holders: Annotated[list[LockHolder], Field(description="the threads that released it, most first")]
 
 
+class GcPauseEvidence(Record):
+    """The thread's time inside CPython's cyclic garbage collector (gc_collections)."""
+
+    kind: Literal["gc_pause"] = "gc_pause"
+    gc_ms: Annotated[float, Field(description="time in collections that started in its steps, ms")]
+    collections: int
+    by_generation: Annotated[dict[str, int], Field(description="collections by generation (2: full)")]
+    ms_by_generation: Annotated[dict[str, float], Field(description="their time by generation, ms")]
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    oldest_generation: Annotated[str, Field(description="the oldest generation collected")]
+    collected: Annotated[int, Field(description="objects the collections freed (few: the heap was alive)")]
+    steps: Annotated[int, Field(description="its steps (waits for the GPU) in the range")]
+    steps_share: Annotated[float, Field(description="the collector's share of its steps' time, 0..1")]
+    triggered_at: Annotated[
+        list[LineTime],
+        Field(description="the lines whose allocations started the collections, by collection time, heaviest first"),
+    ]
+
+
 Evidence = Annotated[
     CpuContentionEvidence
     | SyncStallEvidence
@@ -433,7 +455,8 @@ Evidence = Annotated[
     | GilContentionEvidence
     | BlockingIoEvidence
     | HostPythonEvidence
-    | LockContentionEvidence,
+    | LockContentionEvidence
+    | GcPauseEvidence,
     Field(discriminator="kind"),
 ]
 
