@@ -166,7 +166,7 @@ def gc_points(path: str) -> GcPoints | None:
     try:
         st = os.stat(path)
         return _points(path, st.st_ino, st.st_mtime_ns)
-    except (OSError, ValueError, KeyError) as e:  # a bad ELF has no points, never a crash
+    except Exception as e:  # a bad ELF (pyelftools raises its own errors) has no points, never a crash
         log.debug("%s: no GC probe points: %s", path, e)
         return None
 
