@@ -15,7 +15,8 @@
 #include "maps.h"
 
 #ifndef GC_RB_PAGES
-#define GC_RB_PAGES 16 /* 64 KiB = ~1300 gc_events between two drains (200 ms): 100x a busy collector's rate */
+#define GC_RB_PAGES 128 /* 512 KiB = ~11000 gc_events: building a large heap runs thousands of young collections a
+                         * second, and the recorder may not drain for a second or two while it starts up */
 #endif
 
 BPF_RINGBUF_OUTPUT(gc_rb, GC_RB_PAGES);

@@ -6,7 +6,7 @@ import random
 
 import duckdb
 
-from tests.support.builder import MAIN_PID, MS, US, TraceBuilder
+from tests.support.builder import MAIN_PID, MIB, MS, US, S, TraceBuilder
 from tests.support.scenarios import TRAIN_STACK, Step, _base
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.context import MEDIUM_SHARE
@@ -97,3 +97,39 @@ def test_other_threads_collections_are_not_the_training_threads(tmp_path):
     for g in b.gc_collections:
         g["tid"] = MAIN_PID + 77  # another thread of the process
     assert not [c for c in chains_of(tmp_path, b).chains if c.category == "gc_pause" and c.tid == MAIN_PID]
+
+
+HEAP_NS = 40 * MS  # a full collection each step while the heap grows
+
+
+def growing_heap(b: TraceBuilder) -> None:
+    """The training thread builds a large heap in t = 10..20 s: it faults in 512 MiB of fresh pages a second itself
+    (a fault storm of its own, by memory_pressure's rule), and each step's host work runs a HEAP_NS full
+    collection walking it."""
+    site = b.stack(LOG_STACK)
+    hot = range(10 * S, 20 * S)
+
+    def shape(st: Step) -> None:
+        if st.t0 in hot:
+            st.python_ns += HEAP_NS
+
+    def gap(st: Step, a: int, end: int) -> None:
+        if st.t0 in hot:
+            b.gc(a + 1 * MS, HEAP_NS, 2, site)
+
+    _base(b, random.Random(5), shape=shape, python_gap=gap)
+    for sec in range(10, 20):
+        b.faults(sec * S, MAIN_PID, faults=131_072, page_alloc_bytes=512 * MIB)
+
+
+def test_a_growing_heap_is_the_collector_not_memory(tmp_path):
+    b = TraceBuilder()
+    growing_heap(b)
+    # without the collector's record, the thread's extra CPU in its own fault storm reads as memory_pressure
+    (mp,) = [c for c in chains_of(tmp_path, b, drop_gc=True).chains if c.category == "memory_pressure"]
+    assert mp.evidence.trigger == "fault_storm" and mp.culprit.tid == MAIN_PID and mp.evidence.faulting_cpu_ms > 0
+    res = chains_of(tmp_path, b)
+    (gc,) = [c for c in res.chains if c.category == "gc_pause"]
+    assert gc.severity == "MEDIUM" and gc.impact_ms == 100 * HEAP_NS / MS
+    assert res.chains[0].category == "gc_pause"
+    assert not [c for c in res.chains if c.category == "memory_pressure" and c.explained_by is None]

@@ -51,6 +51,23 @@ def _trigger_site(ctx: ChainContext, stack_id: int | None) -> tuple[str | None, 
     return ctx.memo[key]
 
 
+def gc_ns_by_sec(ctx: ChainContext, tid: int) -> dict[int, int]:
+    """The thread's time inside the collector per second of the session (by each collection's start); empty for
+    a recording without gc_collections."""
+    key = ("gc_ns_by_sec", tid)
+    if key not in ctx.memo:
+        got: dict[int, int] = {}
+        if ctx.info.has("gc_collections"):
+            got = {
+                int(sec): int(ns)
+                for sec, ns in ctx.conn.execute(
+                    "SELECT ts_ns // 1000000000, sum(dur_ns) FROM gc_collections WHERE tid = ? GROUP BY 1", [tid]
+                ).fetchall()
+            }
+        ctx.memo[key] = got
+    return ctx.memo[key]
+
+
 def _p99(durs: list[int]) -> int:
     s = sorted(durs)
     return s[min(len(s) - 1, int(0.99 * len(s)))] if s else 0
@@ -185,15 +202,18 @@ def _claimed_ns(c: CausalChain) -> float:
 
 
 def explained_by_gc(chains: list[CausalChain]) -> list[CausalChain]:
-    """Mark memory_pressure, sync_stall and host_python chains of a thread explained by its gc_pause chain when
-    the collector's time is at least YIELD_SHARE of the time they blame (see the module docstring)."""
+    """Mark memory_pressure (the thread's own fault storm), sync_stall and host_python chains of a thread explained
+    by its gc_pause chain when the collector's time is at least YIELD_SHARE of the time they blame (see the module
+    docstring)."""
     gcs = {c.tid: c for c in chains if c.category == CATEGORY and c.explained_by is None}
     if not gcs:
         return chains
     out = []
     for c in chains:
         g = gcs.get(c.tid)
-        if g is not None and c.category in YIELDS and c.explained_by is None:
+        # a storm of another thread (a cache filling up) is not the collector's: its GIL and CPU are that thread's
+        own = c.category != "memory_pressure" or (c.culprit is not None and c.culprit.tid == c.tid)
+        if g is not None and c.category in YIELDS and c.explained_by is None and own:
             claimed = _claimed_ns(c)
             if claimed > 0 and g.impact_ms * MS >= YIELD_SHARE * claimed:
                 c = c.explained(
