@@ -440,7 +440,8 @@ TABLES: tuple[Table, ...] = (
             "category",
             "VARCHAR",
             "cpu_contention | sync_stall | allocation_churn | process_churn | memory_pressure | dataloader_starvation "
-            "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python",
+            "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python | lock_contention "
+            "| gc_pause",
         ),
         ("start_ns", "BIGINT", "start of the affected time range"),
         ("end_ns", "BIGINT", "end"),
