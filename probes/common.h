@@ -103,10 +103,12 @@ struct py_frame {
 #define GC_ARG_NONE 255
 #define GC_ARG_REGS 21 /* slots in x86-64 struct pt_regs */
 
-/* One collection of CPython's cyclic garbage collector in a target thread, sent when it ends. 48 bytes. */
+/* One collection of CPython's cyclic garbage collector in a target thread, sent when it ends. 64 bytes. */
 struct gc_event {
     u64 ts_ns;      /* start, bpf_ktime_get_ns() */
     u64 dur_ns;
+    u64 off_cpu_ns; /* the thread off CPU inside it */
+    u64 runq_ns;    /* of that, runnable but waiting for a CPU */
     u64 stack_ref;  /* the thread's stack at the start: the Python line whose allocation triggered it; 0 = none */
     s64 collected;  /* objects collected (gc__done's argument / the collector's return value); -1 unknown */
     u32 pid;

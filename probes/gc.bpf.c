@@ -13,6 +13,8 @@
  */
 #include "common.h"
 #include "maps.h"
+#include "accounting.h"
+#include "gc.h"
 
 #ifndef GC_RB_PAGES
 #define GC_RB_PAGES 128 /* 512 KiB = ~11000 gc_events: building a large heap runs thousands of young collections a
@@ -20,16 +22,6 @@
 #endif
 
 BPF_RINGBUF_OUTPUT(gc_rb, GC_RB_PAGES);
-
-struct gc_inflight {
-    u64 ts_ns;
-    u64 stack_ref;
-    s32 generation;
-    u32 _pad;
-};
-/* key: tid; value: its collection in progress (one at a time: the collector does not nest). MAX_THREADS: one per
- * target thread. */
-BPF_HASH(gc_inflight, u32, struct gc_inflight, MAX_THREADS);
 
 static __u64 (*gc_cookie)(void *ctx) = (void *)174; /* BPF_FUNC_get_attach_cookie */
 
@@ -67,12 +59,16 @@ int gc_probe(struct pt_regs *ctx)
     u64 cookie = gc_cookie(ctx);
     u32 kind = cookie & 0xff;
     if (kind == GC_PT_START) {
-        struct gc_inflight g = {.ts_ns = bpf_ktime_get_ns(), .generation = (s32)gc_arg(ctx, cookie)};
+        u64 now = bpf_ktime_get_ns();
+        struct gc_inflight g = {.ts_ns = now, .generation = (s32)gc_arg(ctx, cookie)};
         u32 new_codes = 0;
         struct user_regs ur;
         user_regs_of_ctx(ctx, &ur);
         g.stack_ref = capture_stack(ctx, &ur, STACK_AT_CALL, &new_codes);
         gc_inflight.update(&tid, &g);
+        struct tstate *st = tstate_of(tid, tgid, now);
+        if (st)
+            st->in_gc = 1; /* sched.bpf.c adds its off-CPU time to the collection */
 #ifdef WITH_PYFRAMES
         if (new_codes)
             stage_prog.call(ctx, STAGE_CODES); /* py_read_codes reads them */
@@ -81,6 +77,9 @@ int gc_probe(struct pt_regs *ctx)
     }
     if (kind != GC_PT_DONE)
         return 0;
+    struct tstate *st = tstate.lookup(&tid);
+    if (st)
+        st->in_gc = 0;
     struct gc_inflight *g = gc_inflight.lookup(&tid);
     if (!g)
         return 0;
@@ -88,6 +87,8 @@ int gc_probe(struct pt_regs *ctx)
         .ts_ns = g->ts_ns,
         .dur_ns = bpf_ktime_get_ns() - g->ts_ns,
         .stack_ref = g->stack_ref,
+        .off_cpu_ns = g->off_cpu_ns,
+        .runq_ns = g->runq_ns,
         .collected = gc_arg(ctx, cookie),
         .pid = tgid,
         .tid = tid,

@@ -133,3 +133,23 @@ def test_a_growing_heap_is_the_collector_not_memory(tmp_path):
     assert gc.severity == "MEDIUM" and gc.impact_ms == 100 * HEAP_NS / MS
     assert res.chains[0].category == "gc_pause"
     assert not [c for c in res.chains if c.category == "memory_pressure" and c.explained_by is None]
+
+
+def test_the_cost_is_the_collectors_cpu_not_its_waits(tmp_path):
+    """A collection preempted for half its time costs its CPU half; the wait for a CPU is cpu_contention's. A
+    recording made before off_cpu_ns existed counts the whole duration."""
+    b = TraceBuilder()
+    gc_loop(b)
+    for g in b.gc_collections:
+        if g["generation"] == 2:
+            g.update(off_cpu_ns=FULL_NS // 2, runq_ns=FULL_NS // 2)
+    steps = len([r for r in b.cuda_calls if r["op"] == "cudaStreamSynchronize"])
+    fulls = (steps + FULL_EVERY - 1) // FULL_EVERY
+    (ch,) = [c for c in chains_of(tmp_path, b).chains if c.category == "gc_pause"]
+    assert ch.impact_ms == round((fulls * FULL_NS // 2 + steps * YOUNG_NS) / MS, 1)
+    b.write(tmp_path / "t.duckdb")
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as c:
+        c.execute("ALTER TABLE gc_collections DROP COLUMN off_cpu_ns")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        (old,) = [x for x in compute_chains(c, limit=100).chains if x.category == "gc_pause"]
+    assert old.impact_ms == round((fulls * FULL_NS + steps * YOUNG_NS) / MS, 1)

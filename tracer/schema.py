@@ -418,7 +418,13 @@ TABLES: tuple[Table, ...] = (
         "the collector's function (gc_collect_main). Absent from recordings made before it existed, and empty when "
         "Python stacks were off (--no-python-stacks) or the interpreter has neither.",
         ("ts_ns", "BIGINT", "ns since session start: the collection's start"),
-        ("dur_ns", "BIGINT", "its duration: the thread's time inside the collector (on CPU, unless it was preempted)"),
+        ("dur_ns", "BIGINT", "its duration: the thread's time inside the collector"),
+        (
+            "off_cpu_ns",
+            "BIGINT",
+            "of that, off CPU (preempted, or blocked in a finalizer): dur_ns - off_cpu_ns is the collector's CPU",
+        ),
+        ("runq_ns", "BIGINT", "of off_cpu_ns, runnable but waiting for a CPU"),
         ("pid", "INTEGER", "process id"),
         ("tid", "INTEGER", "thread id"),
         ("generation", "INTEGER", "0 (youngest) .. 2 (full collection); NULL unknown"),
@@ -440,8 +446,8 @@ TABLES: tuple[Table, ...] = (
             "category",
             "VARCHAR",
             "cpu_contention | sync_stall | allocation_churn | process_churn | memory_pressure | dataloader_starvation "
-            "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python | lock_contention "
-            "| gc_pause",
+            "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python "
+            "| lock_contention | gc_pause",
         ),
         ("start_ns", "BIGINT", "start of the affected time range"),
         ("end_ns", "BIGINT", "end"),

@@ -289,12 +289,16 @@ class TraceBuilder:
         pid: int = MAIN_PID,
         tid: int | None = None,
         collected: int | None = 0,
+        off_cpu_ns: int = 0,
+        runq_ns: int = 0,
     ) -> None:
         """One collection of CPython's garbage collector (a ``gc_collections`` row)."""
         self.gc_collections.append(
             dict(
                 ts_ns=ts_ns,
                 dur_ns=dur_ns,
+                off_cpu_ns=off_cpu_ns,
+                runq_ns=runq_ns,
                 pid=pid,
                 tid=tid or pid,
                 generation=generation,

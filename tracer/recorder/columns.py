@@ -117,6 +117,8 @@ def gc_columns(ev: np.ndarray, start: int, stack_ids: list[int | None]) -> Colum
     return {
         "ts_ns": rel(ev["ts_ns"], start),
         "dur_ns": ev["dur_ns"].astype(np.int64),
+        "off_cpu_ns": np.minimum(ev["off_cpu_ns"], ev["dur_ns"]).astype(np.int64),
+        "runq_ns": np.minimum(ev["runq_ns"], ev["dur_ns"]).astype(np.int64),
         "pid": ev["pid"].astype(np.int32),
         "tid": ev["tid"].astype(np.int32),
         "generation": pa.array(ev["generation"].astype(np.int32), mask=ev["generation"] < 0),

@@ -54,6 +54,8 @@ GC_DTYPE = np.dtype(
     [
         ("ts_ns", "<u8"),
         ("dur_ns", "<u8"),
+        ("off_cpu_ns", "<u8"),
+        ("runq_ns", "<u8"),
         ("stack_ref", "<u8"),
         ("collected", "<i8"),
         ("pid", "<u4"),

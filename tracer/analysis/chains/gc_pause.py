@@ -1,12 +1,13 @@
-"""gc_pause: the training thread's time inside CPython's cyclic garbage collector (issue 28: the interpreter's
-own time is a root of its own).
+"""gc_pause: the training thread's time inside CPython's cyclic garbage collector (issue 28: the interpreter's own time
+is a root of its own).
 
-Every collection is recorded (gc_collections: the interpreter's USDT probes, or the collector's function), with
-its generation, duration and the thread's stack as it started, whose innermost line of the user's code is the
-allocation that crossed the collector's threshold. The cost is the thread's time in collections that started in
-its steps. A full collection walks every tracked object alive: a large heap of small containers (a dataset index,
-a growing log) costs each full collection hundreds of ms, and the collector runs one whenever the objects that
-survived since the last reach a quarter of the heap.
+Every collection is recorded (gc_collections: the interpreter's USDT probes, or the collector's function), with its
+generation, duration and the thread's stack as it started, whose innermost line of the user's code is the allocation
+that crossed the collector's threshold. The cost is the thread's CPU time in collections that started in its steps:
+their duration less the thread's time off CPU inside them (a wait for a CPU there is cpu_contention's; a recording
+made before off_cpu_ns existed counts the whole duration). A full collection walks every tracked object alive: a
+large heap of small containers (a dataset index, a growing log) costs each full collection hundreds of ms, and the
+collector runs one whenever the objects that survived since the last reach a quarter of the heap.
 
 The time is the thread's own CPU, so other chains see it as something else: host_python names the allocating line,
 sync_stall the host work its syncs do not overlap, memory_pressure the pages a growing heap faults in.
@@ -51,9 +52,14 @@ def _trigger_site(ctx: ChainContext, stack_id: int | None) -> tuple[str | None, 
     return ctx.memo[key]
 
 
+def _off_cpu(ctx: ChainContext) -> str:
+    """The SQL of a collection's off-CPU time, where the recording has it (0 before it did)."""
+    return "coalesce(off_cpu_ns, 0)" if ctx.info.has("gc_collections", "off_cpu_ns") else "0"
+
+
 def gc_ns_by_sec(ctx: ChainContext, tid: int) -> dict[int, int]:
-    """The thread's time inside the collector per second of the session (by each collection's start); empty for
-    a recording without gc_collections."""
+    """The thread's CPU time inside the collector per second of the session (by each collection's start); empty
+    for a recording without gc_collections."""
     key = ("gc_ns_by_sec", tid)
     if key not in ctx.memo:
         got: dict[int, int] = {}
@@ -61,7 +67,9 @@ def gc_ns_by_sec(ctx: ChainContext, tid: int) -> dict[int, int]:
             got = {
                 int(sec): int(ns)
                 for sec, ns in ctx.conn.execute(
-                    "SELECT ts_ns // 1000000000, sum(dur_ns) FROM gc_collections WHERE tid = ? GROUP BY 1", [tid]
+                    f"SELECT ts_ns // 1000000000, sum(greatest(dur_ns - {_off_cpu(ctx)}, 0)) FROM gc_collections "
+                    "WHERE tid = ? GROUP BY 1",
+                    [tid],
                 ).fetchall()
             }
         ctx.memo[key] = got
@@ -80,7 +88,8 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     out = []
     for s in ctx.subjects:
         rows = ctx.conn.execute(
-            "SELECT ts_ns, least(dur_ns, ? - ts_ns), generation, coalesce(collected, 0), stack_id FROM gc_collections "
+            f"SELECT ts_ns, greatest(least(dur_ns, ? - ts_ns) - {_off_cpu(ctx)}, 0), generation, "
+            "coalesce(collected, 0), stack_id FROM gc_collections "
             "WHERE tid = ? AND pid = ? AND ts_ns >= ? AND ts_ns < ? ORDER BY ts_ns",
             [s.end_ns, s.tid, s.pid, s.start_ns, s.end_ns],
         ).fetchall()
