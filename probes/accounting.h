@@ -38,6 +38,7 @@ struct tstate {
     u8 reason;       /* SCHED_*, while off CPU */
     u8 in_call;      /* a probed CUDA call is in flight: its time goes to the call's part */
     u8 waker_irq;    /* woken by an interrupt handler of this kind (IRQ_*, sched.bpf.c), 0 otherwise */
+    u8 in_gc;        /* inside a garbage collection (gc.bpf.c): its off-CPU time goes to gc_inflight too */
     char waker_comm[COMM_LEN];
 };
 

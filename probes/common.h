@@ -46,6 +46,7 @@ static long (*read_user_str)(void *dst, u32 size, const void *src) = (void *)BPF
 #define LOST_CODES 4
 #define LOST_MAPS 5
 #define LOST_AGGS 6 /* a per-second aggregate map was full: an interval was not counted */
+#define LOST_GC 7   /* a gc_event: the gc_rb ring was full */
 #define LOST_COUNT 8
 
 /* Index of the `host_counters` array (sched.bpf.c), summed over CPUs by user space about once a second. */
@@ -92,6 +93,29 @@ struct py_frame {
 #define PYS_NO_TSTATE 2 /* no PyThreadState for this thread: a C/C++ thread that never ran Python */
 #define PYS_TRUNCATED 3 /* more than MAX_PY_FRAMES frames; the outermost ones are missing */
 #define PYS_READ_FAIL 4 /* a user-memory read failed mid-walk; frames [0, n_py) are still valid */
+
+/* gc_event cookie (probes/gc.bpf.c): what a probe point of CPython's cyclic collector is and where its argument
+ * lies, packed by tracer/recorder/cpython/gcprobe.py. bits 0-7: GC_PT_*; 8-15: pt_regs slot of the register (the
+ * value itself, or the base of a memory operand), GC_ARG_NONE when unknown; bit 16: a memory operand; bits 17-20:
+ * its size in bytes; bit 21: signed; bits 32-63: the memory operand's displacement (s32). */
+#define GC_PT_START 1 /* the collection starts: the USDT python:gc__start, or gc_collect_main's entry (arg: generation) */
+#define GC_PT_DONE 2  /* it ends: python:gc__done, or gc_collect_main's return (arg: objects collected) */
+#define GC_ARG_NONE 255
+#define GC_ARG_REGS 21 /* slots in x86-64 struct pt_regs */
+
+/* One collection of CPython's cyclic garbage collector in a target thread, sent when it ends. 64 bytes. */
+struct gc_event {
+    u64 ts_ns;      /* start, bpf_ktime_get_ns() */
+    u64 dur_ns;
+    u64 off_cpu_ns; /* the thread off CPU inside it */
+    u64 runq_ns;    /* of that, runnable but waiting for a CPU */
+    u64 stack_ref;  /* the thread's stack at the start: the Python line whose allocation triggered it; 0 = none */
+    s64 collected;  /* objects collected (gc__done's argument / the collector's return value); -1 unknown */
+    u32 pid;
+    u32 tid;
+    s32 generation; /* 0, 1, 2; -1 unknown */
+    u32 _pad;
+};
 
 /* A distinct call stack, sent the first time its hash is seen (per process); calls then carry only the hash. The
  * ring buffer record is truncated after n_py frames by user space decoding. */

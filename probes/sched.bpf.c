@@ -18,6 +18,7 @@
 #include "common.h"
 #include "maps.h"
 #include "accounting.h"
+#include "gc.h"
 
 #ifndef SCHED_RB_PAGES
 #define SCHED_RB_PAGES 512 /* 2 MiB = ~21k sched_events; kept intervals are a few thousand a second */
@@ -186,6 +187,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
         if (o->reason == SCHED_IO)
             tb_span(next_tid, tgid, TB_IO, out, runnable);
         tb_span(next_tid, tgid, holder_part(prev_tgid, tgid), runnable, now);
+    }
+    if (o->in_gc) {
+        struct gc_inflight *g = gc_inflight.lookup(&next_tid);
+        if (g) {
+            __sync_fetch_and_add(&g->off_cpu_ns, dur);
+            __sync_fetch_and_add(&g->runq_ns, runq);
+        }
     }
     tb_max(next_tid, tgid, out, TB_MAX_OFF, dur);
     u32 sec = session_sec(now);

@@ -461,6 +461,31 @@ TABLES: tuple[Table, ...] = (
         ("cpu_ns", "BIGINT", "CPU time they stand for: samples x 1e9 / sample_hz"),
     ),
     _t(
+        "gc_collections",
+        "Collections of CPython's cyclic garbage collector in target threads, one row each: from the interpreter's "
+        "USDT probes python:gc__start/gc__done where it has them (Debian's and Ubuntu's system Pythons), else from "
+        "the collector's function (gc_collect_main). Absent from recordings made before it existed, and empty when "
+        "Python stacks were off (--no-python-stacks) or the interpreter has neither.",
+        ("ts_ns", "BIGINT", "ns since session start: the collection's start"),
+        ("dur_ns", "BIGINT", "its duration: the thread's time inside the collector"),
+        (
+            "off_cpu_ns",
+            "BIGINT",
+            "of that, off CPU (preempted, or blocked in a finalizer): dur_ns - off_cpu_ns is the collector's CPU",
+        ),
+        ("runq_ns", "BIGINT", "of off_cpu_ns, runnable but waiting for a CPU"),
+        ("pid", "INTEGER", "process id"),
+        ("tid", "INTEGER", "thread id"),
+        ("generation", "INTEGER", "0 (youngest) .. 2 (full collection); NULL unknown"),
+        ("collected", "BIGINT", "objects collected; NULL unknown"),
+        (
+            "stack_id",
+            "BIGINT",
+            "stacks.stack_id of the thread's stack as the collection started: its innermost Python line is the "
+            "allocation that crossed the collector's threshold (or the gc.collect() call); NULL not captured",
+        ),
+    ),
+    _t(
         "causal_chains",
         "Diagnoses with severity, evidence and fixes. Append-only history (computed_at).",
         ("id", "VARCHAR", "stable id of the chain"),
@@ -471,7 +496,7 @@ TABLES: tuple[Table, ...] = (
             "VARCHAR",
             "cpu_contention | sync_stall | allocation_churn | process_churn | memory_pressure | dataloader_starvation "
             "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python "
-            "| lock_contention | cpu_placement",
+            "| lock_contention | cpu_placement | gc_pause",
         ),
         ("start_ns", "BIGINT", "start of the affected time range"),
         ("end_ns", "BIGINT", "end"),

@@ -70,6 +70,7 @@ class TraceBuilder:
     process_placement: list[dict[str, Any]] = field(default_factory=list)
     cgroup_cpu: list[dict[str, Any]] = field(default_factory=list)
     cpu_idle: list[dict[str, Any]] = field(default_factory=list)
+    gc_collections: list[dict[str, Any]] = field(default_factory=list)
     sampled_fraction: float = 1.0
     _stack_ids: dict[tuple[tuple[Any, ...], ...], int] = field(default_factory=dict)
 
@@ -336,6 +337,33 @@ class TraceBuilder:
                 kernel=kernel,
                 samples=samples,
                 cpu_ns=samples * S // hz,
+            )
+        )
+
+    def gc(
+        self,
+        ts_ns: int,
+        dur_ns: int,
+        generation: int | None,
+        stack_id: int | None = None,
+        pid: int = MAIN_PID,
+        tid: int | None = None,
+        collected: int | None = 0,
+        off_cpu_ns: int = 0,
+        runq_ns: int = 0,
+    ) -> None:
+        """One collection of CPython's garbage collector (a ``gc_collections`` row)."""
+        self.gc_collections.append(
+            dict(
+                ts_ns=ts_ns,
+                dur_ns=dur_ns,
+                off_cpu_ns=off_cpu_ns,
+                runq_ns=runq_ns,
+                pid=pid,
+                tid=tid or pid,
+                generation=generation,
+                collected=collected,
+                stack_id=stack_id,
             )
         )
 
@@ -643,6 +671,7 @@ class TraceBuilder:
             "host_samples": self.host_samples,
             "stacks": self.stacks,
             "cpu_samples": self.cpu_samples,
+            "gc_collections": self.gc_collections,
         }
         for name in ("process_placement", "cgroup_cpu", "cpu_idle"):
             if getattr(self, name):

@@ -112,6 +112,21 @@ def sched_columns(ev: np.ndarray, start: int) -> Columns:
     }
 
 
+def gc_columns(ev: np.ndarray, start: int, stack_ids: list[int | None]) -> Columns:
+    """gc_collections columns of a batch of collections (events.GC_DTYPE), with their stacks' ids."""
+    return {
+        "ts_ns": rel(ev["ts_ns"], start),
+        "dur_ns": ev["dur_ns"].astype(np.int64),
+        "off_cpu_ns": np.minimum(ev["off_cpu_ns"], ev["dur_ns"]).astype(np.int64),
+        "runq_ns": np.minimum(ev["runq_ns"], ev["dur_ns"]).astype(np.int64),
+        "pid": ev["pid"].astype(np.int32),
+        "tid": ev["tid"].astype(np.int32),
+        "generation": pa.array(ev["generation"].astype(np.int32), mask=ev["generation"] < 0),
+        "collected": pa.array(ev["collected"].astype(np.int64), mask=ev["collected"] < 0),
+        "stack_id": pa.array(stack_ids, type=pa.int64()),
+    }
+
+
 def comm_columns(ev: np.ndarray, start: int) -> Columns:
     """nccl_comms columns of a batch of communicator set-ups (events.COMM_DTYPE)."""
     return {

@@ -50,6 +50,20 @@ CALL_DTYPE = np.dtype(
         ("_pad", "<u4"),
     ]
 )
+GC_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"),
+        ("dur_ns", "<u8"),
+        ("off_cpu_ns", "<u8"),
+        ("runq_ns", "<u8"),
+        ("stack_ref", "<u8"),
+        ("collected", "<i8"),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("generation", "<i4"),
+        ("_pad", "<u4"),
+    ]
+)
 SCHED_DTYPE = np.dtype(
     [
         ("ts_ns", "<u8"),

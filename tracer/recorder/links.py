@@ -68,10 +68,19 @@ def close_together(closers: Sequence[Callable[[], None]]) -> None:
 
 
 def attach_multi(
-    prog_fd: int, path: str, offsets: Sequence[int], cookies: Sequence[int], *, retprobe: bool, pid: int = 0
+    prog_fd: int,
+    path: str,
+    offsets: Sequence[int],
+    cookies: Sequence[int],
+    *,
+    retprobe: bool,
+    pid: int = 0,
+    ref_ctr_offsets: Sequence[int] | None = None,
 ) -> Link:
     """Attach ``prog_fd`` at every file offset of ``path`` (entry probes, or return probes with ``retprobe``); each
     probe's cookie is the matching entry of ``cookies``. ``pid``: only fire in this process (0: any).
+    ``ref_ctr_offsets``: per probe, the file offset of a USDT semaphore the kernel raises in every process mapping
+    the file while the probe is attached (0: none).
 
     Raises:
         LinkError: the kernel refused the link (errno and the file in the message).
@@ -82,6 +91,7 @@ def attach_multi(
     c_path = ct.create_string_buffer(os.fsencode(path))
     c_offs = (ct.c_uint64 * n)(*offsets)
     c_cookies = (ct.c_uint64 * n)(*cookies)
+    c_refs = (ct.c_uint64 * n)(*ref_ctr_offsets) if ref_ctr_offsets is not None and any(ref_ctr_offsets) else None
     attr = ct.create_string_buffer(_ATTR_SIZE)
     struct.pack_into("<IIII", attr, 0, prog_fd, 0, UPROBE_MULTI, 0)
     # union at 16: path, offsets, ref_ctr_offsets, cookies (u64 pointers), cnt, flags, pid (u32)
@@ -91,7 +101,7 @@ def attach_multi(
         16,
         ct.addressof(c_path),
         ct.addressof(c_offs),
-        0,
+        ct.addressof(c_refs) if c_refs is not None else 0,
         ct.addressof(c_cookies),
         n,
         _F_RETURN if retprobe else 0,

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 PROBES_DIR = Path(__file__).resolve().parents[2] / "probes"
 # In this order: a file uses only what the files before it define (capture_stack from cuda.bpf.c in offcpu.bpf.c
 # and profile.bpf.c, offcpu_count from offcpu.bpf.c in sched.bpf.c, host_count from sched.bpf.c in memory.bpf.c,
-# emit_exe_map from libload.bpf.c in lifecycle.bpf.c).
+# emit_exe_map from libload.bpf.c in lifecycle.bpf.c, capture_stack and stage_prog in gc.bpf.c).
 SOURCES = (
     "cuda.bpf.c",
     "offcpu.bpf.c",
@@ -38,6 +38,7 @@ SOURCES = (
     "kernel_names.bpf.c",
     "nccl_comm.bpf.c",
     "profile.bpf.c",
+    "gc.bpf.c",
 )
 
 # -D name: (struct, member) read from the running kernel's BTF for probes/files.h and lifecycle.bpf.c.
@@ -131,6 +132,7 @@ class Programs:
     kname_return: int
     comm_entry: int
     comm_return: int
+    gc: int  # gc.bpf.c gc_probe: every probe point of CPython's collector (cpython/gcprobe.py)
 
 
 def _compile(opts: ProgramOptions) -> Any:
@@ -203,6 +205,7 @@ def load_programs(bpf: Any, with_pyframes: bool) -> Programs:
         load("kname_return"),
         load("comm_entry"),
         load("comm_return"),
+        load("gc_probe"),
     )
     table = bpf["stage_prog"]
     for slot, name in enumerate(STAGES):

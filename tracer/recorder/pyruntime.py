@@ -17,6 +17,7 @@ import ctypes as ct
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,9 @@ class PyRuntimeManager:
         self._binaries: dict[tuple[str, int, int], BinaryInfo | None] = {}
         self._codes: dict[int, dict[int, CodeInfo]] = {}  # pid -> code address -> code object; forget() drops a pid
         self._registered: dict[tuple[int, int], BinaryInfo | None] = {}  # (st_dev, st_ino) in py_binaries
+        # called with the path of each interpreter file registered (the executable or libpython embedding CPython):
+        # the session probes its garbage collector there (cpython/gcprobe.py)
+        self.on_interpreter: Callable[[str], object] | None = None
 
     # -- configuration ---------------------------------------------------------------------------------------
 
@@ -128,6 +132,8 @@ class PyRuntimeManager:
         if (st.st_dev, st.st_ino) in self._registered:
             return info
         self._registered[(st.st_dev, st.st_ino)] = info if info is not None and info.offsets.get("tss") else None
+        if info is not None and self.on_interpreter is not None:
+            self.on_interpreter(real)
         if self.bpf is None:
             return info
         table = self.bpf["py_binaries"]

@@ -46,6 +46,8 @@ from tracer.recorder.budget import (
 from tracer.recorder.clocks import read_start_clocks
 from tracer.recorder.command import LaunchedCommand
 from tracer.recorder.placement import PlacementWatch
+from tracer.recorder.cpython.gcprobe import GcProbes
+from tracer.recorder.links import close_together
 from tracer.recorder.preflight import check_environment
 from tracer.recorder.procmaps import MapCache, Mapping, kernel_dev
 from tracer.recorder.proctree import ProcessTree
@@ -152,6 +154,7 @@ class Recorder:
         self.first_event_ns: int | None = None
         self.py_version: str | None = None
         self.pyrt: Any = None
+        self.gc_probes: GcProbes | None = None  # CPython's collector, on each interpreter file (with Python stacks)
         self._py_pending: dict[int, int] = {}  # pid -> configure attempts while its interpreter is not found
         self.stored_per_op = np.zeros(len(CATALOG), dtype=np.int64)
         self._last_hits = np.zeros(len(CATALOG), dtype=np.int64)
@@ -283,6 +286,8 @@ class Recorder:
             from tracer.recorder.pyruntime import PyRuntimeManager
 
             self.pyrt = PyRuntimeManager(self.bpf)
+            self.gc_probes = GcProbes(self.progs.gc, notes=self.notes)
+            self.pyrt.on_interpreter = self.gc_probes.attach
         self.maps = MapCache()
         native = self.bpf["native_stacks"]
         self.resolver = StackResolver(
@@ -381,6 +386,7 @@ class Recorder:
         self.rb_codes = events.RawBuffer(events.CODE_DTYPE)
         self.rb_knames = events.RawBuffer(events.KNAME_DTYPE)
         self.rb_comms = events.RawBuffer(events.COMM_DTYPE)
+        self.rb_gc = events.RawBuffer(events.GC_DTYPE)
         # the two high-volume rings are read straight from their memory (tracer/recorder/ringbuf.py), the others by bcc
         self.rb_calls = DirectRing(self.bpf["calls"], events.CALL_DTYPE)
         self.rb_sched = DirectRing(self.bpf["sched_rb"], events.SCHED_DTYPE)
@@ -391,6 +397,7 @@ class Recorder:
         b["proc_rb"].open_ring_buffer(self.rb_proc.callback)
         b["knames_rb"].open_ring_buffer(self.rb_knames.callback)
         b["comms_rb"].open_ring_buffer(self.rb_comms.callback)
+        b["gc_rb"].open_ring_buffer(self.rb_gc.callback)
         # stacks before their user-stack copies: a copy that comes a drain early waits for its stack
         b["stacks_rb"].open_ring_buffer(lambda _c, d, n: self.rb_stacks.append(ct.string_at(d, n)))
         b["ustack_rb"].open_ring_buffer(lambda _c, d, n: self.rb_ustacks.append(ct.string_at(d, n)))
@@ -508,6 +515,10 @@ class Recorder:
         self.resolver.add_ustacks(ustacks)
         self.resolver.add_stacks(stacks)
         self._handle_calls(calls)
+        gcs = self.rb_gc.drain()
+        if len(gcs):
+            ids = self.resolver.plain_stack_ids(gcs["stack_ref"])
+            self.store.put("gc_collections", columns.gc_columns(gcs, self.start_mono, ids))
         if len(sched):
             self.store.put("sched", columns.sched_columns(sched, self.start_mono))
 
@@ -835,13 +846,20 @@ class Recorder:
         self._snapshot("end")
         try:
             self.attacher.close()  # no CUDA call is traced from here on; the rings stay readable for the flush
+            self._close_gc_probes()
             summary = self._flush(status, t_flush)
         finally:
             self.store.close()
             self.attacher.close()
+            self._close_gc_probes()
             self._drop_tracepoints()
             self.guardian.finish()
         return summary
+
+    def _close_gc_probes(self) -> None:
+        """Detach the collector's probes (idempotent): their semaphores drop back in every process."""
+        if self.gc_probes is not None:
+            close_together(self.gc_probes.closers())
 
     def _cpu_pct_since_live(self, now: float) -> float | None:
         """Return the recorder's CPU from the probes being live to ``now`` as % of one core (None before that):
@@ -886,6 +904,7 @@ class Recorder:
             (events.C.LOST_CODES, "Python code objects (read again at their next stack)"),
             (events.C.LOST_MAPS, "file mappings"),
             (events.C.LOST_AGGS, "per-second aggregate entries (a map was full)"),
+            (events.C.LOST_GC, "garbage collections"),
         ):
             n = self._lost(kind)
             if n:

@@ -24,6 +24,7 @@ from tracer.analysis.chains import (
     cpu_contention,
     cpu_placement,
     dataloader_starvation,
+    gc_pause,
     gil_contention,
     gpu_bound,
     host_python,
@@ -115,6 +116,7 @@ DETECTORS: tuple[Detector, ...] = (
     host_python.detect,
     lock_contention.detect,
     cpu_placement.detect,
+    gc_pause.detect,
 )
 
 
@@ -125,6 +127,7 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
     with gc_paused():
         chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
     chains = memory_pressure.explained_by_storms(chains)
+    chains = gc_pause.explained_by_gc(chains)
     chains = cpu_placement.explains(chains)
     chains = [with_path(ctx, c) for c in chains]
     chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))

@@ -44,7 +44,8 @@ SITES = 3  # code sites listed per unexplained part
 # part -> the chain categories whose cause accounts for it
 EXPLAINS: dict[str, frozenset[str]] = {
     # sync_stall: the stall serializes the host's work with the GPU's (the fix overlaps them)
-    "cpu": frozenset({"host_python", "launch_bound", "memory_pressure", "gpu_bound", "sync_stall"}),
+    # gc_pause: the collector runs on the thread's own CPU
+    "cpu": frozenset({"host_python", "launch_bound", "memory_pressure", "gpu_bound", "sync_stall", "gc_pause"}),
     "launch": frozenset({"launch_bound", "host_python", "gpu_bound", "sync_stall"}),
     "sync": frozenset({"sync_stall", "gpu_bound", "straggler_rank"}),
     "copy": frozenset({"sync_stall", "gpu_bound", "straggler_rank"}),

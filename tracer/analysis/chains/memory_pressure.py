@@ -22,6 +22,7 @@ from tracer.analysis.breakdown.holders import holder_class
 from tracer.analysis.breakdown.thread_time import ThreadTime
 from tracer.analysis.chains.applies import has_dataloader
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
+from tracer.analysis.chains.gc_pause import gc_ns_by_sec
 from tracer.analysis.chains.model import CausalChain, Culprit, MemoryPressureEvidence, StormThread
 from tracer.analysis.stack_time import blocked_seconds
 
@@ -243,10 +244,19 @@ def _storm_chain(ctx: ChainContext, s: Subject, storms: list[StormThread], host:
     woken = runq = faulting = by_storm = 0.0
     if culprit_t.tid == s.tid:
         # the training thread faults memory in itself: its CPU time in the storm's seconds above its usual rate
-        # (a page fault runs in the faulting thread's own CPU time)
-        rest = [r["cpu"] / r["wall"] for sec, r in s.time.by_sec.items() if sec not in secs and r["wall"]]
+        # (a page fault runs in the faulting thread's own CPU time). Its time inside CPython's garbage collector
+        # is not faulting: a growing heap of small objects faults pages in and makes the collector walk it, and
+        # the walk is most of that CPU (issue 28: gc_pause's)
+        in_gc = gc_ns_by_sec(ctx, s.tid)
+        rest = [
+            (r["cpu"] - in_gc.get(sec, 0)) / r["wall"]
+            for sec, r in s.time.by_sec.items()
+            if sec not in secs and r["wall"]
+        ]
         base = statistics.median(rest) if rest else 0.0
-        faulting = sum(max(r["cpu"] - base * r["wall"], 0.0) for r in rows)
+        faulting = sum(
+            max(r["cpu"] - in_gc.get(sec, 0) - base * r["wall"], 0.0) for sec, r in s.time.by_sec.items() if sec in secs
+        )
     else:
         by_storm = sum(w.blocked_ms * MS - w.in_call_ms * MS for w in ctx.wakers(s) if w.tid == culprit_t.tid)
         others = [t for t in ctx.threads_of(s.pid) if t.tid != s.tid]

@@ -29,6 +29,7 @@ CATEGORIES = (
     "host_python",
     "lock_contention",
     "cpu_placement",
+    "gc_pause",
 )
 
 
@@ -447,6 +448,27 @@ class CpuPlacementEvidence(Record):
     holders: Annotated[list[Holder], Field(description="who held its CPU meanwhile, most first (tracer excluded)")]
 
 
+class GcPauseEvidence(Record):
+    """The thread's time inside CPython's cyclic garbage collector (gc_collections)."""
+
+    kind: Literal["gc_pause"] = "gc_pause"
+    gc_ms: Annotated[float, Field(description="time in collections that started in its steps, ms")]
+    collections: int
+    by_generation: Annotated[dict[str, int], Field(description="collections by generation (2: full)")]
+    ms_by_generation: Annotated[dict[str, float], Field(description="their time by generation, ms")]
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    oldest_generation: Annotated[str, Field(description="the oldest generation collected")]
+    collected: Annotated[int, Field(description="objects the collections freed (few: the heap was alive)")]
+    steps: Annotated[int, Field(description="its steps (waits for the GPU) in the range")]
+    steps_share: Annotated[float, Field(description="the collector's share of its steps' time, 0..1")]
+    triggered_at: Annotated[
+        list[LineTime],
+        Field(description="the lines whose allocations started the collections, by collection time, heaviest first"),
+    ]
+
+
 Evidence = Annotated[
     CpuContentionEvidence
     | SyncStallEvidence
@@ -462,6 +484,7 @@ Evidence = Annotated[
     | HostPythonEvidence
     | LockContentionEvidence
     | CpuPlacementEvidence,
+    | GcPauseEvidence,
     Field(discriminator="kind"),
 ]
 

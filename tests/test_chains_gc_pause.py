@@ -1,0 +1,155 @@
+"""chains.gc_pause: the training thread's time inside CPython's garbage collector, a root of its own (issue 28)."""
+
+from __future__ import annotations
+
+import random
+
+import duckdb
+
+from tests.support.builder import MAIN_PID, MIB, MS, US, S, TraceBuilder
+from tests.support.scenarios import TRAIN_STACK, Step, _base
+from tracer.analysis.chains import compute_chains
+from tracer.analysis.chains.context import MEDIUM_SHARE
+from tracer.analysis.db import open_trace
+
+# the allocating line: a step's log kept in a growing list (the innermost frame of the collections' stacks)
+LOG_STACK = [*TRAIN_STACK[:2], ("python", "train.py", "log_step", "train.py", 57)]
+FULL_EVERY = 5  # a full collection every 5th step
+FULL_NS = 60 * MS  # each walks the whole heap
+YOUNG_NS = 100 * US  # a young collection every step
+
+
+def gc_loop(b: TraceBuilder) -> None:
+    """The shared 100 ms loop (scenarios._base) whose host work also runs the collector: a young collection each
+    step and a full one of FULL_NS every FULL_EVERY steps, the host work lengthened by it, at train.py:57."""
+    site = b.stack(LOG_STACK)
+
+    def shape(st: Step) -> None:
+        if st.i % FULL_EVERY == 0:
+            st.python_ns += FULL_NS  # 80 ms of host work: the sync waits less for the GPU
+
+    def gap(st: Step, a: int, end: int) -> None:
+        b.gc(a + 1 * MS, YOUNG_NS, 0, site, collected=3)
+        if st.i % FULL_EVERY == 0:
+            b.gc(a + 2 * MS, FULL_NS, 2, site, collected=10)
+
+    b.duration_s = 30
+    _base(b, random.Random(3), shape=shape, python_gap=gap)
+
+
+def chains_of(tmp_path, b: TraceBuilder, drop_gc: bool = False):
+    b.write(tmp_path / "t.duckdb")
+    if drop_gc:  # a recording made before gc_collections existed
+        with duckdb.connect(str(tmp_path / "t.duckdb")) as c:
+            c.execute("DROP TABLE gc_collections")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        return compute_chains(c, limit=100)
+
+
+def test_gc_pause_is_the_interpreter_root_with_the_allocating_line(tmp_path):
+    b = TraceBuilder()
+    gc_loop(b)
+    res = chains_of(tmp_path, b)
+    (ch,) = [c for c in res.chains if c.category == "gc_pause"]
+    steps = len([r for r in b.cuda_calls if r["op"] == "cudaStreamSynchronize"])
+    fulls = (steps + FULL_EVERY - 1) // FULL_EVERY
+    gc_ns = fulls * FULL_NS + steps * YOUNG_NS
+    assert ch.tid == MAIN_PID and ch.impact_ms == round(gc_ns / MS, 1)
+    assert ch.severity == "MEDIUM" and ch.share >= MEDIUM_SHARE  # 3.6 s of 30 s: 12%
+    ev = ch.evidence
+    assert ev.by_generation == {"0": steps, "2": fulls} and ev.max_ms == FULL_NS / MS and ev.p99_ms == FULL_NS / MS
+    assert ev.triggered_at[0].site == "train.py:57 log_step" and ev.triggered_at[0].share == 1.0
+    assert ch.culprit.code_site == "train.py:57 log_step"
+    assert ch.root is not None and ch.root.kind == "interpreter" and ch.root.site == "train.py:57 log_step"
+    assert ch.root.stack[0] == "train.py:57 log_step"  # innermost first
+    assert ch.path[0].tid == MAIN_PID and ch.path[0].role == "training"
+    assert "gc.freeze()" in ch.recommendations[0] and "gc.disable()" in ch.recommendations[1]
+    assert f"every {FULL_EVERY} steps" in ch.recommendations[1] and "every rank" in ch.recommendations[1]
+    # the collector's time is CPU time of the thread: coverage credits it to gc_pause
+    cpu = next(p for p in res.coverage.parts if p.part == "cpu")
+    assert "gc_pause" in cpu.explained_by
+
+
+def test_collections_outside_the_steps_do_not_count(tmp_path):
+    """Full collections while the dataset index is built, before the first step, cost the steps nothing."""
+    b = TraceBuilder(duration_s=30)
+    site = b.stack(LOG_STACK)
+
+    def shape(st: Step) -> None:
+        st.skip = st.i < 10  # the first second builds the index
+
+    _base(b, random.Random(3), shape=shape)
+    for k in range(15):
+        b.gc(k * FULL_NS, FULL_NS, 2, site)
+    assert not [c for c in chains_of(tmp_path, b).chains if c.category == "gc_pause"]
+
+
+def test_older_recording_without_the_table(tmp_path):
+    b = TraceBuilder()
+    gc_loop(b)
+    res = chains_of(tmp_path, b, drop_gc=True)
+    assert not [c for c in res.chains if c.category == "gc_pause"] and res.coverage is not None
+
+
+def test_other_threads_collections_are_not_the_training_threads(tmp_path):
+    b = TraceBuilder()
+    gc_loop(b)
+    for g in b.gc_collections:
+        g["tid"] = MAIN_PID + 77  # another thread of the process
+    assert not [c for c in chains_of(tmp_path, b).chains if c.category == "gc_pause" and c.tid == MAIN_PID]
+
+
+HEAP_NS = 40 * MS  # a full collection each step while the heap grows
+
+
+def growing_heap(b: TraceBuilder) -> None:
+    """The training thread builds a large heap in t = 10..20 s: it faults in 512 MiB of fresh pages a second itself
+    (a fault storm of its own, by memory_pressure's rule), and each step's host work runs a HEAP_NS full
+    collection walking it."""
+    site = b.stack(LOG_STACK)
+    hot = range(10 * S, 20 * S)
+
+    def shape(st: Step) -> None:
+        if st.t0 in hot:
+            st.python_ns += HEAP_NS
+
+    def gap(st: Step, a: int, end: int) -> None:
+        if st.t0 in hot:
+            b.gc(a + 1 * MS, HEAP_NS, 2, site)
+
+    _base(b, random.Random(5), shape=shape, python_gap=gap)
+    for sec in range(10, 20):
+        b.faults(sec * S, MAIN_PID, faults=131_072, page_alloc_bytes=512 * MIB)
+
+
+def test_a_growing_heap_is_the_collector_not_memory(tmp_path):
+    b = TraceBuilder()
+    growing_heap(b)
+    # without the collector's record, the thread's extra CPU in its own fault storm reads as memory_pressure
+    (mp,) = [c for c in chains_of(tmp_path, b, drop_gc=True).chains if c.category == "memory_pressure"]
+    assert mp.evidence.trigger == "fault_storm" and mp.culprit.tid == MAIN_PID and mp.evidence.faulting_cpu_ms > 0
+    res = chains_of(tmp_path, b)
+    (gc,) = [c for c in res.chains if c.category == "gc_pause"]
+    assert gc.severity == "MEDIUM" and gc.impact_ms == 100 * HEAP_NS / MS
+    assert res.chains[0].category == "gc_pause"
+    assert not [c for c in res.chains if c.category == "memory_pressure" and c.explained_by is None]
+
+
+def test_the_cost_is_the_collectors_cpu_not_its_waits(tmp_path):
+    """A collection preempted for half its time costs its CPU half; the wait for a CPU is cpu_contention's. A
+    recording made before off_cpu_ns existed counts the whole duration."""
+    b = TraceBuilder()
+    gc_loop(b)
+    for g in b.gc_collections:
+        if g["generation"] == 2:
+            g.update(off_cpu_ns=FULL_NS // 2, runq_ns=FULL_NS // 2)
+    steps = len([r for r in b.cuda_calls if r["op"] == "cudaStreamSynchronize"])
+    fulls = (steps + FULL_EVERY - 1) // FULL_EVERY
+    (ch,) = [c for c in chains_of(tmp_path, b).chains if c.category == "gc_pause"]
+    assert ch.impact_ms == round((fulls * FULL_NS // 2 + steps * YOUNG_NS) / MS, 1)
+    b.write(tmp_path / "t.duckdb")
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as c:
+        c.execute("ALTER TABLE gc_collections DROP COLUMN off_cpu_ns")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        (old,) = [x for x in compute_chains(c, limit=100).chains if x.category == "gc_pause"]
+    assert old.impact_ms == round((fulls * FULL_NS + steps * YOUNG_NS) / MS, 1)

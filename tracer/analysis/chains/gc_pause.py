@@ -1,0 +1,234 @@
+"""gc_pause: the training thread's time inside CPython's cyclic garbage collector (issue 28: the interpreter's own time
+is a root of its own).
+
+Every collection is recorded (gc_collections: the interpreter's USDT probes, or the collector's function), with its
+generation, duration and the thread's stack as it started, whose innermost line of the user's code is the allocation
+that crossed the collector's threshold. The cost is the thread's CPU time in collections that started in its steps:
+their duration less the thread's time off CPU inside them (a wait for a CPU there is cpu_contention's; a recording
+made before off_cpu_ns existed counts the whole duration). A full collection walks every tracked object alive: a
+large heap of small containers (a dataset index, a growing log) costs each full collection hundreds of ms, and the
+collector runs one whenever the objects that survived since the last reach a quarter of the heap.
+
+The time is the thread's own CPU, so other chains see it as something else: host_python names the allocating line,
+sync_stall the host work its syncs do not overlap, memory_pressure the pages a growing heap faults in.
+:func:`explained_by_gc` marks those explained by this chain when the collector's time is most of theirs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
+from tracer.analysis.chains.model import CausalChain, Culprit, GcPauseEvidence, Hop, LineTime, Root
+from tracer.analysis.code_site import is_library
+
+CATEGORY = "gc_pause"
+HIGH = HIGH_SHARE
+MEDIUM = MEDIUM_SHARE
+LOW = LOW_SHARE
+MS = 1_000_000
+MIN_COLLECTIONS = 1
+# a chain of these categories about the same thread yields to gc_pause when the collector's time is at least this
+# share of the time it claims (its cost, or for host_python / sync_stall the host work it blames)
+YIELD_SHARE = 0.5
+YIELDS = ("memory_pressure", "sync_stall", "host_python")
+STACK_FRAMES = 4  # frames of the root's stack shown
+
+
+def _trigger_site(ctx: ChainContext, stack_id: int | None) -> tuple[str | None, list[str]]:
+    """The innermost Python line of the user's code on a collection's stack (the allocation that triggered it),
+    and the stack's Python frames, innermost first."""
+    if stack_id is None:
+        return None, []
+    key = ("gc_site", stack_id)
+    if key not in ctx.memo:
+        frames = ctx.conn.execute(
+            "SELECT file, line, function FROM stacks WHERE stack_id = ? AND kind = 'python' ORDER BY depth DESC",
+            [stack_id],
+        ).fetchall()
+        user = [f for f in frames if not is_library(f[0])] or frames
+        site = f"{user[0][0]}:{user[0][1]} {user[0][2]}" if user else None
+        ctx.memo[key] = (site, [f"{f[0]}:{f[1]} {f[2]}" for f in frames[:STACK_FRAMES]])
+    return ctx.memo[key]
+
+
+def _off_cpu(ctx: ChainContext) -> str:
+    """The SQL of a collection's off-CPU time, where the recording has it (0 before it did)."""
+    return "coalesce(off_cpu_ns, 0)" if ctx.info.has("gc_collections", "off_cpu_ns") else "0"
+
+
+def gc_ns_by_sec(ctx: ChainContext, tid: int) -> dict[int, int]:
+    """The thread's CPU time inside the collector per second of the session (by each collection's start); empty
+    for a recording without gc_collections."""
+    key = ("gc_ns_by_sec", tid)
+    if key not in ctx.memo:
+        got: dict[int, int] = {}
+        if ctx.info.has("gc_collections"):
+            got = {
+                int(sec): int(ns)
+                for sec, ns in ctx.conn.execute(
+                    f"SELECT ts_ns // 1000000000, sum(greatest(dur_ns - {_off_cpu(ctx)}, 0)) FROM gc_collections "
+                    "WHERE tid = ? GROUP BY 1",
+                    [tid],
+                ).fetchall()
+            }
+        ctx.memo[key] = got
+    return ctx.memo[key]
+
+
+def _p99(durs: list[int]) -> int:
+    s = sorted(durs)
+    return s[min(len(s) - 1, int(0.99 * len(s)))] if s else 0
+
+
+def detect(ctx: ChainContext) -> list[CausalChain]:
+    """Return a chain per subject thread whose collections took a gradable share of its steps."""
+    if not ctx.info.has("gc_collections"):
+        return []
+    out = []
+    for s in ctx.subjects:
+        rows = ctx.conn.execute(
+            f"SELECT ts_ns, greatest(least(dur_ns, ? - ts_ns) - {_off_cpu(ctx)}, 0), generation, "
+            "coalesce(collected, 0), stack_id FROM gc_collections "
+            "WHERE tid = ? AND pid = ? AND ts_ns >= ? AND ts_ns < ? ORDER BY ts_ns",
+            [s.end_ns, s.tid, s.pid, s.start_ns, s.end_ns],
+        ).fetchall()
+        if len(rows) < MIN_COLLECTIONS:
+            continue
+        cost = sum(r[1] for r in rows)
+        sev = grade(s.share(cost), HIGH, MEDIUM, LOW)
+        if sev is None:
+            continue
+        by_gen: dict[str, int] = defaultdict(int)
+        ms_by_gen: dict[str, float] = defaultdict(float)
+        by_site: dict[str | None, float] = defaultdict(float)
+        stack_of: dict[str | None, list[str]] = {}
+        for _ts, dur, gen, _n, sid in rows:
+            g = str(gen) if gen is not None else "unknown"
+            by_gen[g] += 1
+            ms_by_gen[g] += dur / MS
+            site, stack = _trigger_site(ctx, sid)
+            by_site[site] += dur
+            stack_of.setdefault(site, stack)
+        sites = sorted(by_site.items(), key=lambda kv: -kv[1])
+        top_site = next((k for k, _ in sites if k), None)
+        triggers = [LineTime(site=k, ms=round(v / MS, 1), share=round(v / cost, 3)) for k, v in sites[:3]]
+        durs = [r[1] for r in rows]
+        full = by_gen.get("2", 0)
+        oldest = max((g for g in by_gen if g != "unknown"), default="unknown")
+        steps = _steps(ctx, s)
+        top_share = by_site[top_site] / cost if top_site and cost else 0.0
+        where = f"; {top_share:.0%} of it triggered by the allocations at {top_site}" if top_site else ""
+        summary = (
+            f"Thread {s.tid} (pid {s.pid}) spent {cost / MS:,.0f} ms ({s.share(cost):.0%} of its steps' time) inside "
+            f"CPython's garbage collector: {len(rows)} collections, {full} of them full (generation 2), "
+            f"p99 {_p99(durs) / MS:,.1f} ms, longest {max(durs) / MS:,.1f} ms{where}."
+        )
+        interval = f"every {max(1, round(steps / full))} steps" if full and steps else "every few hundred steps"
+        recs = [
+            "Call gc.freeze() once the long-lived structures are built (the dataset index, caches, the model), just "
+            "before the training loop: the objects alive then leave the collector's generations, so its full "
+            f"collections stop walking them ({full} full collections walked them here).",
+            "Or take automatic collection off for the loop (gc.disable()) and call gc.collect() yourself every N "
+            f"steps (now a full collection runs about {interval}), at the same step on every rank, so the ranks "
+            "pause together instead of waiting for each other's collections.",
+        ]
+        if top_site:
+            recs.append(
+                f"Allocate fewer container objects at {top_site} (records kept as tuples or columns of arrays rather "
+                "than a dict per item): each survivor counts towards the next full collection."
+            )
+        gens = ", ".join(f"{by_gen[g]} of generation {g}" for g in sorted(by_gen))
+        root_detail = f"CPython's cyclic garbage collector: {len(rows)} collections ({gens}), {cost / MS:,.0f} ms"
+        chain = ctx.chain(
+            s,
+            category=CATEGORY,
+            severity=sev,
+            cost_ns=cost,
+            culprit=Culprit(
+                kind="code", pid=s.pid, tid=s.tid, comm=s.time.comm, relation="own_thread", code_site=top_site
+            ),
+            summary=summary,
+            evidence=GcPauseEvidence(
+                gc_ms=round(cost / MS, 1),
+                collections=len(rows),
+                by_generation=dict(by_gen),
+                ms_by_generation={g: round(v, 1) for g, v in ms_by_gen.items()},
+                p50_ms=round(sorted(durs)[len(durs) // 2] / MS, 2),
+                p99_ms=round(_p99(durs) / MS, 2),
+                max_ms=round(max(durs) / MS, 2),
+                oldest_generation=oldest,
+                collected=sum(r[3] for r in rows),
+                steps=steps,
+                steps_share=round(s.share(cost), 4),
+                triggered_at=triggers,
+            ),
+            recommendations=recs,
+        )
+        out.append(
+            chain.model_copy(
+                update={
+                    "path": [
+                        Hop(
+                            tid=s.tid,
+                            pid=s.pid,
+                            comm=s.time.comm,
+                            role="training" if s.training else "job_thread",
+                            edge="start",
+                            state="on_cpu",
+                            share=1.0,
+                            ms=round(cost / MS, 1),
+                            site=top_site,
+                        )
+                    ],
+                    "root": Root(
+                        kind="interpreter", detail=root_detail, site=top_site, stack=stack_of.get(top_site, [])
+                    ),
+                }
+            )
+        )
+    return out
+
+
+def _steps(ctx: ChainContext, s) -> int:  # noqa: ANN001 - a Subject
+    """The subject's steps: its waits for the GPU (one a step), else 0."""
+    r = ctx.conn.execute(
+        "SELECT count(*) FROM cuda_calls WHERE tid = ? AND ts_ns >= ? AND ts_ns < ? AND op LIKE '%ynchronize%'",
+        [s.tid, s.start_ns, s.end_ns],
+    ).fetchone()
+    return int(r[0]) if r else 0
+
+
+def _claimed_ns(c: CausalChain) -> float:
+    """The time a chain that may yield to gc_pause blames on its cause: the host work for host_python and
+    sync_stall (the collector runs inside it), else its cost."""
+    ev = c.evidence
+    if ev.kind == "host_python":
+        return ev.cpu_ms * MS
+    if ev.kind == "sync_stall":
+        return ev.host_ms * MS
+    return c.impact_ms * MS
+
+
+def explained_by_gc(chains: list[CausalChain]) -> list[CausalChain]:
+    """Mark memory_pressure (the thread's own fault storm), sync_stall and host_python chains of a thread explained
+    by its gc_pause chain when the collector's time is at least YIELD_SHARE of the time they blame (see the module
+    docstring)."""
+    gcs = {c.tid: c for c in chains if c.category == CATEGORY and c.explained_by is None}
+    if not gcs:
+        return chains
+    out = []
+    for c in chains:
+        g = gcs.get(c.tid)
+        # a storm of another thread (a cache filling up) is not the collector's: its GIL and CPU are that thread's
+        own = c.category != "memory_pressure" or (c.culprit is not None and c.culprit.tid == c.tid)
+        if g is not None and c.category in YIELDS and c.explained_by is None and own:
+            claimed = _claimed_ns(c)
+            if claimed > 0 and g.impact_ms * MS >= YIELD_SHARE * claimed:
+                c = c.explained(
+                    g,
+                    f"Most of that time ({g.impact_ms:,.0f} ms) is CPython's garbage collector walking the heap "
+                    f"(chain {g.id}): fix that first.",
+                )
+        out.append(c)
+    return out

@@ -1,0 +1,220 @@
+"""Where to probe CPython's cyclic garbage collector in an interpreter file (probes/gc.bpf.c), and attaching there.
+
+Two kinds of interpreter:
+
+* with USDT probes (Debian's and Ubuntu's system Pythons, built ``--with-dtrace``): ``python:gc__start(int
+  generation)`` and ``python:gc__done(long collected)``. Their code runs only while the probe's semaphore is
+  non-zero; the uprobe_multi link's ``ref_ctr_offsets`` make the kernel raise it in every process that maps the
+  file, now or later, so one link per file serves every process with no per-process step;
+* without (pyenv's builds): the collector's own function, ``gc_collect_main`` (a local symbol in 3.10-3.13),
+  probed at entry (its second argument is the generation) and at return (the objects it collected).
+
+Each point's kind and where its argument lies are packed into the link's cookie (common.h GC_PT_*), so one BPF
+program serves every interpreter version, with no recompile.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+
+from tracer.recorder.events import C
+from tracer.recorder.links import Link, LinkError, attach_multi
+
+log = logging.getLogger(__name__)
+
+COLLECTOR_SYMBOLS = ("gc_collect_main",)  # 3.10-3.13: gc_collect_main(tstate, generation, ...) -> collected
+# x86-64 struct pt_regs slots (arch/x86/include/asm/ptrace.h), by the USDT argument's register name (any width)
+_PT_REGS = {
+    "r15": 0, "r14": 1, "r13": 2, "r12": 3, "bp": 4, "bx": 5, "r11": 6, "r10": 7, "r9": 8, "r8": 9,
+    "ax": 10, "cx": 11, "dx": 12, "si": 13, "di": 14, "ip": 16, "sp": 19,
+}  # fmt: skip
+_ARG = re.compile(r"^(-?)(\d+)@(?:(-?\d+)?\((%\w+)\)|(%\w+))$")  # -4@112(%rsp), -8@%r12, 4@%eax
+
+
+def _reg_slot(name: str) -> int | None:
+    """The pt_regs slot of an x86-64 register of any width (%rax %eax %ax %al, %r12 %r12d, %rsi %esi %sil)."""
+    r = name.lstrip("%")
+    m = re.fullmatch(r"(r\d+)[dwb]?", r)
+    if m:
+        return _PT_REGS.get(m.group(1))
+    r = re.sub(r"^[re]", "", r) if len(r) == 3 else r
+    r = {"al": "ax", "bl": "bx", "cl": "cx", "dl": "dx", "sil": "si", "dil": "di", "bpl": "bp", "spl": "sp"}.get(r, r)
+    return _PT_REGS.get(r)
+
+
+def cookie(point: int, arg: str | None) -> int:
+    """The link cookie of a probe point: its kind (C.GC_PT_START / GC_PT_DONE) and its argument's location, from a
+    USDT argument spec (``-4@112(%rsp)``) or a plain register (``%rsi``); an unknown location reads as -1."""
+    reg, deref, size, signed, disp = C.GC_ARG_NONE, 0, 8, 1, 0
+    m = _ARG.match(arg) if arg and "@" in arg else None
+    if m and os.uname().machine == "x86_64":
+        slot = _reg_slot(m.group(4) or m.group(5))
+        if slot is not None and int(m.group(2)) in (1, 2, 4, 8):
+            reg, size, signed = slot, int(m.group(2)), int(m.group(1) == "-")
+            deref, disp = int(m.group(4) is not None), int(m.group(3) or 0)
+    elif arg and arg.startswith("%") and os.uname().machine == "x86_64":
+        slot = _reg_slot(arg)
+        reg = slot if slot is not None else C.GC_ARG_NONE
+    return point | reg << 8 | deref << 16 | size << 17 | signed << 21 | (disp & 0xFFFFFFFF) << 32
+
+
+@dataclass(frozen=True)
+class GcPoints:
+    """The probe points of one interpreter file: file offsets, cookies, and (USDT) semaphore file offsets."""
+
+    source: str  # "usdt" | "symbol"
+    entries: tuple[tuple[int, int, int], ...]  # (file offset, cookie, semaphore file offset or 0)
+    returns: tuple[tuple[int, int], ...] = ()  # (file offset, cookie): return probes (symbol source)
+
+
+def _segments(elf: object) -> list[tuple[int, int, int]]:
+    return [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]  # type: ignore[attr-defined]
+
+
+def _to_offset(segs: list[tuple[int, int, int]], vaddr: int) -> int | None:
+    for p_offset, p_vaddr, p_filesz in segs:
+        if p_vaddr <= vaddr < p_vaddr + p_filesz:
+            return vaddr - p_vaddr + p_offset
+    return None
+
+
+def usdt_notes(data: bytes) -> list[tuple[int, int, int, str, str, str]]:
+    """The SystemTap SDT notes of a ``.note.stapsdt`` section: (pc, base, semaphore, provider, name, args)."""
+    out = []
+    i = 0
+    while i + 12 <= len(data):
+        namesz, descsz, ntype = struct.unpack_from("<III", data, i)
+        i += 12
+        name = data[i : i + namesz].rstrip(b"\0")
+        i += (namesz + 3) & ~3
+        desc = data[i : i + descsz]
+        i += (descsz + 3) & ~3
+        if name != b"stapsdt" or ntype != 3 or len(desc) < 24:
+            continue
+        pc, base, sem = struct.unpack_from("<QQQ", desc, 0)
+        provider, probe, args = (desc[24:].split(b"\0") + [b"", b"", b""])[:3]
+        out.append((pc, base, sem, provider.decode(), probe.decode(), args.decode()))
+    return out
+
+
+def _symbol_value(symtab: object, strtab: object, name: str) -> int | None:
+    """st_value of the first symbol ``name`` of a 64-bit little-endian symbol table, by a scan of its raw entries:
+    pyelftools' by-name lookup builds a dict of every symbol first (0.3-0.6 s for a libpython, on the path that
+    holds a starting interpreter)."""
+    import numpy as np
+
+    strs = strtab.data()  # type: ignore[attr-defined]
+    at = strs.find(b"\0" + name.encode() + b"\0")
+    if at < 0:
+        return None
+    syms = np.frombuffer(
+        symtab.data(),  # type: ignore[attr-defined]
+        dtype=np.dtype(
+            [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]
+        ),
+    )
+    hit = np.nonzero((syms["name"] == at + 1) & (syms["value"] != 0))[0]
+    return int(syms["value"][hit[0]]) if len(hit) else None
+
+
+@functools.cache
+def _points(path: str, _ino: int, _mtime_ns: int) -> GcPoints | None:
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        segs = _segments(elf)
+        notes = elf.get_section_by_name(".note.stapsdt")
+        if notes is not None:
+            base_sec = elf.get_section_by_name(".stapsdt.base")
+            entries = []
+            for pc, base, sem, provider, name, args in usdt_notes(notes.data()):
+                if provider != "python" or name not in ("gc__start", "gc__done"):
+                    continue
+                if base_sec is not None and base:  # prelink moved the file: addresses shift with .stapsdt.base
+                    pc += base_sec["sh_addr"] - base
+                    sem += base_sec["sh_addr"] - base if sem else 0
+                off = _to_offset(segs, pc)
+                sem_off = _to_offset(segs, sem) if sem else 0
+                if off is None or sem_off is None:
+                    continue
+                point = C.GC_PT_START if name == "gc__start" else C.GC_PT_DONE
+                entries.append((off, cookie(point, args.split()[0] if args else None), sem_off))
+            if {e[1] & 0xFF for e in entries} == {C.GC_PT_START, C.GC_PT_DONE}:
+                return GcPoints("usdt", tuple(entries))
+        symtab = elf.get_section_by_name(".symtab")
+        if symtab is None:
+            return None
+        for name in COLLECTOR_SYMBOLS:
+            vaddr = _symbol_value(symtab, elf.get_section(symtab["sh_link"]), name)
+            off = _to_offset(segs, vaddr) if vaddr else None
+            if off is not None:
+                return GcPoints(
+                    "symbol", ((off, cookie(C.GC_PT_START, "%rsi"), 0),), ((off, cookie(C.GC_PT_DONE, "%rax")),)
+                )
+    return None
+
+
+def gc_points(path: str) -> GcPoints | None:
+    """The collector's probe points in the interpreter file at ``path`` (an executable or a libpython), or None
+    when it has neither USDT probes nor the collector's symbol."""
+    try:
+        st = os.stat(path)
+        return _points(path, st.st_ino, st.st_mtime_ns)
+    except Exception as e:  # a bad ELF (pyelftools raises its own errors) has no points, never a crash
+        log.debug("%s: no GC probe points: %s", path, e)
+        return None
+
+
+@dataclass
+class GcProbes:
+    """The collector's probes on every interpreter file seen; one program (gc.bpf.c gc_probe) for all."""
+
+    prog_fd: int
+    links: dict[tuple[int, int], list[Link]] = field(default_factory=dict)  # (st_dev, st_ino) -> links
+    sources: dict[str, str] = field(default_factory=dict)  # path -> "usdt" | "symbol" | why none
+    notes: list[str] = field(default_factory=list)
+
+    def attach(self, path: str) -> str | None:
+        """Probe the collector in the interpreter file at ``path`` (once per file); return the source used."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino)
+        if key in self.links:
+            return self.sources.get(path)
+        self.links[key] = []
+        pts = gc_points(path)
+        if pts is None:
+            self.sources[path] = "none"
+            return None
+        try:
+            offs, cookies, sems = zip(*pts.entries, strict=True)
+            self.links[key].append(
+                attach_multi(self.prog_fd, path, offs, cookies, retprobe=False, ref_ctr_offsets=sems)
+            )
+            if pts.returns:
+                roffs, rcookies = zip(*pts.returns, strict=True)
+                self.links[key].append(attach_multi(self.prog_fd, path, roffs, rcookies, retprobe=True))
+        except LinkError as e:
+            self.close_file(key)
+            self.notes.append(f"no garbage-collector probes on {path}: {e}")
+            return None
+        self.sources[path] = pts.source
+        log.info("garbage-collector probes on %s (%s)", path, pts.source)
+        return pts.source
+
+    def close_file(self, key: tuple[int, int]) -> None:
+        for link in self.links.get(key, []):
+            link.close()
+        self.links[key] = []
+
+    def closers(self) -> list[object]:
+        """Every link's close, for links.close_together."""
+        return [link.close for ls in self.links.values() for link in ls]
