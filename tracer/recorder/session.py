@@ -45,9 +45,9 @@ from tracer.recorder.budget import (
 )
 from tracer.recorder.clocks import read_start_clocks
 from tracer.recorder.command import LaunchedCommand
-from tracer.recorder.placement import PlacementWatch
 from tracer.recorder.cpython.gcprobe import GcProbes
 from tracer.recorder.links import close_together
+from tracer.recorder.placement import PlacementWatch
 from tracer.recorder.preflight import check_environment
 from tracer.recorder.procmaps import MapCache, Mapping, kernel_dev
 from tracer.recorder.proctree import ProcessTree

@@ -483,7 +483,7 @@ Evidence = Annotated[
     | BlockingIoEvidence
     | HostPythonEvidence
     | LockContentionEvidence
-    | CpuPlacementEvidence,
+    | CpuPlacementEvidence
     | GcPauseEvidence,
     Field(discriminator="kind"),
 ]
