@@ -16,6 +16,8 @@ swapped underneath the server) becomes a ToolError, raised after the connection 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -118,6 +120,7 @@ def build_server(
     served_name = "+".join(p.name for p in paths)  # the name answers give the served recording(s)
     opener: Connect = connect or (lambda: open_trace(paths if job else path))
     siblings = Path(recordings_dir) if recordings_dir is not None else path.resolve().parent
+    _hide_directories(*(p.parent for p in paths), siblings)
 
     @contextmanager
     def conn() -> Iterator[duckdb.DuckDBPyConnection]:
@@ -561,9 +564,31 @@ def sql_reply(res: SqlResult) -> CallToolResult:
         )
 
 
+# Directories no error may name (issue 30): the served recording's and compare_traces' directory, as given and
+# resolved. A file there is named relative to it ("locked.duckdb is being written"), the directory itself so.
+_hidden_dirs: set[str] = set()
+
+
+def _hide_directories(*dirs: Path) -> None:
+    for d in dirs:
+        for v in {os.path.abspath(d), os.path.realpath(d)}:
+            if len(v) > 1:
+                _hidden_dirs.add(v.rstrip(os.sep))
+
+
+def redact(text: str) -> str:
+    """``text`` with the hidden directories (and the home directory) taken out of every path it holds."""
+    for d in sorted(_hidden_dirs, key=len, reverse=True):  # the deepest first: /srv/a before /srv
+        text = text.replace(d + os.sep, "")
+        text = re.sub(re.escape(d) + r"(?![\w.-])", "the served directory", text)
+    home = os.path.expanduser("~")
+    return text.replace(home + os.sep, "~" + os.sep) if len(home) > 1 else text
+
+
 def _tool_message(e: TracerError) -> str:
-    """The tool-error text for ``e``: its message and hint (the hint says how to fix the call)."""
-    return f"{e.message}. {e.hint}".strip() if e.hint else e.message
+    """The tool-error text for ``e``: its message and hint (the hint says how to fix the call), without the
+    server's directories."""
+    return redact(f"{e.message}. {e.hint}".strip() if e.hint else e.message)
 
 
 def _echo(value: str) -> str:

@@ -344,3 +344,44 @@ def test_compare_traces_refuses_links_out_of_the_directory(tmp_path: Path, db: P
         assert "abs.duckdb" not in text.split("recordings here:")[1]  # not offered as a name either
     assert not out["same"].is_error, out["same"].content[0].text  # a link within the directory is followed
     assert not out["stats"].is_error
+
+
+# -- issue 30: no error names a server path ------------------------------------------------------------------------
+HOLD_WRITE_LOCK = "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('ok', flush=True); time.sleep(60)"
+
+
+def test_compare_traces_errors_name_files_relative_to_the_directory(tmp_path: Path):
+    # GIVEN a served directory whose other .duckdb files are each unreadable in their own way
+    served = tmp_path / "srv2"
+    served.mkdir()
+    build("healthy", served / "a.duckdb")
+    os.mkfifo(served / "fifo.duckdb")
+    (served / "dir.duckdb").mkdir()
+    (served / "empty.duckdb").write_bytes(b"")
+    (served / "text.duckdb").write_text("not a database\n" * 100)
+    import duckdb
+
+    duckdb.connect(str(served / "foreign.duckdb")).execute("CREATE TABLE x (a INT)").close()
+    build("healthy", served / "locked.duckdb")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WRITE_LOCK, str(served / "locked.duckdb")], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().startswith(b"ok")
+
+        async def go() -> dict[str, Any]:
+            async with Client(build_server(served / "a.duckdb")) as c:
+                names = ("fifo", "dir", "empty", "text", "foreign", "locked", "missing")
+                return {n: await c.call_tool("compare_traces", {"before": f"{n}.duckdb"}) for n in names}
+
+        out = anyio.run(go)
+    finally:
+        holder.kill()
+        holder.wait()
+    # THEN each is refused, naming the file as the client named it and never the server's directory
+    for n, r in out.items():
+        text = r.content[0].text
+        assert r.is_error, (n, text)
+        assert str(tmp_path) not in text and "srv2" not in text, (n, text)
+    assert "locked.duckdb is being written by another process" in out["locked"].content[0].text
+    assert "fifo.duckdb is a FIFO" in out["fifo"].content[0].text

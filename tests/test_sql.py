@@ -471,3 +471,16 @@ def test_in_process_connection_path(db):
         with pytest.raises(QueryTimeout):
             run_sql(c, "SELECT count(*) FROM range(1000000) a, range(1000000) b WHERE a.range + b.range = 7", 1, 0.3)
         assert run_sql(c, "SELECT 42").rows == [[42]]
+
+
+def test_a_functions_io_error_is_not_a_damaged_file():
+    # issue 30: DuckDB reports a table function's failure as an IO Error; that is the query's error, not the file's
+    from tracer.analysis.sql import _sql_error
+
+    e = duckdb.IOException(
+        'IO Error: destroy_external_resource: deleter function "query" failed: Invalid Input Error: boom'
+    )
+    err = _sql_error(e, fired=False, timeout_s=10)
+    assert isinstance(err, SqlError) and "boom" in err.message and "damaged" not in err.hint
+    damaged = _sql_error(duckdb.IOException("IO Error: Could not read enough bytes from file"), False, 10)
+    assert "cannot be read" in damaged.message

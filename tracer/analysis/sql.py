@@ -461,7 +461,7 @@ def _sql_error(e: duckdb.Error, fired: bool, timeout_s: float) -> TracerError:
             f"(no files, URLs or extensions) ({short(text.splitlines()[0], 200)})",
             "Query the trace's tables: read trace://schema or run SHOW TABLES.",
         )
-    if is_damaged(e):  # the file changed or is cut short: say so, not "check your column names"
+    if _damaged_while_read(e):  # the file changed or is cut short: say so, not "check your column names"
         return read_error("the trace DB", e)  # type: ignore[return-value]
     if "expression depth" in low:
         return too_deep()
@@ -478,6 +478,17 @@ def _sql_error(e: duckdb.Error, fired: bool, timeout_s: float) -> TracerError:
     if isinstance(e, (duckdb.ConversionException, duckdb.OutOfRangeException)):
         return SqlError(message, "Cast or filter the values that do not fit: TRY_CAST gives NULL instead of failing.")
     return SqlError(message, "Change the query as DuckDB's message says.")
+
+
+# What DuckDB says when the file's bytes are wrong. An IO Error alone is not enough during a query: DuckDB also
+# reports a function's failure so (destroy_external_resource: deleter function "query" failed: Invalid Input
+# Error: ...), which is the query's error, not a damaged file (issue 30).
+_DAMAGE_MARKS = ("corrupt", "could not read enough bytes", "checksum", "failed to deserialize", "could not read from")
+
+
+def _damaged_while_read(e: duckdb.Error) -> bool:
+    low = str(e).lower()
+    return is_damaged(e) and any(m in low for m in _DAMAGE_MARKS)
 
 
 def _oom(e: BaseException | None) -> QueryOutOfMemory:
