@@ -19,16 +19,19 @@ import contextlib
 import ctypes
 import ipaddress
 import os
+import re
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI, Request
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from starlette.responses import PlainTextResponse
 from starlette.routing import Mount
 
 from mcp_server import sessions
@@ -166,7 +169,7 @@ def build_app(
     @app.get("/healthz")
     async def healthz(request: Request) -> dict[str, str]:
         body = {"status": "ok", "mcp": "/mcp"}
-        trusted = await checks.validate_request(request) is None
+        trusted = strict_refusal(request.scope, security) is None and await checks.validate_request(request) is None
         if trusted and (token is None or authorized(dict(request.scope.get("headers") or []), token)):
             body["db"] = "+".join(p.name for p in _paths(db))
         return body
@@ -175,10 +178,51 @@ def build_app(
     return HostCheck(BearerTokenMiddleware(app, token) if token else app, checks)
 
 
+# host[:port] as a Host header or an Origin's authority carries it: a name or IPv4 address, or [IPv6]
+_AUTHORITY = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::([0-9]{1,5}))?")
+
+
+def _authority(text: str) -> tuple[str, str | None] | None:
+    m = _AUTHORITY.fullmatch(text)
+    return (m.group(1).lower(), m.group(2)) if m else None
+
+
+def _matches(auth: tuple[str, str | None] | None, patterns: list[str]) -> bool:
+    """True when the parsed host[:port] ``auth`` is one of ``patterns`` (``host:port`` or ``host:*``): the whole
+    host and the whole port compared, never a prefix (``127.0.0.1:evil.com`` is no host of ours)."""
+    if auth is None:
+        return False
+    host, port = auth
+    for pat in patterns:
+        want_host, _, want_port = pat.rpartition(":")
+        if host == want_host.lower() and (want_port == "*" or port == want_port):
+            return True
+    return False
+
+
+def strict_refusal(scope: dict[str, Any], security: TransportSecuritySettings) -> tuple[int, str] | None:
+    """(status, reason) when the request's Host or Origin is not exactly an allowed one (issue 30: the SDK's
+    ``127.0.0.1:*`` matches by prefix, so ``Host: 127.0.0.1:evil.com`` and ``Origin:
+    http://localhost:8090.evil.com`` passed); None when both are."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+    host = headers.get("host")
+    if host is not None and not _matches(_authority(host.strip()), list(security.allowed_hosts)):
+        return 421, "Invalid Host header"
+    origin = headers.get("origin")
+    if origin:  # absent or empty: a same-origin request, as the SDK reads it
+        u = urlsplit(origin.strip())
+        ok = u.scheme in ("http", "https") and not (u.path or u.query or u.fragment or u.username)
+        patterns = [o.split("://", 1)[1] for o in security.allowed_origins if o.startswith(f"{u.scheme}://")]
+        if not (ok and _matches(_authority(u.netloc), patterns)):
+            return 403, "Invalid Origin header"
+    return None
+
+
 class HostCheck:
     """Refuse a request whose Host (421) or Origin (403) the MCP endpoint would refuse, before any routing or
     redirect, so nothing this server sends is built from a forged Host. ``/healthz`` is exempt: it answers
-    everyone, and names the DB only to requests that pass these same checks."""
+    everyone, and names the DB only to requests that pass these same checks. Host and Origin are parsed and
+    compared whole (:func:`strict_refusal`) before the SDK's own check."""
 
     def __init__(self, app: Any, checks: TransportSecurityMiddleware, exempt: tuple[str, ...] = ("/healthz",)) -> None:
         self.app = app
@@ -187,6 +231,10 @@ class HostCheck:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("path") not in self.exempt:
+            strict = strict_refusal(scope, self.checks.settings)
+            if strict is not None:
+                await PlainTextResponse(strict[1], status_code=strict[0])(scope, receive, send)
+                return
             refused = await self.checks.validate_request(Request(scope))  # Content-Type stays the SDK's check
             if refused is not None:
                 await refused(scope, receive, send)

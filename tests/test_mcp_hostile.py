@@ -198,6 +198,11 @@ def test_wrong_host_and_origin(server: Server):
     bad_origin = httpx.post(server.url, json=INIT, headers={**ACCEPT, "origin": "http://evil.example"})
     rebind = httpx.post(server.url, json=INIT, headers={**ACCEPT, "host": "127.0.0.1.nip.io:80"})
     assert (bad_host.status_code, bad_origin.status_code, rebind.status_code) == (421, 403, 421)
+    # issue 30: the SDK's 127.0.0.1:* is a prefix match; the whole host and port are compared
+    port = server.base.rsplit(":", 1)[1]
+    prefix_host = httpx.post(server.url, json=INIT, headers={**ACCEPT, "host": "127.0.0.1:evil.com"})
+    prefix_origin = httpx.post(server.url, json=INIT, headers={**ACCEPT, "origin": f"http://localhost:{port}.evil.com"})
+    assert (prefix_host.status_code, prefix_origin.status_code) == (421, 403)
     assert max(anyio.run(liveness, server.url).values()) < LIVE_S
 
 

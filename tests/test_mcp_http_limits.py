@@ -385,3 +385,29 @@ def test_compare_traces_errors_name_files_relative_to_the_directory(tmp_path: Pa
         assert str(tmp_path) not in text and "srv2" not in text, (n, text)
     assert "locked.duckdb is being written by another process" in out["locked"].content[0].text
     assert "fifo.duckdb is a FIFO" in out["fifo"].content[0].text
+
+
+# -- issue 30: Host and Origin compared whole, not by prefix -----------------------------------------------------
+@pytest.mark.parametrize(
+    "headers,want",
+    [
+        ({"host": "127.0.0.1:8090"}, None),
+        ({"host": "localhost"}, None),
+        ({"host": "[::1]:8090", "origin": "http://[::1]:8090"}, None),
+        ({"host": "127.0.0.1:8090", "origin": "http://localhost:8090"}, None),
+        ({"host": "127.0.0.1:evil.com"}, 421),
+        ({"host": "127.0.0.1:8090.evil.com"}, 421),
+        ({"host": "localhost.evil.com:8090"}, 421),
+        ({"host": "127.0.0.1:8090", "origin": "http://localhost:8090.evil.com"}, 403),
+        ({"host": "127.0.0.1:8090", "origin": "http://localhost:evil.com"}, 403),
+        ({"host": "127.0.0.1:8090", "origin": "http://localhost:8090/x"}, 403),
+        ({"host": "127.0.0.1:8090", "origin": "http://user@localhost:8090"}, 403),
+        ({"host": "127.0.0.1:8090", "origin": "ftp://localhost:8090"}, 403),
+    ],
+)
+def test_host_and_origin_are_parsed_whole(headers: dict[str, str], want: int | None):
+    from mcp_server.http import security_for, strict_refusal
+
+    scope = {"headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    got = strict_refusal(scope, security_for("127.0.0.1", 8090, []))
+    assert (got[0] if got else None) == want
