@@ -15,11 +15,13 @@ of requests (:mod:`mcp_server.sessions`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import ipaddress
 import os
 import re
+import resource
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -28,11 +30,13 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
+import h11
 import uvicorn
 from fastapi import FastAPI, Request
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mcp_server import sessions
 from mcp_server.auth import BearerTokenMiddleware, authorized
@@ -47,6 +51,14 @@ LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 SDK_MAX_SESSIONS = 4 * sessions.TOTAL
 STOP_GRACE_S = 0.5  # on SIGTERM/Ctrl-C, uvicorn waits this long for the requests in flight, then cancels them
 STOP_S = 0.8  # and this long after the signal the process is gone, whatever is still running (_DeadlineServer)
+# Issue 30: 1,100 half-open connections made a server under `ulimit -n 1024` unreachable (uvicorn has no timeout
+# for a request's head or body). A request's head and body must arrive within REQUEST_READ_S of its first byte
+# (or of the connection); an idle keep-alive connection closes after KEEP_ALIVE_S; past MAX_CONNECTIONS open
+# connections a new one is closed at once, and the process raises its own file limit to the hard limit.
+REQUEST_READ_S = 15.0
+KEEP_ALIVE_S = 5
+MAX_CONNECTIONS = 1000
+FD_RESERVE = 200  # descriptors kept for the DB files, query worker pipes and logs beyond the connections
 
 
 def parse_listen(spec: str) -> tuple[str, int]:
@@ -263,8 +275,81 @@ def serve_http(
             + ("  bearer token required" if token else ""),
             highlight=False,
         )
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=STOP_GRACE_S)
-    _DeadlineServer(config, pool).run()
+    _DeadlineServer(http_config(app, host, port), pool).run()
+
+
+def raise_file_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; return the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # some kernels cap it below an infinite hard limit (fs.nr_open)
+            pass
+    return soft
+
+
+def http_config(app: Any, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for the MCP endpoint: the bounded protocol, keep-alive and connection caps."""
+    files = raise_file_limit()
+    cap = max(16, min(MAX_CONNECTIONS, (files if files != resource.RLIM_INFINITY else 1 << 20) - FD_RESERVE))
+    BoundedH11Protocol.max_connections = cap
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=STOP_GRACE_S,
+        http=BoundedH11Protocol,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on reading each request (head and body) and a cap on connections.
+
+    The deadline starts with the connection and again with the first byte of each later request, and ends when
+    the request has arrived whole; while the response streams (an SSE stream) no deadline runs. A connection
+    past :attr:`max_connections` is closed before it is read: fewer file descriptors than the process may hold
+    stay open, so accept() keeps working for the next client once the slow ones are cut.
+    """
+
+    max_connections = MAX_CONNECTIONS
+    read_s = REQUEST_READ_S
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        self._read_deadline: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+            self._arm()
+        super().data_received(data)
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):  # the request arrived whole
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._read_deadline is None:
+            self._read_deadline = self.loop.call_later(self.read_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _too_slow(self) -> None:
+        self._read_deadline = None
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+            self.transport.close()  # the app sees a disconnect if it was reading the body
 
 
 class _DeadlineServer(uvicorn.Server):

@@ -411,3 +411,87 @@ def test_host_and_origin_are_parsed_whole(headers: dict[str, str], want: int | N
     scope = {"headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
     got = strict_refusal(scope, security_for("127.0.0.1", 8090, []))
     assert (got[0] if got else None) == want
+
+
+# -- issue 30: HTTP read deadlines, keep-alive and a connection cap --------------------------------------------
+async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def bounded(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """A uvicorn server on :func:`mcp_server.http.http_config` with a 1 s read deadline and 3 connections at most."""
+    import uvicorn
+
+    from mcp_server import http
+
+    port = free_port()
+    config = http.http_config(_hello, "127.0.0.1", port)
+    monkeypatch.setattr(http.BoundedH11Protocol, "read_s", 1.0)
+    monkeypatch.setattr(http.BoundedH11Protocol, "max_connections", 3)
+    server = uvicorn.Server(config)
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield port
+    server.should_exit = True
+    th.join(10)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """True when the server closes ``sock`` within ``seconds`` (it reads EOF or a reset)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"",
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\nx",
+    ],
+    ids=["nothing", "half a head", "a tenth of a body"],
+)
+def test_a_request_must_arrive_within_the_read_deadline(bounded: int, sent: bytes):
+    with socket.create_connection(("127.0.0.1", bounded)) as s:
+        s.sendall(sent)
+        assert _closed_within(s, 6.0)  # 1 s deadline; generous on a loaded host, and never without it
+
+
+def test_complete_requests_answer_and_connections_are_capped(bounded: int):
+    idle = [socket.create_connection(("127.0.0.1", bounded)) for _ in range(3)]
+    try:
+        with socket.create_connection(("127.0.0.1", bounded)) as extra:  # the fourth: closed before it is read
+            assert _closed_within(extra, 3.0)
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.5)
+    with socket.create_connection(("127.0.0.1", bounded)) as s:  # slots free again: a whole request is answered
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        s.settimeout(5)
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_the_server_raises_its_own_file_limit():
+    code = (
+        "import resource; N = resource.RLIMIT_NOFILE; resource.setrlimit(N, (256, resource.getrlimit(N)[1]));"
+        "from mcp_server.http import raise_file_limit; print(raise_file_limit(), resource.getrlimit(N)[1])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) > 256 and out[0] == out[1]
