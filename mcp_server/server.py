@@ -30,6 +30,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from mcp_server.sessions import CLIENT_KEY
 from tracer.analysis import compare
 from tracer.analysis.arguments import check_args
 from tracer.analysis.breakdown import Breakdown, time_breakdown
@@ -496,13 +497,11 @@ are refused."""
 
 
 def sql_client(ctx: Context | None) -> str | None:
-    """Who calls run_sql, for the query workers' fair queue (:mod:`tracer.analysis.sqlqueue`).
-
-    The MCP session when there is one (its ``mcp-session-id``). The 2026 protocol has no sessions, and a client
-    sends concurrent calls over separate connections, so a sessionless call is grouped by the peer's address and
-    the client software it declares (``clientInfo``): twenty calls of one assistant share one share, another
-    assistant gets its own. Both are what the client says, not proof of who it is: a client that invents a new
-    identity per call gets no more than a queue position each.
+    """Who calls run_sql, for the query workers' fair queue (:mod:`tracer.analysis.sqlqueue`): what the client
+    cannot choose (issue 30). Over HTTP, what :class:`mcp_server.sessions.SessionLimits` wrote into the request:
+    a session this server issued, else the peer's address; never a header or the ``clientInfo`` the client sends
+    (a new name or a forged ``mcp-session-id`` per call bought a new share). Over stdio or in memory, the session
+    object: one client.
     """
     if ctx is None:
         return None
@@ -510,18 +509,9 @@ def sql_client(ctx: Context | None) -> str | None:
         rc = ctx.request_context
     except Exception:  # no request in progress: not a tool call the queue can tell apart
         return None
-    request = rc.request
-    headers = getattr(request, "headers", None)
-    sid = headers.get("mcp-session-id") if headers is not None else None
-    if sid:
-        return f"session:{sid}"
-    peer = getattr(request, "client", None)
-    info = getattr(getattr(rc.session, "client_params", None), "client_info", None)
-    if info is not None:
-        return f"client:{peer.host if peer is not None else 'local'}:{info.name}/{info.version}"
-    if peer is not None:
-        return f"connection:{peer.host}:{peer.port}"
-    return f"session-object:{id(rc.session)}"
+    scope = getattr(rc.request, "scope", None)
+    key = scope.get(CLIENT_KEY) if isinstance(scope, dict) else None
+    return str(key) if key else f"session-object:{id(rc.session)}"
 
 
 def compact_reply(record: BaseModel) -> CallToolResult:

@@ -495,3 +495,77 @@ def test_the_server_raises_its_own_file_limit():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert int(out[0]) > 256 and out[0] == out[1]
+
+
+# -- issue 30: who a request is, for the fair queue, is what the client cannot choose -------------------------
+class HoldingApp:
+    """Records who each request was taken for (the scope's CLIENT_KEY) and holds ``?hold`` requests until
+    ``release``; a POST without a session opens one, like the SDK."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.release = anyio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        from mcp_server.sessions import CLIENT_KEY
+
+        await receive()
+        self.seen.append(scope[CLIENT_KEY])
+        headers = dict(scope["headers"])
+        out: list[tuple[bytes, bytes]] = []
+        if b"mcp-session-id" not in headers and scope.get("query_string") != b"hold":
+            out = [(b"mcp-session-id", uuid.uuid4().hex.encode())]
+        if scope.get("query_string") == b"hold":
+            await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": out})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_forged_session_id_counts_as_the_peer_and_a_real_one_as_its_session():
+    app = HoldingApp()
+    limits = SessionLimits(app)
+    _, sid = run(request(limits, "10.0.0.1"))
+    run(request(limits, "10.0.0.1", sid=sid))
+    run(request(limits, "10.0.0.1", sid="forged-" + uuid.uuid4().hex))
+    run(request(limits, "10.0.0.1", sid="another-forged"))
+    assert app.seen == ["peer:10.0.0.1", f"session:{sid}", "peer:10.0.0.1", "peer:10.0.0.1"]
+
+
+def test_requests_without_a_session_are_capped_per_address():
+    app = HoldingApp()
+    limits = SessionLimits(app, in_flight=8, queued=64)
+
+    async def go() -> list[int]:
+        statuses: list[int] = []
+
+        async def one(addr: str, sid: str | None) -> None:
+            statuses.append((await request(limits, addr, sid=sid, query=b"hold"))[0])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(80):  # half with a forged session id: still the same address's requests
+                tg.start_soon(one, "10.0.0.1", None if i % 2 else f"forged-{i}")
+            await anyio.sleep(0.5)
+            assert sorted(statuses) == [429] * 8  # 72 held, the rest refused at once
+            tg.start_soon(one, "10.0.0.2", None)  # another address is not charged
+            await anyio.sleep(0.2)
+            app.release.set()
+        return statuses
+
+    statuses = anyio.run(go)
+    assert statuses.count(200) == 73 and statuses.count(429) == 8
+
+
+def test_sql_client_ignores_what_the_client_declares():
+    from types import SimpleNamespace
+
+    from mcp_server.server import sql_client
+
+    forged = [(b"mcp-session-id", b"forged")]
+    request_ = SimpleNamespace(
+        scope={"tracer.client": "peer:127.0.0.1", "headers": forged}, headers={"mcp-session-id": "forged"}
+    )
+    info = SimpleNamespace(client_info=SimpleNamespace(name="attacker-1", version="1"))
+    ctx = SimpleNamespace(
+        request_context=SimpleNamespace(request=request_, session=SimpleNamespace(client_params=info))
+    )
+    assert sql_client(ctx) == "peer:127.0.0.1"  # type: ignore[arg-type]

@@ -355,6 +355,22 @@ def test_fair_share_round_robin_and_caps():
     assert share.next_up() is a[2]
 
 
+def test_fair_share_serves_a_newcomer_before_clients_already_served():
+    # issue 30: six sessions of one attacker, each served once and each with a query queued again before the
+    # victim's; the old rule (fewest running, then oldest ticket) served all six before the victim
+    share = FairShare(per_client=1, max_waiting=4)
+    attackers = [f"s{i}" for i in range(6)]
+    for c in attackers:
+        first = share.enter(c)
+        share.grant(first)
+        share.done(c)
+    again = [share.enter(c) for c in attackers]
+    victim = share.enter("victim")
+    assert share.next_up() is victim
+    share.grant(victim)
+    assert share.next_up() is again[0]  # then the attackers, round robin
+
+
 def test_fair_share_bounds_the_queue_of_a_named_client():
     share = FairShare(per_client=1, max_waiting=2)
     share.enter("a"), share.enter("a")
