@@ -231,6 +231,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("limit as text", "arguments", "run_sql", {"query": "SELECT 1", "limit": BIG}, needle="valid integer"),
     Attack("query as a number", "arguments", "run_sql", {"query": 12345}, needle="valid string"),
     Attack("unknown tool", "arguments", "drop_everything", {}, needle="Unknown tool"),
+    Attack("2,000 pids", "arguments", "compare_processes", {"pids": [3247] * 2000}, needle="2,000 pids is too many"),
     *(
         # issue 17: the statement check was a regex comment stripper; DuckDB nests /* */ and ends -- at \r. This
         # COPY replaced the served DB with 6 bytes. Refused by the check, and DuckDB has no file system to do it.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -60,6 +61,11 @@ SQL_THREADS = 32  # run_sql calls in progress at once (waiting for a query worke
 ECHO_CHARS = 80  # an argument quoted back in an error is cut to this (a 1 MB op name is not sent back)
 RECORDING_SUFFIX = ".duckdb"  # compare_traces reads only files so named, in the served DB's directory
 LIST_RECORDINGS = 20  # recordings named in compare_traces' error for a name it cannot find
+# Issue 30: a crafted recording (cuda_calls a CPU-burning view) kept compare_traces busy for 300 s in the server,
+# and compare_processes(pids=[3247]*2000) for 20 s. Every tool's DuckDB work is interrupted past this budget
+# (an analysis answers in well under a second on a real recording), and pids lists are capped.
+TOOL_BUDGET_S = 30.0
+MAX_PIDS = 64  # pids one compare_processes call may name (it shows 8 columns)
 
 INSTRUCTIONS = """\
 You are investigating one recording of a GPU training job: every CUDA API call with its latency, what the
@@ -133,7 +139,10 @@ def build_server(
             raise ToolError(_tool_message(e)) from None
         failed: TracerError | None = None
         try:
-            yield c
+            with budget(c):
+                yield c
+        except duckdb.InterruptException:
+            failed = over_budget()
         except duckdb.Error as e:  # the file changed or is damaged (or an analysis bug): a clear answer, not a crash
             failed = read_error(served_name, e)
         finally:
@@ -284,6 +293,13 @@ def build_server(
         columns. Cannot see the GPU side of each process. Next: get_step_series(pid) or get_waits(pid) for the
         column that stands out.
         """
+        if pids is not None:
+            if len(pids) > MAX_PIDS:
+                raise ToolError(
+                    f"{len(pids):,} pids is too many: pass at most {MAX_PIDS} (the answer shows "
+                    "8 columns); omit pids for every CUDA process"
+                )
+            pids = list(dict.fromkeys(pids))  # a pid named twice is one column
         with conn() as c:
             for p in [*(pids or []), *([threads_of] if threads_of is not None else [])]:
                 _check(c, pid=p)
@@ -339,13 +355,16 @@ def build_server(
                 k: named[k].resolve() if k in named else (None if connect or job else path.resolve()) for k in names
             }
             try:
-                return compare.compare_traces(
-                    conns["before"],
-                    conns["after"],
-                    before_name=names["before"],
-                    after_name=names["after"],
-                    same_file=where["before"] is not None and where["before"] == where["after"],
-                )
+                with budget(*(conns[k] for k in named)):  # the served side's conn() has its own
+                    return compare.compare_traces(
+                        conns["before"],
+                        conns["after"],
+                        before_name=names["before"],
+                        after_name=names["after"],
+                        same_file=where["before"] is not None and where["before"] == where["after"],
+                    )
+            except duckdb.InterruptException:
+                failed = over_budget()
             except duckdb.Error as e:  # a file damaged or changed while read: one clear answer, no traceback
                 failed = read_error(" or ".join(dict.fromkeys(names.values())), e)
         assert failed is not None
@@ -573,6 +592,27 @@ def redact(text: str) -> str:
         text = re.sub(re.escape(d) + r"(?![\w.-])", "the served directory", text)
     home = os.path.expanduser("~")
     return text.replace(home + os.sep, "~" + os.sep) if len(home) > 1 else text
+
+
+@contextmanager
+def budget(*conns: duckdb.DuckDBPyConnection, seconds: float | None = None) -> Iterator[None]:
+    """Interrupt the DuckDB work on ``conns`` once ``seconds`` (default :data:`TOOL_BUDGET_S`) have passed: the
+    tool then fails with :func:`over_budget` rather than burning the server's CPU."""
+    timer = threading.Timer(TOOL_BUDGET_S if seconds is None else seconds, lambda: [c.interrupt() for c in conns])
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def over_budget() -> TracerError:
+    return TracerError(
+        f"the analysis was stopped after {TOOL_BUDGET_S:g} s, its time budget: a recording this slow to read is "
+        "damaged or crafted",
+        "Check the recording (tracer info FILE), or record again.",
+    )
 
 
 def _tool_message(e: TracerError) -> str:

@@ -569,3 +569,45 @@ def test_sql_client_ignores_what_the_client_declares():
         request_context=SimpleNamespace(request=request_, session=SimpleNamespace(client_params=info))
     )
     assert sql_client(ctx) == "peer:127.0.0.1"  # type: ignore[arg-type]
+
+
+# -- issue 30: tools under a time budget, argument sizes capped --------------------------------------------------
+def test_compare_traces_on_a_crafted_recording_stops_at_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import duckdb
+
+    from mcp_server import server as srv
+
+    # GIVEN a recording whose cuda_calls is a view that burns CPU (billions of hashes per scan)
+    build("healthy", tmp_path / "a.duckdb")
+    build("healthy", tmp_path / "crafted.duckdb")
+    with duckdb.connect(str(tmp_path / "crafted.duckdb")) as c:
+        c.execute("ALTER TABLE cuda_calls RENAME TO cc_real")
+        c.execute(
+            "CREATE VIEW cuda_calls AS SELECT c.* FROM cc_real c, range(5000000) r "
+            "WHERE r.range = 0 OR hash(r.range, c.ts_ns) = 0"
+        )
+    monkeypatch.setattr(srv, "TOOL_BUDGET_S", 2.0)
+
+    async def go() -> tuple[Any, float, Any]:
+        async with Client(build_server(tmp_path / "a.duckdb")) as c:
+            t = time.monotonic()
+            r = await c.call_tool("compare_traces", {"before": "crafted.duckdb"})
+            return r, time.monotonic() - t, await c.call_tool("get_trace_stats", {})
+
+    r, took, stats = anyio.run(go)
+    # THEN it is stopped at its budget, says so, and the server answers the next call
+    assert r.is_error and "stopped after 2 s" in r.content[0].text, r.content[0].text
+    assert took < 15, took
+    assert not stats.is_error
+
+
+def test_compare_processes_refuses_two_thousand_pids(db: Path):
+    async def go() -> Any:
+        async with Client(build_server(db)) as c:
+            t = time.monotonic()
+            r = await c.call_tool("compare_processes", {"pids": list(range(1, 2001))})
+            return r, time.monotonic() - t
+
+    r, took = anyio.run(go)
+    assert r.is_error and "2,000 pids is too many: pass at most 64" in r.content[0].text, r.content[0].text
+    assert took < 2
