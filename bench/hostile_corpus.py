@@ -321,6 +321,14 @@ ATTACKS: tuple[Attack, ...] = (
             check=rows_are("12345678901234567890.123456789"),
         ),
         sql(
+            "TIMESTAMP_NS infinity",
+            "values",
+            "SELECT 'infinity'::TIMESTAMP_NS AS a, '-infinity'::TIMESTAMP_MS AS b, 'infinity'::TIMESTAMP_S AS c",
+            check=rows_are("infinity", "-infinity", "infinity"),
+        ),
+        sql("VARIANT", "values", "SELECT 1::VARIANT AS v", check=rows_are("1")),
+        sql("VARIANT of an INTERVAL", "values", "SELECT (INTERVAL 1 DAY)::VARIANT AS v", check=rows_are("1 day")),
+        sql(
             "NaN and infinities",
             "values",
             "SELECT 'nan'::DOUBLE AS a, 'inf'::DOUBLE AS b, '-inf'::FLOAT AS c",
