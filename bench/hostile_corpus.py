@@ -30,7 +30,7 @@ class Attack:
     """One tool call and the answer it must get."""
 
     name: str
-    cls: str  # values | time | memory | reply | statement | file_network | write | arguments
+    cls: str  # values | time | memory | reply | statement | file_network | write | arguments | disclosure | state
     tool: str
     args: dict[str, Any]
     needle: str | tuple[str, ...] | None = None  # expected: a tool error whose text contains this (or one of)
@@ -197,15 +197,15 @@ ATTACKS: tuple[Attack, ...] = (
         needle="query() is not allowed",
     ),
     # file and network access from SQL
-    sql("read_csv /etc/passwd", "file_network", "SELECT * FROM read_csv('/etc/passwd')", needle=NO_FILES),
-    sql("read_text", "file_network", "SELECT * FROM read_text('/etc/passwd')", needle=NO_FILES),
-    sql("read_blob", "file_network", "SELECT * FROM read_blob('/etc/hostname')", needle=NO_FILES),
-    sql("glob", "file_network", "SELECT * FROM glob('/*')", needle=NO_FILES),
-    sql("/proc/self/environ", "file_network", "SELECT * FROM read_json_auto('/proc/self/environ')", needle=NO_FILES),
+    sql("read_csv /etc/passwd", "file_network", "SELECT * FROM read_csv('/etc/passwd')", needle=REFUSED),
+    sql("read_text", "file_network", "SELECT * FROM read_text('/etc/passwd')", needle=REFUSED),
+    sql("read_blob", "file_network", "SELECT * FROM read_blob('/etc/hostname')", needle=REFUSED),
+    sql("glob", "file_network", "SELECT * FROM glob('/*')", needle=REFUSED),
+    sql("/proc/self/environ", "file_network", "SELECT * FROM read_json_auto('/proc/self/environ')", needle=REFUSED),
     sql("replacement scan of a path", "file_network", "FROM '/etc/passwd'", needle="does not exist"),
     sql("https URL", "file_network", "SELECT * FROM 'https://example.com/x.csv'", needle=NO_FILES),
-    sql("s3 parquet", "file_network", "SELECT * FROM read_parquet('s3://bucket/x.parquet')", needle=NO_FILES),
-    sql("getenv", "file_network", "SELECT getenv('TRACER_MCP_TOKEN')", needle="getenv is not allowed"),
+    sql("s3 parquet", "file_network", "SELECT * FROM read_parquet('s3://bucket/x.parquet')", needle=REFUSED),
+    sql("getenv", "file_network", "SELECT getenv('TRACER_MCP_TOKEN')", needle="getenv() is not allowed"),
     sql("stored secrets", "file_network", "SELECT * FROM duckdb_secrets()", needle=SERVER_ONLY),
     # writes
     sql("INSERT", "write", "INSERT INTO meta VALUES ('a', 'b')", needle=REFUSED),
@@ -231,6 +231,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("limit as text", "arguments", "run_sql", {"query": "SELECT 1", "limit": BIG}, needle="valid integer"),
     Attack("query as a number", "arguments", "run_sql", {"query": 12345}, needle="valid string"),
     Attack("unknown tool", "arguments", "drop_everything", {}, needle="Unknown tool"),
+    Attack("2,000 pids", "arguments", "compare_processes", {"pids": [3247] * 2000}, needle="2,000 pids is too many"),
     *(
         # issue 17: the statement check was a regex comment stripper; DuckDB nests /* */ and ends -- at \r. This
         # COPY replaced the served DB with 6 bytes. Refused by the check, and DuckDB has no file system to do it.
@@ -320,6 +321,14 @@ ATTACKS: tuple[Attack, ...] = (
             check=rows_are("12345678901234567890.123456789"),
         ),
         sql(
+            "TIMESTAMP_NS infinity",
+            "values",
+            "SELECT 'infinity'::TIMESTAMP_NS AS a, '-infinity'::TIMESTAMP_MS AS b, 'infinity'::TIMESTAMP_S AS c",
+            check=rows_are("infinity", "-infinity", "infinity"),
+        ),
+        sql("VARIANT", "values", "SELECT 1::VARIANT AS v", check=rows_are("1")),
+        sql("VARIANT of an INTERVAL", "values", "SELECT (INTERVAL 1 DAY)::VARIANT AS v", check=rows_are("1 day")),
+        sql(
             "NaN and infinities",
             "values",
             "SELECT 'nan'::DOUBLE AS a, 'inf'::DOUBLE AS b, '-inf'::FLOAT AS c",
@@ -345,6 +354,44 @@ ATTACKS: tuple[Attack, ...] = (
             "disclosure",
             "SELECT * FROM query_table('duckdb_' || 'databases')",
             needle="query_table() is not allowed",
+        ),
+        # issue 30: DuckDB's table macros call query_table(source); functions named by a string run any SQL
+        sql(
+            "histogram_values over duckdb_databases",
+            "disclosure",
+            "SELECT * FROM histogram_values('duckdb_databases', path)",
+            needle="query_table() is not allowed",
+        ),
+        sql(
+            "histogram_values over pg_settings",
+            "disclosure",
+            "SELECT * FROM histogram_values('pg_settings', name||'='||coalesce(setting,''), bin_count := 500)",
+            needle="query_table() is not allowed",
+        ),
+        sql(
+            "destroy_external_resource runs SQL",
+            "disclosure",
+            "SELECT * FROM destroy_external_resource('query', 'SELECT error(reverse((SELECT path FROM "
+            "duckdb_databases() WHERE path IS NOT NULL)))')",
+            needle="destroy_external_resource() is not allowed",
+        ),
+        sql(
+            "register_external_resource_type",
+            "state",
+            "SELECT * FROM register_external_resource_type('planted', kind:='x', create_function:='query')",
+            needle="register_external_resource_type() is not allowed",
+        ),
+        sql(
+            "register_external_resource",
+            "state",
+            "SELECT * FROM register_external_resource('planted', 'note', map{'k': 'v'})",
+            needle="register_external_resource() is not allowed",
+        ),
+        sql(
+            "duckdb_external_resources in a later call",
+            "state",
+            "SELECT * FROM duckdb_external_resources()",
+            needle="duckdb_external_resources() is not allowed",
         ),
         # errors say what can be done in run_sql
         sql("unknown column", "errors", "SELECT nope FROM meta", needle="Check table and column names"),

@@ -15,21 +15,28 @@ of requests (:mod:`mcp_server.sessions`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import ipaddress
 import os
+import re
+import resource
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
+import h11
 import uvicorn
 from fastapi import FastAPI, Request
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from starlette.responses import PlainTextResponse
 from starlette.routing import Mount
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mcp_server import sessions
 from mcp_server.auth import BearerTokenMiddleware, authorized
@@ -44,6 +51,14 @@ LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 SDK_MAX_SESSIONS = 4 * sessions.TOTAL
 STOP_GRACE_S = 0.5  # on SIGTERM/Ctrl-C, uvicorn waits this long for the requests in flight, then cancels them
 STOP_S = 0.8  # and this long after the signal the process is gone, whatever is still running (_DeadlineServer)
+# Issue 30: 1,100 half-open connections made a server under `ulimit -n 1024` unreachable (uvicorn has no timeout
+# for a request's head or body). A request's head and body must arrive within REQUEST_READ_S of its first byte
+# (or of the connection); an idle keep-alive connection closes after KEEP_ALIVE_S; past MAX_CONNECTIONS open
+# connections a new one is closed at once, and the process raises its own file limit to the hard limit.
+REQUEST_READ_S = 15.0
+KEEP_ALIVE_S = 5
+MAX_CONNECTIONS = 1000
+FD_RESERVE = 200  # descriptors kept for the DB files, query worker pipes and logs beyond the connections
 
 
 def parse_listen(spec: str) -> tuple[str, int]:
@@ -166,7 +181,7 @@ def build_app(
     @app.get("/healthz")
     async def healthz(request: Request) -> dict[str, str]:
         body = {"status": "ok", "mcp": "/mcp"}
-        trusted = await checks.validate_request(request) is None
+        trusted = strict_refusal(request.scope, security) is None and await checks.validate_request(request) is None
         if trusted and (token is None or authorized(dict(request.scope.get("headers") or []), token)):
             body["db"] = "+".join(p.name for p in _paths(db))
         return body
@@ -175,10 +190,51 @@ def build_app(
     return HostCheck(BearerTokenMiddleware(app, token) if token else app, checks)
 
 
+# host[:port] as a Host header or an Origin's authority carries it: a name or IPv4 address, or [IPv6]
+_AUTHORITY = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::([0-9]{1,5}))?")
+
+
+def _authority(text: str) -> tuple[str, str | None] | None:
+    m = _AUTHORITY.fullmatch(text)
+    return (m.group(1).lower(), m.group(2)) if m else None
+
+
+def _matches(auth: tuple[str, str | None] | None, patterns: list[str]) -> bool:
+    """True when the parsed host[:port] ``auth`` is one of ``patterns`` (``host:port`` or ``host:*``): the whole
+    host and the whole port compared, never a prefix (``127.0.0.1:evil.com`` is no host of ours)."""
+    if auth is None:
+        return False
+    host, port = auth
+    for pat in patterns:
+        want_host, _, want_port = pat.rpartition(":")
+        if host == want_host.lower() and (want_port == "*" or port == want_port):
+            return True
+    return False
+
+
+def strict_refusal(scope: dict[str, Any], security: TransportSecuritySettings) -> tuple[int, str] | None:
+    """(status, reason) when the request's Host or Origin is not exactly an allowed one (issue 30: the SDK's
+    ``127.0.0.1:*`` matches by prefix, so ``Host: 127.0.0.1:evil.com`` and ``Origin:
+    http://localhost:8090.evil.com`` passed); None when both are."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+    host = headers.get("host")
+    if host is not None and not _matches(_authority(host.strip()), list(security.allowed_hosts)):
+        return 421, "Invalid Host header"
+    origin = headers.get("origin")
+    if origin:  # absent or empty: a same-origin request, as the SDK reads it
+        u = urlsplit(origin.strip())
+        ok = u.scheme in ("http", "https") and not (u.path or u.query or u.fragment or u.username)
+        patterns = [o.split("://", 1)[1] for o in security.allowed_origins if o.startswith(f"{u.scheme}://")]
+        if not (ok and _matches(_authority(u.netloc), patterns)):
+            return 403, "Invalid Origin header"
+    return None
+
+
 class HostCheck:
     """Refuse a request whose Host (421) or Origin (403) the MCP endpoint would refuse, before any routing or
     redirect, so nothing this server sends is built from a forged Host. ``/healthz`` is exempt: it answers
-    everyone, and names the DB only to requests that pass these same checks."""
+    everyone, and names the DB only to requests that pass these same checks. Host and Origin are parsed and
+    compared whole (:func:`strict_refusal`) before the SDK's own check."""
 
     def __init__(self, app: Any, checks: TransportSecurityMiddleware, exempt: tuple[str, ...] = ("/healthz",)) -> None:
         self.app = app
@@ -187,6 +243,10 @@ class HostCheck:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("path") not in self.exempt:
+            strict = strict_refusal(scope, self.checks.settings)
+            if strict is not None:
+                await PlainTextResponse(strict[1], status_code=strict[0])(scope, receive, send)
+                return
             refused = await self.checks.validate_request(Request(scope))  # Content-Type stays the SDK's check
             if refused is not None:
                 await refused(scope, receive, send)
@@ -215,8 +275,81 @@ def serve_http(
             + ("  bearer token required" if token else ""),
             highlight=False,
         )
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=STOP_GRACE_S)
-    _DeadlineServer(config, pool).run()
+    _DeadlineServer(http_config(app, host, port), pool).run()
+
+
+def raise_file_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; return the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # some kernels cap it below an infinite hard limit (fs.nr_open)
+            pass
+    return soft
+
+
+def http_config(app: Any, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for the MCP endpoint: the bounded protocol, keep-alive and connection caps."""
+    files = raise_file_limit()
+    cap = max(16, min(MAX_CONNECTIONS, (files if files != resource.RLIM_INFINITY else 1 << 20) - FD_RESERVE))
+    BoundedH11Protocol.max_connections = cap
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=STOP_GRACE_S,
+        http=BoundedH11Protocol,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on reading each request (head and body) and a cap on connections.
+
+    The deadline starts with the connection and again with the first byte of each later request, and ends when
+    the request has arrived whole; while the response streams (an SSE stream) no deadline runs. A connection
+    past :attr:`max_connections` is closed before it is read: fewer file descriptors than the process may hold
+    stay open, so accept() keeps working for the next client once the slow ones are cut.
+    """
+
+    max_connections = MAX_CONNECTIONS
+    read_s = REQUEST_READ_S
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        self._read_deadline: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+            self._arm()
+        super().data_received(data)
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):  # the request arrived whole
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._read_deadline is None:
+            self._read_deadline = self.loop.call_later(self.read_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _too_slow(self) -> None:
+        self._read_deadline = None
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+            self.transport.close()  # the app sees a disconnect if it was reading the body
 
 
 class _DeadlineServer(uvicorn.Server):

@@ -16,6 +16,9 @@ swapped underneath the server) becomes a ToolError, raised after the connection 
 from __future__ import annotations
 
 import json
+import os
+import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -28,6 +31,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from mcp_server.sessions import CLIENT_KEY
 from tracer.analysis import compare
 from tracer.analysis.arguments import check_args
 from tracer.analysis.breakdown import Breakdown, time_breakdown
@@ -58,6 +62,11 @@ SQL_THREADS = 32  # run_sql calls in progress at once (waiting for a query worke
 ECHO_CHARS = 80  # an argument quoted back in an error is cut to this (a 1 MB op name is not sent back)
 RECORDING_SUFFIX = ".duckdb"  # compare_traces reads only files so named, in the served DB's directory
 LIST_RECORDINGS = 20  # recordings named in compare_traces' error for a name it cannot find
+# Issue 30: a crafted recording (cuda_calls a CPU-burning view) kept compare_traces busy for 300 s in the server,
+# and compare_processes(pids=[3247]*2000) for 20 s. Every tool's DuckDB work is interrupted past this budget
+# (an analysis answers in well under a second on a real recording), and pids lists are capped.
+TOOL_BUDGET_S = 30.0
+MAX_PIDS = 64  # pids one compare_processes call may name (it shows 8 columns)
 
 INSTRUCTIONS = """\
 You are investigating one recording of a GPU training job: every CUDA API call with its latency, what the
@@ -119,6 +128,7 @@ def build_server(
     served_name = "+".join(p.name for p in paths)  # the name answers give the served recording(s)
     opener: Connect = connect or (lambda: open_trace(paths if job else path))
     siblings = Path(recordings_dir) if recordings_dir is not None else path.resolve().parent
+    _hide_directories(*(p.parent for p in paths), siblings)
 
     @contextmanager
     def conn() -> Iterator[duckdb.DuckDBPyConnection]:
@@ -130,7 +140,10 @@ def build_server(
             raise ToolError(_tool_message(e)) from None
         failed: TracerError | None = None
         try:
-            yield c
+            with budget(c):
+                yield c
+        except duckdb.InterruptException:
+            failed = over_budget()
         except duckdb.Error as e:  # the file changed or is damaged (or an analysis bug): a clear answer, not a crash
             failed = read_error(served_name, e)
         finally:
@@ -286,6 +299,13 @@ def build_server(
         columns. Cannot see the GPU side of each process. Next: get_step_series(pid) or get_waits(pid) for the
         column that stands out.
         """
+        if pids is not None:
+            if len(pids) > MAX_PIDS:
+                raise ToolError(
+                    f"{len(pids):,} pids is too many: pass at most {MAX_PIDS} (the answer shows "
+                    "8 columns); omit pids for every CUDA process"
+                )
+            pids = list(dict.fromkeys(pids))  # a pid named twice is one column
         with conn() as c:
             for p in [*(pids or []), *([threads_of] if threads_of is not None else [])]:
                 _check(c, pid=p)
@@ -341,13 +361,16 @@ def build_server(
                 k: named[k].resolve() if k in named else (None if connect or job else path.resolve()) for k in names
             }
             try:
-                return compare.compare_traces(
-                    conns["before"],
-                    conns["after"],
-                    before_name=names["before"],
-                    after_name=names["after"],
-                    same_file=where["before"] is not None and where["before"] == where["after"],
-                )
+                with budget(*(conns[k] for k in named)):  # the served side's conn() has its own
+                    return compare.compare_traces(
+                        conns["before"],
+                        conns["after"],
+                        before_name=names["before"],
+                        after_name=names["after"],
+                        same_file=where["before"] is not None and where["before"] == where["after"],
+                    )
+            except duckdb.InterruptException:
+                failed = over_budget()
             except duckdb.Error as e:  # a file damaged or changed while read: one clear answer, no traceback
                 failed = read_error(" or ".join(dict.fromkeys(names.values())), e)
         assert failed is not None
@@ -518,13 +541,11 @@ are refused."""
 
 
 def sql_client(ctx: Context | None) -> str | None:
-    """Who calls run_sql, for the query workers' fair queue (:mod:`tracer.analysis.sqlqueue`).
-
-    The MCP session when there is one (its ``mcp-session-id``). The 2026 protocol has no sessions, and a client
-    sends concurrent calls over separate connections, so a sessionless call is grouped by the peer's address and
-    the client software it declares (``clientInfo``): twenty calls of one assistant share one share, another
-    assistant gets its own. Both are what the client says, not proof of who it is: a client that invents a new
-    identity per call gets no more than a queue position each.
+    """Who calls run_sql, for the query workers' fair queue (:mod:`tracer.analysis.sqlqueue`): what the client
+    cannot choose (issue 30). Over HTTP, what :class:`mcp_server.sessions.SessionLimits` wrote into the request:
+    a session this server issued, else the peer's address; never a header or the ``clientInfo`` the client sends
+    (a new name or a forged ``mcp-session-id`` per call bought a new share). Over stdio or in memory, the session
+    object: one client.
     """
     if ctx is None:
         return None
@@ -532,18 +553,9 @@ def sql_client(ctx: Context | None) -> str | None:
         rc = ctx.request_context
     except Exception:  # no request in progress: not a tool call the queue can tell apart
         return None
-    request = rc.request
-    headers = getattr(request, "headers", None)
-    sid = headers.get("mcp-session-id") if headers is not None else None
-    if sid:
-        return f"session:{sid}"
-    peer = getattr(request, "client", None)
-    info = getattr(getattr(rc.session, "client_params", None), "client_info", None)
-    if info is not None:
-        return f"client:{peer.host if peer is not None else 'local'}:{info.name}/{info.version}"
-    if peer is not None:
-        return f"connection:{peer.host}:{peer.port}"
-    return f"session-object:{id(rc.session)}"
+    scope = getattr(rc.request, "scope", None)
+    key = scope.get(CLIENT_KEY) if isinstance(scope, dict) else None
+    return str(key) if key else f"session-object:{id(rc.session)}"
 
 
 def compact_reply(record: BaseModel) -> CallToolResult:
@@ -586,9 +598,52 @@ def sql_reply(res: SqlResult) -> CallToolResult:
         )
 
 
+# Directories no error may name (issue 30): the served recording's and compare_traces' directory, as given and
+# resolved. A file there is named relative to it ("locked.duckdb is being written"), the directory itself so.
+_hidden_dirs: set[str] = set()
+
+
+def _hide_directories(*dirs: Path) -> None:
+    for d in dirs:
+        for v in {os.path.abspath(d), os.path.realpath(d)}:
+            if len(v) > 1:
+                _hidden_dirs.add(v.rstrip(os.sep))
+
+
+def redact(text: str) -> str:
+    """``text`` with the hidden directories (and the home directory) taken out of every path it holds."""
+    for d in sorted(_hidden_dirs, key=len, reverse=True):  # the deepest first: /srv/a before /srv
+        text = text.replace(d + os.sep, "")
+        text = re.sub(re.escape(d) + r"(?![\w.-])", "the served directory", text)
+    home = os.path.expanduser("~")
+    return text.replace(home + os.sep, "~" + os.sep) if len(home) > 1 else text
+
+
+@contextmanager
+def budget(*conns: duckdb.DuckDBPyConnection, seconds: float | None = None) -> Iterator[None]:
+    """Interrupt the DuckDB work on ``conns`` once ``seconds`` (default :data:`TOOL_BUDGET_S`) have passed: the
+    tool then fails with :func:`over_budget` rather than burning the server's CPU."""
+    timer = threading.Timer(TOOL_BUDGET_S if seconds is None else seconds, lambda: [c.interrupt() for c in conns])
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def over_budget() -> TracerError:
+    return TracerError(
+        f"the analysis was stopped after {TOOL_BUDGET_S:g} s, its time budget: a recording this slow to read is "
+        "damaged or crafted",
+        "Check the recording (tracer info FILE), or record again.",
+    )
+
+
 def _tool_message(e: TracerError) -> str:
-    """The tool-error text for ``e``: its message and hint (the hint says how to fix the call)."""
-    return f"{e.message}. {e.hint}".strip() if e.hint else e.message
+    """The tool-error text for ``e``: its message and hint (the hint says how to fix the call), without the
+    server's directories."""
+    return redact(f"{e.message}. {e.hint}".strip() if e.hint else e.message)
 
 
 def _echo(value: str) -> str:

@@ -19,6 +19,12 @@ This ASGI middleware, in front of the SDK's app, keeps its own table of the sess
 
 Clients behind one address (every local client on a loopback server, or everyone behind a proxy) share one
 ``per_client`` budget: a flood of sessions used like a real client's cannot be told apart from one.
+
+Issue 30: who a request is, for run_sql's fair queue, is what the client cannot choose. The middleware writes it
+into the request's scope as :data:`CLIENT_KEY`: ``session:<id>`` for a session this server issued and still
+holds, else ``peer:<address>``. A forged ``mcp-session-id`` or a new ``clientInfo`` name per call buys no new
+share. Requests without a known session (the 2026 protocol's sessionless calls) are capped per address like a
+session's: ``in_flight + queued`` at once, beyond that 429.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ IN_FLIGHT = 8  # requests of one session served at once (an event stream and par
 QUEUED = 64  # more of them waiting for a turn, before 429
 IDLE_S = 300.0  # a session with no request for this long is ended (the SDK's default is 30 minutes)
 SESSION_HEADER = b"mcp-session-id"
+CLIENT_KEY = "tracer.client"  # the scope key naming who sent the request (see the module's docstring)
 
 
 @dataclass
@@ -88,6 +95,7 @@ class SessionLimits:
         self.idle_s = idle_s
         self._clock = clock
         self._sessions: dict[str, _Session] = {}
+        self._sessionless: dict[str, int] = {}  # address -> its requests in progress without a known session
 
     def open_sessions(self, client: str | None = None) -> int:
         """Sessions open (as far as this middleware knows), of ``client`` or of all."""
@@ -98,16 +106,11 @@ class SessionLimits:
             await self.app(scope, receive, send)
             return
         sid = _header(scope, SESSION_HEADER)
-        if sid is None:
-            if scope.get("method") == "POST":
-                await self._open(scope, receive, send)
-            else:  # the SDK refuses a GET or DELETE without a session: nothing to count
-                await self.app(scope, receive, send)
+        session = self._sessions.get(sid) if sid is not None else None
+        if session is None:
+            await self._without_session(scope, receive, send, sid)
             return
-        session = self._sessions.get(sid)
-        if session is None:  # unknown to us: the SDK answers (404 for an unknown or expired id)
-            await self.app(scope, receive, send)
-            return
+        scope[CLIENT_KEY] = f"session:{sid}"
         if session.in_flight >= self.in_flight + self.queued:
             await _refuse(send, 429, f"too many requests at once in this session (at most {self.in_flight} served)")
             return
@@ -135,9 +138,27 @@ class SessionLimits:
             if status == 404 or (scope.get("method") == "DELETE" and 200 <= status < 300):
                 self._sessions.pop(sid, None)
 
+    async def _without_session(self, scope: Scope, receive: Receive, send: Send, sid: str | None) -> None:
+        """A request with no session this server holds: counted against its address's cap."""
+        peer = _peer(scope)
+        scope[CLIENT_KEY] = f"peer:{peer}"
+        if self._sessionless.get(peer, 0) >= self.in_flight + self.queued:
+            await _refuse(send, 429, f"too many requests at once without a session from this address ({peer})")
+            return
+        self._sessionless[peer] = self._sessionless.get(peer, 0) + 1
+        try:
+            if sid is None and scope.get("method") == "POST":
+                await self._open(scope, receive, send)
+            else:  # unknown to us: the SDK answers (404 for an unknown or expired id, or a GET without one)
+                await self.app(scope, receive, send)
+        finally:
+            n = self._sessionless.pop(peer, 1) - 1
+            if n > 0:
+                self._sessionless[peer] = n
+
     async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve a request that may open a session; once it has, end older ones past the caps."""
-        client = (scope.get("client") or ("?", 0))[0]
+        client = _peer(scope)
         opened: str | None = None
 
         async def watch(message: Message) -> None:
@@ -214,6 +235,11 @@ class SessionLimits:
                 await self.app(scope, receive, discard)
         except Exception:  # the session stays until the SDK's idle timeout ends it
             log.warning("could not end MCP session %s", sid[:8], exc_info=True)
+
+
+def _peer(scope: Scope) -> str:
+    """The address of the connection's peer (not its port: a client picks a new one per connection)."""
+    return str((scope.get("client") or ("?", 0))[0])
 
 
 def _header(scope_or_message: MutableMapping[str, Any], name: bytes) -> str | None:

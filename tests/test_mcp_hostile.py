@@ -167,6 +167,7 @@ def test_corpus_is_complete():
         "write",
         "arguments",
         "disclosure",
+        "state",
         "errors",
     }
     assert len({a.name for a in ATTACKS}) == len(ATTACKS) >= 110
@@ -198,6 +199,11 @@ def test_wrong_host_and_origin(server: Server):
     bad_origin = httpx.post(server.url, json=INIT, headers={**ACCEPT, "origin": "http://evil.example"})
     rebind = httpx.post(server.url, json=INIT, headers={**ACCEPT, "host": "127.0.0.1.nip.io:80"})
     assert (bad_host.status_code, bad_origin.status_code, rebind.status_code) == (421, 403, 421)
+    # issue 30: the SDK's 127.0.0.1:* is a prefix match; the whole host and port are compared
+    port = server.base.rsplit(":", 1)[1]
+    prefix_host = httpx.post(server.url, json=INIT, headers={**ACCEPT, "host": "127.0.0.1:evil.com"})
+    prefix_origin = httpx.post(server.url, json=INIT, headers={**ACCEPT, "origin": f"http://localhost:{port}.evil.com"})
+    assert (prefix_host.status_code, prefix_origin.status_code) == (421, 403)
     assert max(anyio.run(liveness, server.url).values()) < LIVE_S
 
 
@@ -273,6 +279,10 @@ def test_second_client_answers_while_one_saturates(db: Path, pristine: DiskState
                         t = time.perf_counter()
                         r = await c.call_tool(tool, args)
                         seconds[tool] = time.perf_counter() - t
+                        if mode == "auto" and tool == "run_sql":
+                            # issue 30: without sessions both clients are the peer 127.0.0.1; a clientInfo name
+                            # buys no share of its own, so this one's query joins the flood's (refused at once)
+                            continue
                         assert not r.is_error, r.content[0].text[:300]
                 tg.cancel_scope.cancel()
 

@@ -344,3 +344,270 @@ def test_compare_traces_refuses_links_out_of_the_directory(tmp_path: Path, db: P
         assert "abs.duckdb" not in text.split("recordings here:")[1]  # not offered as a name either
     assert not out["same"].is_error, out["same"].content[0].text  # a link within the directory is followed
     assert not out["stats"].is_error
+
+
+# -- issue 30: no error names a server path ------------------------------------------------------------------------
+HOLD_WRITE_LOCK = "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('ok', flush=True); time.sleep(60)"
+
+
+def test_compare_traces_errors_name_files_relative_to_the_directory(tmp_path: Path):
+    # GIVEN a served directory whose other .duckdb files are each unreadable in their own way
+    served = tmp_path / "srv2"
+    served.mkdir()
+    build("healthy", served / "a.duckdb")
+    os.mkfifo(served / "fifo.duckdb")
+    (served / "dir.duckdb").mkdir()
+    (served / "empty.duckdb").write_bytes(b"")
+    (served / "text.duckdb").write_text("not a database\n" * 100)
+    import duckdb
+
+    duckdb.connect(str(served / "foreign.duckdb")).execute("CREATE TABLE x (a INT)").close()
+    build("healthy", served / "locked.duckdb")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WRITE_LOCK, str(served / "locked.duckdb")], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().startswith(b"ok")
+
+        async def go() -> dict[str, Any]:
+            async with Client(build_server(served / "a.duckdb")) as c:
+                names = ("fifo", "dir", "empty", "text", "foreign", "locked", "missing")
+                return {n: await c.call_tool("compare_traces", {"before": f"{n}.duckdb"}) for n in names}
+
+        out = anyio.run(go)
+    finally:
+        holder.kill()
+        holder.wait()
+    # THEN each is refused, naming the file as the client named it and never the server's directory
+    for n, r in out.items():
+        text = r.content[0].text
+        assert r.is_error, (n, text)
+        assert str(tmp_path) not in text and "srv2" not in text, (n, text)
+    assert "locked.duckdb is being written by another process" in out["locked"].content[0].text
+    assert "fifo.duckdb is a FIFO" in out["fifo"].content[0].text
+
+
+# -- issue 30: Host and Origin compared whole, not by prefix -----------------------------------------------------
+@pytest.mark.parametrize(
+    "headers,want",
+    [
+        ({"host": "127.0.0.1:8090"}, None),
+        ({"host": "localhost"}, None),
+        ({"host": "[::1]:8090", "origin": "http://[::1]:8090"}, None),
+        ({"host": "127.0.0.1:8090", "origin": "http://localhost:8090"}, None),
+        ({"host": "127.0.0.1:evil.com"}, 421),
+        ({"host": "127.0.0.1:8090.evil.com"}, 421),
+        ({"host": "localhost.evil.com:8090"}, 421),
+        ({"host": "127.0.0.1:8090", "origin": "http://localhost:8090.evil.com"}, 403),
+        ({"host": "127.0.0.1:8090", "origin": "http://localhost:evil.com"}, 403),
+        ({"host": "127.0.0.1:8090", "origin": "http://localhost:8090/x"}, 403),
+        ({"host": "127.0.0.1:8090", "origin": "http://user@localhost:8090"}, 403),
+        ({"host": "127.0.0.1:8090", "origin": "ftp://localhost:8090"}, 403),
+    ],
+)
+def test_host_and_origin_are_parsed_whole(headers: dict[str, str], want: int | None):
+    from mcp_server.http import security_for, strict_refusal
+
+    scope = {"headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    got = strict_refusal(scope, security_for("127.0.0.1", 8090, []))
+    assert (got[0] if got else None) == want
+
+
+# -- issue 30: HTTP read deadlines, keep-alive and a connection cap --------------------------------------------
+async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def bounded(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """A uvicorn server on :func:`mcp_server.http.http_config` with a 1 s read deadline and 3 connections at most."""
+    import uvicorn
+
+    from mcp_server import http
+
+    port = free_port()
+    config = http.http_config(_hello, "127.0.0.1", port)
+    monkeypatch.setattr(http.BoundedH11Protocol, "read_s", 1.0)
+    monkeypatch.setattr(http.BoundedH11Protocol, "max_connections", 3)
+    server = uvicorn.Server(config)
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield port
+    server.should_exit = True
+    th.join(10)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """True when the server closes ``sock`` within ``seconds`` (it reads EOF or a reset)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"",
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\nx",
+    ],
+    ids=["nothing", "half a head", "a tenth of a body"],
+)
+def test_a_request_must_arrive_within_the_read_deadline(bounded: int, sent: bytes):
+    with socket.create_connection(("127.0.0.1", bounded)) as s:
+        s.sendall(sent)
+        assert _closed_within(s, 6.0)  # 1 s deadline; generous on a loaded host, and never without it
+
+
+def test_complete_requests_answer_and_connections_are_capped(bounded: int):
+    idle = [socket.create_connection(("127.0.0.1", bounded)) for _ in range(3)]
+    try:
+        with socket.create_connection(("127.0.0.1", bounded)) as extra:  # the fourth: closed before it is read
+            assert _closed_within(extra, 3.0)
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.5)
+    with socket.create_connection(("127.0.0.1", bounded)) as s:  # slots free again: a whole request is answered
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        s.settimeout(5)
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_the_server_raises_its_own_file_limit():
+    code = (
+        "import resource; N = resource.RLIMIT_NOFILE; resource.setrlimit(N, (256, resource.getrlimit(N)[1]));"
+        "from mcp_server.http import raise_file_limit; print(raise_file_limit(), resource.getrlimit(N)[1])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) > 256 and out[0] == out[1]
+
+
+# -- issue 30: who a request is, for the fair queue, is what the client cannot choose -------------------------
+class HoldingApp:
+    """Records who each request was taken for (the scope's CLIENT_KEY) and holds ``?hold`` requests until
+    ``release``; a POST without a session opens one, like the SDK."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.release = anyio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        from mcp_server.sessions import CLIENT_KEY
+
+        await receive()
+        self.seen.append(scope[CLIENT_KEY])
+        headers = dict(scope["headers"])
+        out: list[tuple[bytes, bytes]] = []
+        if b"mcp-session-id" not in headers and scope.get("query_string") != b"hold":
+            out = [(b"mcp-session-id", uuid.uuid4().hex.encode())]
+        if scope.get("query_string") == b"hold":
+            await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": out})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_forged_session_id_counts_as_the_peer_and_a_real_one_as_its_session():
+    app = HoldingApp()
+    limits = SessionLimits(app)
+    _, sid = run(request(limits, "10.0.0.1"))
+    run(request(limits, "10.0.0.1", sid=sid))
+    run(request(limits, "10.0.0.1", sid="forged-" + uuid.uuid4().hex))
+    run(request(limits, "10.0.0.1", sid="another-forged"))
+    assert app.seen == ["peer:10.0.0.1", f"session:{sid}", "peer:10.0.0.1", "peer:10.0.0.1"]
+
+
+def test_requests_without_a_session_are_capped_per_address():
+    app = HoldingApp()
+    limits = SessionLimits(app, in_flight=8, queued=64)
+
+    async def go() -> list[int]:
+        statuses: list[int] = []
+
+        async def one(addr: str, sid: str | None) -> None:
+            statuses.append((await request(limits, addr, sid=sid, query=b"hold"))[0])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(80):  # half with a forged session id: still the same address's requests
+                tg.start_soon(one, "10.0.0.1", None if i % 2 else f"forged-{i}")
+            await anyio.sleep(0.5)
+            assert sorted(statuses) == [429] * 8  # 72 held, the rest refused at once
+            tg.start_soon(one, "10.0.0.2", None)  # another address is not charged
+            await anyio.sleep(0.2)
+            app.release.set()
+        return statuses
+
+    statuses = anyio.run(go)
+    assert statuses.count(200) == 73 and statuses.count(429) == 8
+
+
+def test_sql_client_ignores_what_the_client_declares():
+    from types import SimpleNamespace
+
+    from mcp_server.server import sql_client
+
+    forged = [(b"mcp-session-id", b"forged")]
+    request_ = SimpleNamespace(
+        scope={"tracer.client": "peer:127.0.0.1", "headers": forged}, headers={"mcp-session-id": "forged"}
+    )
+    info = SimpleNamespace(client_info=SimpleNamespace(name="attacker-1", version="1"))
+    ctx = SimpleNamespace(
+        request_context=SimpleNamespace(request=request_, session=SimpleNamespace(client_params=info))
+    )
+    assert sql_client(ctx) == "peer:127.0.0.1"  # type: ignore[arg-type]
+
+
+# -- issue 30: tools under a time budget, argument sizes capped --------------------------------------------------
+def test_compare_traces_on_a_crafted_recording_stops_at_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import duckdb
+
+    from mcp_server import server as srv
+
+    # GIVEN a recording whose cuda_calls is a view that burns CPU (billions of hashes per scan)
+    build("healthy", tmp_path / "a.duckdb")
+    build("healthy", tmp_path / "crafted.duckdb")
+    with duckdb.connect(str(tmp_path / "crafted.duckdb")) as c:
+        c.execute("ALTER TABLE cuda_calls RENAME TO cc_real")
+        c.execute(
+            "CREATE VIEW cuda_calls AS SELECT c.* FROM cc_real c, range(5000000) r "
+            "WHERE r.range = 0 OR hash(r.range, c.ts_ns) = 0"
+        )
+    monkeypatch.setattr(srv, "TOOL_BUDGET_S", 2.0)
+
+    async def go() -> tuple[Any, float, Any]:
+        async with Client(build_server(tmp_path / "a.duckdb")) as c:
+            t = time.monotonic()
+            r = await c.call_tool("compare_traces", {"before": "crafted.duckdb"})
+            return r, time.monotonic() - t, await c.call_tool("get_trace_stats", {})
+
+    r, took, stats = anyio.run(go)
+    # THEN it is stopped at its budget, says so, and the server answers the next call
+    assert r.is_error and "stopped after 2 s" in r.content[0].text, r.content[0].text
+    assert took < 15, took
+    assert not stats.is_error
+
+
+def test_compare_processes_refuses_two_thousand_pids(db: Path):
+    async def go() -> Any:
+        async with Client(build_server(db)) as c:
+            t = time.monotonic()
+            r = await c.call_tool("compare_processes", {"pids": list(range(1, 2001))})
+            return r, time.monotonic() - t
+
+    r, took = anyio.run(go)
+    assert r.is_error and "2,000 pids is too many: pass at most 64" in r.content[0].text, r.content[0].text
+    assert took < 2

@@ -108,6 +108,21 @@ def test_timeout_then_still_works(db):
         ("'-infinity'::DATE", "-infinity"),
         ("'infinity'::TIMESTAMP", "infinity"),
         ("'-infinity'::TIMESTAMPTZ", "-infinity"),
+        # issue 30: every timestamp unit's infinities, which Arrow reads as the largest time it holds
+        ("'infinity'::TIMESTAMP_NS", "infinity"),
+        ("'-infinity'::TIMESTAMP_NS", "-infinity"),
+        ("'infinity'::TIMESTAMP_MS", "infinity"),
+        ("'-infinity'::TIMESTAMP_S", "-infinity"),
+        ("'infinity'::TIMESTAMP_S", "infinity"),
+        ("'infinity'::TIMESTAMPTZ", "infinity"),
+        # issue 30: a VARIANT as the value it holds, not its encoding; types Arrow could not read inside one
+        ("1::VARIANT", "1"),
+        ("'x'::VARIANT", "x"),
+        ("(INTERVAL 1 DAY)::VARIANT", "1 day"),
+        ("'12:00:00+05:30'::TIMETZ::VARIANT", "12:00:00+05:30"),
+        ("'12:00:00.123456789'::TIME_NS::VARIANT", "12:00:00.123456789"),
+        ("'101'::BIT::VARIANT", "101"),
+        ("340282366920938463463374607431768211455::UHUGEINT::VARIANT", "340282366920938463463374607431768211455"),
         ("'294247-01-10 04:00:54.775806'::TIMESTAMP", "294247-01-10 04:00:54.775806"),
         ("'0044-03-15 (BC)'::DATE", "0044-03-15 (BC)"),
         ("make_timestamp_ns(9223372036854775806)", "2262-04-11T23:47:16.854775806"),
@@ -312,6 +327,79 @@ def test_server_paths_refused(db, q):
     assert str(db.parent) not in e.value.message + e.value.hint
 
 
+# -- issue 30: what a query calls is decided after DuckDB's macros and views are expanded --------------------------
+HIDDEN_CALLS = [
+    # table macros whose body runs query_table(source): the served file's path, every setting
+    ("SELECT * FROM histogram_values('duckdb_databases', path)", "query_table() is not allowed"),
+    ("SELECT * FROM histogram_values('pg_settings', name||'='||coalesce(setting,''), bin_count := 500)", "query_table"),
+    ("SELECT * FROM histogram('duckdb_databases', path)", "query_table() is not allowed"),
+    ("SELECT * FROM system.main.histogram_values('duckdb_settings', name)", "query_table() is not allowed"),
+    # a function named by a string: any SQL, past the interrupt
+    (
+        "SELECT * FROM destroy_external_resource('query', 'SELECT error(reverse((SELECT path FROM duckdb_databases() "
+        "WHERE path IS NOT NULL)))')",
+        "destroy_external_resource() is not allowed",
+    ),
+    ("SELECT * FROM register_external_resource_type('planted', kind:='x', create_function:='query')", "register_"),
+    ("SELECT * FROM register_external_resource('planted', 'note', map{'a': 'b'})", "register_external_resource()"),
+    ("SELECT * FROM create_external_resource('planted', map{'a': 'b'})", "create_external_resource() is not"),
+    ("SELECT * FROM deregister_external_resource('note')", "deregister_external_resource() is not"),
+    ("SELECT * FROM duckdb_external_resources()", "duckdb_external_resources() is not"),
+    ("SELECT * FROM query_table(['meta', 'duckdb_databases'])", "query_table() is not allowed"),
+    ("SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))", "json_execute_serialized_sql"),
+    ("SELECT list_aggr([1], (SELECT 'sum'))", "with a function name that is not a constant"),
+    ("SELECT nextval('s')", "nextval() is not allowed"),
+    ("SELECT * FROM duckdb_memory()", "shows the server's configuration and paths"),
+    ("SELECT * FROM read_duckdb('x.duckdb')", "read_duckdb() is not allowed"),
+]
+
+
+@pytest.mark.parametrize("q,needle", HIDDEN_CALLS)
+def test_macros_expanded_before_the_check(db, q, needle):
+    with pytest.raises(SqlError) as e:
+        run_sql(db, q)
+    assert needle in e.value.message and "Table functions allowed: " in e.value.hint
+    assert str(db.parent) not in e.value.message + e.value.hint
+
+
+@pytest.fixture(scope="module")
+def crafted(tmp_path_factory):
+    """A trace DB whose own macros and views call what run_sql refuses, and shadow DuckDB's range."""
+    p = tmp_path_factory.mktemp("crafted") / "c.duckdb"
+    build("healthy", p)
+    with duckdb.connect(str(p)) as c:
+        c.execute("CREATE MACRO where_am_i() AS (SELECT max(path) FROM duckdb_databases())")
+        c.execute("CREATE MACRO range(x) AS TABLE SELECT * FROM query_table('duckdb_databases')")
+        c.execute("CREATE VIEW innocent AS SELECT * FROM query('SELECT path FROM duckdb_databases()')")
+        c.execute("CREATE VIEW deeper AS SELECT * FROM innocent")
+        c.execute("CREATE MACRO fine(x) AS x + 1")
+    return p
+
+
+@pytest.mark.parametrize(
+    "q,needle",
+    [
+        ("SELECT where_am_i()", "duckdb_databases() is not allowed in run_sql (the macro where_am_i calls it)"),
+        ("SELECT * FROM range(3)", "query_table() is not allowed in run_sql (the table macro range calls it)"),
+        ("SELECT * FROM deeper", "query() is not allowed in run_sql (the view innocent calls it)"),
+    ],
+)
+def test_the_trace_dbs_own_macros_and_views_are_expanded(crafted, q, needle):
+    with pytest.raises(SqlError) as e:
+        run_sql(crafted, q)
+    assert needle in e.value.message
+
+
+def test_what_a_read_needs_is_allowed(db, crafted):
+    # DuckDB's own macros over list_aggr with a constant name, the histogram aggregate, catalog views of the trace
+    r = run_sql(db, "SELECT list_sum([1, 2]), list_histogram([1, 1]), pg_typeof(1), list_aggr([3, 4], 'max')")
+    assert [r.rows[0][i] for i in (0, 2, 3)] == [3, "integer", 4] and r.rows[0][1]
+    assert run_sql(db, "SELECT histogram(op) FROM cuda_calls").row_count == 1
+    assert run_sql(db, "SELECT count(*) FROM information_schema.tables").rows[0][0] > 5
+    assert run_sql(db, "SELECT count(*) FROM range(3) t(x), unnest([1, 2])").rows == [[6]]
+    assert run_sql(crafted, "SELECT fine(1)").rows == [[2]]
+
+
 def test_ordinary_names_are_not_refused(db):
     # a CTE or a column may be called query: only the table function is refused
     r = run_sql(db, "WITH query AS (SELECT 1 AS setting) SELECT setting AS current_setting FROM query")
@@ -328,7 +416,8 @@ def test_ordinary_names_are_not_refused(db):
         ("SELECT 'a'::INT", "TRY_CAST", "Check table and column names"),
         ("SELECT " + "1 + " * 2000 + "1", "expression depth", "SET "),
         ("SELECT list_transform([1, 2], x -> x + 1)", "lambda x: x + 1", "SET "),
-        ("SELECT * FROM read_text('/etc/hostname')", "file system operations are disabled", "Check table"),
+        ("SELECT * FROM read_text('/etc/hostname')", "Table functions allowed: ", "Check table"),
+        ("SELECT * FROM 'https://example.com/x.csv'", "file system operations are disabled", "Check table"),
     ],
 )
 def test_errors_advise_what_run_sql_can_do(db, q, says, not_says):
@@ -397,3 +486,16 @@ def test_in_process_connection_path(db):
         with pytest.raises(QueryTimeout):
             run_sql(c, "SELECT count(*) FROM range(1000000) a, range(1000000) b WHERE a.range + b.range = 7", 1, 0.3)
         assert run_sql(c, "SELECT 42").rows == [[42]]
+
+
+def test_a_functions_io_error_is_not_a_damaged_file():
+    # issue 30: DuckDB reports a table function's failure as an IO Error; that is the query's error, not the file's
+    from tracer.analysis.sql import _sql_error
+
+    e = duckdb.IOException(
+        'IO Error: destroy_external_resource: deleter function "query" failed: Invalid Input Error: boom'
+    )
+    err = _sql_error(e, fired=False, timeout_s=10)
+    assert isinstance(err, SqlError) and "boom" in err.message and "damaged" not in err.hint
+    damaged = _sql_error(duckdb.IOException("IO Error: Could not read enough bytes from file"), False, 10)
+    assert "cannot be read" in damaged.message

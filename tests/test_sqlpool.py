@@ -280,6 +280,49 @@ def test_no_state_outlives_a_call(pool, db):
         conn.close()
 
 
+def test_each_call_gets_a_fresh_instance(db, monkeypatch):
+    """Issue 30: DuckDB keeps external resources per instance, not per cursor; session A's registration was read by
+    session B. With the name check bypassed (as a hole in it would), a worker's next call still sees none of it."""
+    import json as _json
+
+    from tracer.analysis import sql as sqlmod
+    from tracer.analysis import sqlworker
+
+    monkeypatch.setattr(sqlmod, "find_refused_names", lambda conn, statement: None)  # the second layer alone
+    cfg = {
+        "memory_bytes": 2 << 30,
+        "duckdb_memory_bytes": 512 << 20,
+        "threads": 1,
+        "preopen": None,
+        "retire_growth": 1 << 40,
+    }
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    inp, out = os.fdopen(r_in, "rb"), os.fdopen(w_out, "wb")
+    monkeypatch.setattr(sqlworker, "_limit_address_space", lambda extra: None)  # not this test process's
+    th = threading.Thread(target=sqlworker._serve, args=(cfg, inp, out), daemon=True)
+    th.start()
+    ask, answers = os.fdopen(w_in, "wb"), os.fdopen(r_out, "rb")
+    assert "ready" in _json.loads(answers.readline())
+
+    def run(q: str) -> dict:
+        req = {"db": str(db), "query": q, "limit": 10, "timeout_s": 10.0, "reply_bytes": 1 << 20, "value_chars": 99}
+        ask.write((_json.dumps(req) + "\n").encode())
+        ask.flush()
+        return _json.loads(answers.readline())
+
+    try:
+        planted = "SELECT * FROM register_external_resource_type('planted', kind := 'x', create_function := 'query')"
+        assert run(planted)["result"]["rows"] == [[True]]
+        assert run("SELECT count(*) FROM duckdb_external_resource_types() WHERE name = 'planted'")["result"][
+            "rows"
+        ] == [[0]]
+    finally:
+        ask.close()
+        th.join(10)
+        answers.close()
+
+
 def test_oversized_answer_is_not_called_a_crash(pool, db):
     # an answer past what the reply cap allows is dropped and said so, not reported as out of memory
     w = pool._acquire(time.monotonic() + 30, "t")
@@ -310,6 +353,22 @@ def test_fair_share_round_robin_and_caps():
     assert share.next_up() is None
     share.done("a")
     assert share.next_up() is a[2]
+
+
+def test_fair_share_serves_a_newcomer_before_clients_already_served():
+    # issue 30: six sessions of one attacker, each served once and each with a query queued again before the
+    # victim's; the old rule (fewest running, then oldest ticket) served all six before the victim
+    share = FairShare(per_client=1, max_waiting=4)
+    attackers = [f"s{i}" for i in range(6)]
+    for c in attackers:
+        first = share.enter(c)
+        share.grant(first)
+        share.done(c)
+    again = [share.enter(c) for c in attackers]
+    victim = share.enter("victim")
+    assert share.next_up() is victim
+    share.grant(victim)
+    assert share.next_up() is again[0]  # then the attackers, round robin
 
 
 def test_fair_share_bounds_the_queue_of_a_named_client():

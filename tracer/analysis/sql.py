@@ -135,10 +135,20 @@ def _duckdb_text(conn: duckdb.DuckDBPyConnection, col: pa.Array) -> list[str | N
         cur.close()
 
 
+# DuckDB's timestamp infinities, of every unit: the largest int64 and its negation
+_INFINITIES = pa.array([(1 << 63) - 1, -((1 << 63) - 1)], pa.int64())
+
+
 def _python_values(conn: duckdb.DuckDBPyConnection, col: pa.Array) -> list[Any]:
     """Return ``col`` as Python values; a value Python cannot hold becomes DuckDB's text for it."""
     if isinstance(col.type, pa.ExtensionType) or isinstance(col.type, pa.BaseExtensionType):
         return _duckdb_text(conn, col)  # DuckDB's opaque types (BIGNUM) arrive as raw bytes
+    if pa.types.is_timestamp(col.type):  # 'infinity'::TIMESTAMP_NS read as 2262-04-11T23:47:16.854775807
+        infinite = pc.is_in(col.cast(pa.int64()), value_set=_INFINITIES)
+        if pc.any(infinite).as_py():  # those values alone become DuckDB's text (issue 30)
+            text = _duckdb_text(conn, col)
+            finite = _python_values(conn, pc.if_else(infinite, pa.scalar(None, col.type), col))
+            return [t if inf else v for t, v, inf in zip(text, finite, infinite.to_pylist(), strict=True)]
     try:
         return col.to_pylist()
     except Exception:  # OverflowError, ValueError: a value datetime cannot represent
@@ -178,7 +188,8 @@ def _unsigned(v: Any, t: Any) -> Any:
 # is cut to µs by Python, BIT becomes its internal bytes, an INTERVAL past 292 years overflows Arrow's
 # nanoseconds; a GEOMETRY would be WKB bytes, not its text. Such a column is cast to VARCHAR in DuckDB before
 # it reaches Arrow.
-_TEXT_TYPES = frozenset({"time", "time with time zone", "time_ns", "bit", "interval", "geometry"})
+# A VARIANT arrives as its raw encoding (issue 30): DuckDB's text of the value it holds.
+_TEXT_TYPES = frozenset({"time", "time with time zone", "time_ns", "bit", "interval", "geometry", "variant"})
 _NESTED = frozenset({"list", "array", "struct", "map", "union"})
 
 
@@ -461,7 +472,7 @@ def _sql_error(e: duckdb.Error, fired: bool, timeout_s: float) -> TracerError:
             f"(no files, URLs or extensions) ({short(text.splitlines()[0], 200)})",
             "Query the trace's tables: read trace://schema or run SHOW TABLES.",
         )
-    if is_damaged(e):  # the file changed or is cut short: say so, not "check your column names"
+    if _damaged_while_read(e):  # the file changed or is cut short: say so, not "check your column names"
         return read_error("the trace DB", e)  # type: ignore[return-value]
     if "expression depth" in low:
         return too_deep()
@@ -478,6 +489,17 @@ def _sql_error(e: duckdb.Error, fired: bool, timeout_s: float) -> TracerError:
     if isinstance(e, (duckdb.ConversionException, duckdb.OutOfRangeException)):
         return SqlError(message, "Cast or filter the values that do not fit: TRY_CAST gives NULL instead of failing.")
     return SqlError(message, "Change the query as DuckDB's message says.")
+
+
+# What DuckDB says when the file's bytes are wrong. An IO Error alone is not enough during a query: DuckDB also
+# reports a function's failure so (destroy_external_resource: deleter function "query" failed: Invalid Input
+# Error: ...), which is the query's error, not a damaged file (issue 30).
+_DAMAGE_MARKS = ("corrupt", "could not read enough bytes", "checksum", "failed to deserialize", "could not read from")
+
+
+def _damaged_while_read(e: duckdb.Error) -> bool:
+    low = str(e).lower()
+    return is_damaged(e) and any(m in low for m in _DAMAGE_MARKS)
 
 
 def _oom(e: BaseException | None) -> QueryOutOfMemory:

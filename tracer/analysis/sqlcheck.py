@@ -10,8 +10,8 @@ of a SELECT and overwrote the recording. Here every decision comes from DuckDB:
 - an EXPLAIN is taken apart with :func:`duckdb.tokenize` (the same lexer, comments included): its options are
   rebuilt without comments, the statement after them is extracted and typed again on its own, and what runs is
   that rebuilt text, so what runs is what was checked;
-- :func:`find_refused_names` reads DuckDB's parse tree (``json_serialize_sql``) for functions and views that show
-  the server rather than the trace (paths, home directory, settings) and for SQL built at run time.
+- :func:`find_refused_names` allows only what :mod:`tracer.analysis.sqlallow` allows, read from DuckDB's parse
+  tree with macros and views expanded (no server paths, settings, SQL built at run time or state kept).
 
 The check is the first layer only: the query worker's DuckDB cannot write a file whatever runs
 (:mod:`tracer.analysis.sqlpool`).
@@ -24,37 +24,13 @@ import threading
 
 import duckdb
 
+from tracer.analysis.sqlallow import SERVER_WHY, check_calls
 from tracer.analysis.sqllimits import LIMITS, SqlError, SqlLimits
 
 ALLOWED_TEXT = "one SELECT / WITH / FROM / VALUES / DESCRIBE / SHOW / SUMMARIZE / PIVOT … IN (…) / EXPLAIN statement"
 # Messages that quote the caller's input (DuckDB's "LINE 1: <the query>") are cut to this: a 1 MB argument must
 # not come back in full.
 MAX_MESSAGE_CHARS = 1_000
-# Functions and views that answer about the server, not the trace: DuckDB reports the DB's absolute path
-# (resolved through symlinks and /proc/self/fd, so how the worker opens the file cannot hide it), the home
-# directory (secret_directory) and every setting. Refused by name wherever they appear in the parse tree.
-DISCLOSING = frozenset(
-    {
-        "current_setting",
-        "duckdb_databases",
-        "duckdb_extensions",
-        "duckdb_log_contexts",
-        "duckdb_logs",
-        "duckdb_secrets",
-        "duckdb_settings",
-        "duckdb_temporary_files",
-        "getenv",
-        "pg_settings",
-        "pragma_database_list",
-        "which_secret",
-    }
-)
-# Table functions that run SQL text built while the query runs: no check of the statement can see it.
-DYNAMIC_SQL = frozenset({"query", "query_table", "json_execute_serialized_sql"})
-_FUNCTION = re.compile(r'"function_name":"((?:[^"\\]|\\.)*)"')
-_TABLE = re.compile(r'"table_name":"((?:[^"\\]|\\.)*)"')
-# SHOW <name> shows a setting when the name is not a table (SHOW secret_directory shows the home directory)
-_SHOW = re.compile(r'"table_name":"((?:[^"\\]|\\.)*)","query":null,"show_type":"SHOW"')
 # second words that belong to a statement's name (IMPORT DATABASE, FORCE INSTALL, CREATE SECRET)
 _NAME_WORDS = frozenset(
     "DATABASE EXTENSIONS VARIABLE INSTALL CHECKPOINT TABLE VIEW SECRET MACRO FUNCTION TYPE SEQUENCE SCHEMA INDEX "
@@ -232,33 +208,16 @@ def _setting_names(conn: duckdb.DuckDBPyConnection) -> frozenset[str]:
 
 
 def find_refused_names(conn: duckdb.DuckDBPyConnection, statement: str) -> None:
-    """Raise :class:`SqlError` if the checked ``statement`` (from :func:`check_statement`) names a function or view
-    that shows the server's environment, runs SQL built at run time, or SHOWs a setting.
-
-    Names come from DuckDB's parse tree (``json_serialize_sql``), whatever the case, quoting or schema; an
-    EXPLAIN is looked into through the statement it explains.
-    """
+    """Raise :class:`SqlError` if the checked ``statement`` (from :func:`check_statement`) calls what run_sql does
+    not allow (:func:`tracer.analysis.sqlallow.check_calls`: macros and views followed to their bodies) or SHOWs a
+    setting; an EXPLAIN is looked into through the statement it explains."""
     sql = statement
     if _statement_type(_statements(sql)[0]) == duckdb.StatementType.EXPLAIN:
         sql = _explain_parts(sql)[1]
-    tree = conn.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0]
-    if tree.startswith('{"error":true'):  # fail closed: what cannot be read cannot be checked
+    calls = check_calls(conn, sql)
+    shown = calls.shows & _setting_names(conn)
+    if shown:
         raise SqlError(
-            f"this statement could not be checked: {short(tree, 300)}", f"Send {ALLOWED_TEXT}, without parameters."
-        )
-    functions = {n.lower() for n in _FUNCTION.findall(tree)}
-    names = functions | {n.lower() for n in _TABLE.findall(tree)}
-    dynamic = sorted(functions & DYNAMIC_SQL)
-    if dynamic:
-        raise SqlError(
-            f"{dynamic[0]}() is not allowed in run_sql: it runs SQL text built while the query runs",
-            "Write the query itself: SELECT ... FROM the table.",
-        )
-    disclosing = sorted(names & DISCLOSING)
-    shown = {n.lower() for n in _SHOW.findall(tree)} & _setting_names(conn)
-    if disclosing or shown:
-        what = f"{disclosing[0]}" if disclosing else f"SHOW {sorted(shown)[0]}"
-        raise SqlError(
-            f"{what} is not allowed in run_sql: it shows the server's configuration and paths, not the trace",
+            f"SHOW {sorted(shown)[0]} is not allowed in run_sql: {SERVER_WHY}",
             "Query the trace's tables (read trace://schema, or SHOW TABLES / DESCRIBE cuda_calls).",
         )

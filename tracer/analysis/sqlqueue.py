@@ -5,8 +5,9 @@ held both workers, and a ``select 1`` from another session waited 41 s, then fai
 
 - a client (an MCP session, a connection, or the one caller of ``tracer sql``) holds at most ``per_client``
   workers at once (the pool's size less one), so a worker is always left for somebody else;
-- when a worker frees up, the waiting client with the fewest running queries gets it, the longest waiting first
-  among equals, not whoever sent the most;
+- when a worker frees up, the waiting client with the fewest running queries gets it; among equals the one served
+  least recently (never first), then the longest waiting: a client that opened six sessions, each with a query
+  queued ahead of another client's, no longer gets all six served before it (issue 30);
 - a named client may have at most ``max_waiting`` queries waiting; more are refused at once instead of piling
   up threads in the server (the process's own caller, :data:`LOCAL_CLIENT`, waits for as many as it sends).
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from tracer.analysis.sqllimits import SqlError
 
 LOCAL_CLIENT = "local"  # the client of a caller that names none (tracer sql, tests)
+SERVED_REMEMBERED = 4096  # clients whose last grant is remembered
 
 
 @dataclass(eq=False)
@@ -45,6 +47,8 @@ class FairShare:
         self.running: dict[str, int] = {}
         self.waiting: list[Ticket] = []
         self._seq = itertools.count()
+        self._grants = itertools.count()
+        self.last_served: dict[str, int] = {}  # client -> the order of its last grant
 
     def enter(self, client: str | None) -> Ticket:
         """Queue a query of ``client``; raise :class:`SqlError` when that client already has too many waiting."""
@@ -62,14 +66,23 @@ class FairShare:
 
     def next_up(self) -> Ticket | None:
         """The waiting query that gets the next free worker: among clients under their share, the one running
-        fewest queries, the longest waiting first; None when every waiting client holds its share."""
+        fewest queries, the one served least recently (never first), then the longest waiting; None when every
+        waiting client holds its share."""
         allowed = [t for t in self.waiting if self.running.get(t.client, 0) < self.per_client]
-        return min(allowed, key=lambda t: (self.running.get(t.client, 0), t.seq), default=None)
+        return min(
+            allowed,
+            key=lambda t: (self.running.get(t.client, 0), self.last_served.get(t.client, -1), t.seq),
+            default=None,
+        )
 
     def grant(self, ticket: Ticket) -> None:
         """``ticket`` got a worker: it stops waiting and counts as running."""
         self.waiting.remove(ticket)
         self.running[ticket.client] = self.running.get(ticket.client, 0) + 1
+        if len(self.last_served) >= SERVED_REMEMBERED:  # forget the clients served longest ago
+            for c in sorted(self.last_served, key=self.last_served.__getitem__)[: SERVED_REMEMBERED // 2]:
+                del self.last_served[c]
+        self.last_served[ticket.client] = next(self._grants)
 
     def leave(self, ticket: Ticket) -> None:
         """``ticket`` gave up waiting (its deadline passed, or the pool closed)."""

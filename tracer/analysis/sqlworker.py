@@ -58,16 +58,19 @@ def query_db_config(limits: SqlLimits) -> dict[str, str | bool | int]:
     }
 
 
-def open_query_db(path: str | Path, config: dict[str, str | bool | int]) -> Any:
+def open_query_db(path: str | Path, config: dict[str, str | bool | int], *, validate: bool = True) -> Any:
     """Open the trace DB at ``path`` read-only for queries: validated, then unable to touch any other file.
 
     The open file keeps being read; no statement can open another one (``COPY … TO``, ``EXPORT``, ``read_csv``,
     ``ATTACH``) or undo this: the local file system is disabled and the configuration locked after the open
     (the open itself goes through that file system).
-    """
-    from tracer.analysis.db import open_trace
 
-    conn = open_trace(path, config=config)
+    Args:
+        validate: check that the file is a readable trace DB (False: the same file, unchanged, passed already).
+    """
+    from tracer.analysis.db import connect_read_only, open_trace
+
+    conn = open_trace(path, config=config) if validate else connect_read_only(path, config)
     try:
         conn.execute("SET disabled_filesystems = 'LocalFileSystem'")
         conn.execute("SET lock_configuration = true")
@@ -78,13 +81,19 @@ def open_query_db(path: str | Path, config: dict[str, str | bool | int]) -> Any:
 
 
 class _Connections:
-    """The worker's one cached read-only connection, reopened when the file is replaced or changed."""
+    """The worker's read-only connection: a fresh DuckDB instance for each query (issue 30).
+
+    DuckDB keeps state per instance, not per cursor (an external resource registered by one query was read by
+    another client's later query), so each call opens the file anew and :meth:`close` drops the instance after it;
+    the file is validated again only when it was replaced or changed (same device, inode, size and mtime: open
+    and harden take 25-45 ms, validation as much again, on a loaded 2-core host).
+    """
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
         limits = SqlLimits(duckdb_memory_bytes=int(cfg["duckdb_memory_bytes"]), threads=int(cfg["threads"]))
         self.duckdb_config = query_db_config(limits)
-        self.key: tuple[Any, ...] | None = None
+        self.validated: tuple[Any, ...] | None = None  # the file (path, dev, ino, size, mtime) last validated
         self.conn: Any = None
         self.idle_rss: int | None = None
 
@@ -93,13 +102,11 @@ class _Connections:
 
         st = check_file(path).stat()
         key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if self.conn is not None and key == self.key:
-            return self.conn
-        self.close()
+        self.close()  # never two at once: DuckDB would hand back the same cached instance
         _limit_address_space(None)
         try:
-            self.conn = open_query_db(path, self.duckdb_config)
-            self.key = key
+            self.conn = open_query_db(path, self.duckdb_config, validate=key != self.validated)
+            self.validated = key
             self.conn.execute("SELECT 1").to_arrow_table()  # start DuckDB's threads before measuring
         finally:
             _limit_address_space(int(self.cfg["memory_bytes"]))
@@ -113,7 +120,12 @@ class _Connections:
                 self.conn.close()
             except Exception:  # an invalidated instance may refuse even this
                 pass
-        self.conn, self.key = None, None
+        self.conn = None
+
+    def forget(self) -> None:
+        """Close, and validate the file again at the next open (it failed to open or read)."""
+        self.close()
+        self.validated = None
 
 
 def _watch_parent(parent: int) -> None:
@@ -154,9 +166,10 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
     _limit_address_space(int(cfg["memory_bytes"]))
     if cfg.get("preopen"):
         try:
-            conns.get(cfg["preopen"])
+            conns.get(cfg["preopen"])  # validates it once, ahead of the first request
         except (TracerError, duckdb.Error):
-            conns.close()  # the first request reports it
+            conns.forget()  # the first request reports it
+        conns.close()
 
     def send(msg: dict[str, Any]) -> None:
         out.write(json.dumps(msg, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n")
@@ -191,19 +204,20 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
             # DuckDB invalidates its instance after an internal or fatal error: start afresh
             retire = isinstance(e, QueryOutOfMemory) or any(s in e.message for s in ("INTERNAL Error", "FATAL"))
             if isinstance(e, StoreError):
-                conns.close()
+                conns.forget()
         except MemoryError:
             reply = {"error": {"kind": "QueryOutOfMemory", "message": "the query ran out of memory", "hint": ""}}
             retire = True
         except duckdb.Error as e:  # opening or re-validating the DB
             reply = {"error": {"kind": "StoreError", "message": str(e).splitlines()[0][:300], "hint": ""}}
             retire = not is_damaged(e)
-            conns.close()
+            conns.forget()
         except Exception as e:  # a bug here must come back as an answer, not a dead worker
             reply = {"error": {"kind": "SqlError", "message": f"query worker error: {type(e).__name__}: {e}"[:500]}}
             retire = True
         if conns.idle_rss is not None and _statm()[1] - conns.idle_rss > int(cfg.get("retire_growth", 0) or 0):
             retire = True
+        conns.close()  # nothing the query did outlives it: the next call gets a fresh instance
         if retire:
             reply["retire"] = True
         send(reply)
