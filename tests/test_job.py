@@ -260,6 +260,8 @@ NOT_PID = {
     ("processes", "rank"),
     ("nccl_comms", "rank"),
     ("thread_snapshots", "rank"),
+    ("gc_collections", "dur_ns"),
+    ("gc_collections", "stack_id"),  # a stack id (STACK_COLUMNS), whose meaning names the thread
     ("thread_breakdown", "wall_ns"),
     ("thread_breakdown", "runq_self_ns"),
     ("thread_breakdown", "runq_tree_ns"),

@@ -134,7 +134,7 @@ def test_numbers_match_builder(dbs, tmp_path):
         ("get_time_breakdown", {"bucket_s": -1}, "bucket_s"),
         ("run_sql", {"query": "DELETE FROM meta"}, "not allowed"),
         ("run_sql", {"query": "SELECT 1; SELECT 2"}, "exactly one statement"),
-        ("run_sql", {"query": "SELECT * FROM read_csv('/etc/passwd')"}, "disabled"),
+        ("run_sql", {"query": "SELECT * FROM read_csv('/etc/passwd')"}, "not allowed"),
         ("run_sql", {"query": "ATTACH '/tmp/x.duckdb' AS x"}, "not allowed"),
         ("run_sql", {"query": "COPY meta TO '/tmp/m.csv'"}, "not allowed"),
         ("run_sql", {"query": "INSTALL httpfs"}, "not allowed"),

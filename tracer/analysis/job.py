@@ -72,10 +72,11 @@ PID_COLUMNS: dict[str, tuple[str, ...]] = {
     "nccl_comms": ("pid", "tid"),
     "process_placement": ("pid",),
     "thread_snapshots": ("pid", "tid"),
+    "gc_collections": ("pid", "tid"),
 }
 PID_LIST_COLUMNS: dict[str, tuple[str, ...]] = {"causal_chains": ("pids",)}
 STACK_COLUMNS: dict[str, tuple[str, ...]] = {
-    t: ("stack_id",) for t in ("stacks", "cuda_calls", "offcpu_stacks", "cpu_samples")
+    t: ("stack_id",) for t in ("stacks", "cuda_calls", "offcpu_stacks", "cpu_samples", "gc_collections")
 }
 # instants in ns since the session start (shifted by whole seconds); every other *_ns column is an amount of time
 TIME_NS_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -93,6 +94,7 @@ TIME_NS_COLUMNS: dict[str, tuple[str, ...]] = {
     "cgroup_cpu": ("ts_ns",),
     "cpu_idle": ("ts_ns",),
     "thread_snapshots": ("ts_ns", "blocked_since_ns"),
+    "gc_collections": ("ts_ns",),
 }
 SEC_COLUMNS: dict[str, tuple[str, ...]] = {t.name: ("sec",) for t in TABLES if "sec" in t.column_names}
 
