@@ -45,3 +45,13 @@ def test_each_step_says_what_its_tool_cannot_see(texts, which):
 
 def test_the_prompt_carries_the_question(texts):
     assert texts["prompt"].startswith("Why is it slow?")
+
+
+def test_the_prompt_and_the_instructions_give_one_order(texts):
+    # issue 31: the server held a 7-step and a 5-step copy that disagreed; both now give the whole order, once
+    from mcp_server.server import INVESTIGATION_ORDER
+
+    for which in ("prompt", "instructions"):
+        assert INVESTIGATION_ORDER in texts[which]
+        assert texts[which].count("1. get_trace_stats") == 1
+    assert "get_thread_dump" in INVESTIGATION_ORDER and "root" in INVESTIGATION_ORDER
