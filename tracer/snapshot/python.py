@@ -73,7 +73,10 @@ def _frames(mem: ProcessMemory, t: PyTarget, tstate: int) -> tuple[list[tuple[in
 
 def read_threads(pid: int, runtime: PyRuntimeManager) -> list[PyThread] | None:
     """Every Python thread state of ``pid`` with its frames; None when ``pid`` is not a CPython this knows."""
-    t = runtime.targets.get(pid) or runtime.configure(pid)
+    # The recorder's own runtime (its bpf set) configures a process itself, when its lifecycle says so: a snapshot
+    # that configured one first (a forked child, before its fork was handled) left the child's code objects
+    # unresolved once the GC probes were attached at that registration (test_record's debian-fork stack).
+    t = runtime.targets.get(pid) or (runtime.configure(pid) if runtime.bpf is None else None)
     if t is None or t.version not in THREAD_LIST:
         return None
     lay = THREAD_LIST[t.version]
