@@ -12,8 +12,10 @@ from mcp import Client
 from tracedb import MAIN_PID, build
 
 from mcp_server.server import build_server
+from tests.support.builder import TraceBuilder
+from tests.support.scenarios import ALLOC_STACK, allocation_churn
 from tracer.analysis.chains import compute_chains
-from tracer.analysis.chains.coverage import MIN_PART
+from tracer.analysis.chains.coverage import AT_SITE, MIN_PART
 from tracer.analysis.db import open_trace
 from tracer.commands.cli import main
 
@@ -75,6 +77,7 @@ def test_every_part_of_at_least_five_percent_is_reported_and_only_those(dbs):
         assert res.coverage.unexplained_share == pytest.approx(
             sum(p.share for p in res.coverage.parts if not p.explained_by), abs=1e-3
         )
+        assert all(p.unexplained_share == (0 if p.explained_by else p.share) for p in res.coverage.parts)
 
 
 def test_a_filter_does_not_change_what_the_chains_explain(dbs):
@@ -108,3 +111,24 @@ def test_the_lost_time_of_each_scenario_has_its_root_found(dbs):
     assert 0 < cv.lost_share < 1 and cv.root_found_share >= 0.9
     assert {p.part: p.root for p in cv.parts if p.part == "sync"} == {"sync": "gpu"}
     assert not any(x == "gpu_limit" for p in cv.parts for x in p.explained_by)
+
+
+@pytest.mark.parametrize("under", [40, 60])
+def test_cpu_partly_under_the_churns_code_is_the_churns_share_only(tmp_path, under):
+    # GIVEN the allocation loop with its CPU outside calls sampled: ``under`` of every 100 samples in the function
+    # that makes the allocations, the rest in the loop's other code
+    b = TraceBuilder()
+    allocation_churn(b)
+    at_site, elsewhere = b.stack(ALLOC_STACK[:3]), b.stack(ALLOC_STACK[:2])
+    for sec in range(5, 55):
+        b.samples(sec, at_site, under)
+        b.samples(sec, elsewhere, 100 - under)
+    b.write(tmp_path / "t.duckdb")
+    (cpu,) = [p for p in covered(tmp_path / "t.duckdb").coverage.parts if p.part == "cpu"]
+    if under >= AT_SITE * 100:
+        # THEN mostly under it: the part is the churn's
+        assert cpu.explained_by == ["allocation_churn"] and cpu.unexplained_share == 0
+    else:
+        # THEN short of that: the share under it is the churn's, the rest unexplained and listed
+        assert cpu.explained_by == [] and cpu.top_sites
+        assert cpu.unexplained_share == pytest.approx(cpu.share * (100 - under) / 100, abs=2e-4)

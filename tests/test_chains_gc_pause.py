@@ -8,8 +8,9 @@ import duckdb
 
 from tests.support.builder import MAIN_PID, MIB, MS, US, S, TraceBuilder
 from tests.support.scenarios import TRAIN_STACK, Step, _base
-from tracer.analysis.chains import compute_chains
+from tracer.analysis.chains import ChainContext, compute_chains
 from tracer.analysis.chains.context import MEDIUM_SHARE
+from tracer.analysis.chains.gc_pause import gc_ns_by_sec
 from tracer.analysis.db import open_trace
 
 # the allocating line: a step's log kept in a growing list (the innermost frame of the collections' stacks)
@@ -153,3 +154,18 @@ def test_the_cost_is_the_collectors_cpu_not_its_waits(tmp_path):
     with open_trace(tmp_path / "t.duckdb") as c:
         (old,) = [x for x in compute_chains(c, limit=100).chains if x.category == "gc_pause"]
     assert old.impact_ms == round((fulls * FULL_NS + steps * YOUNG_NS) / MS, 1)
+
+
+def test_a_collection_crossing_seconds_is_spread_over_them(tmp_path):
+    """The collector's CPU per second (memory_pressure's baseline subtracts it) follows each collection's overlap
+    with the second: a 458 ms full collection starting late in a second booked whole to it left that second's CPU
+    outside the collector negative, and a fault storm's share read 4.0 (CI, issue 28's gc fixture)."""
+    b = TraceBuilder()
+    gc_loop(b)
+    b.gc_collections.clear()
+    b.gc(20 * S + 900 * MS, 400 * MS, 2)  # 100 ms in second 20, 300 ms in 21
+    b.gc(22 * S + 500 * MS, 2 * S, 2, off_cpu_ns=1 * S)  # 2 s across 22..24, half of it off CPU
+    b.write(tmp_path / "t.duckdb")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        got = gc_ns_by_sec(ChainContext.load(c, None), MAIN_PID)
+    assert got == {20: 100 * MS, 21: 300 * MS, 22: 250 * MS, 23: 500 * MS, 24: 250 * MS}

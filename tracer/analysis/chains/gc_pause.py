@@ -58,8 +58,12 @@ def _off_cpu(ctx: ChainContext) -> str:
 
 
 def gc_ns_by_sec(ctx: ChainContext, tid: int) -> dict[int, int]:
-    """The thread's CPU time inside the collector per second of the session (by each collection's start); empty
-    for a recording without gc_collections."""
+    """The thread's CPU time inside the collector per second of the session; empty for a recording without
+    gc_collections.
+
+    A collection that crosses a second is spread over the seconds it spans by its overlap with each: booked whole to
+    its start's second, a 458 ms full collection starting late in one gave that second more collector time than the
+    thread had CPU, and memory_pressure's baseline (CPU outside the collector) went negative (a share of 4.0)."""
     key = ("gc_ns_by_sec", tid)
     if key not in ctx.memo:
         got: dict[int, int] = {}
@@ -67,8 +71,18 @@ def gc_ns_by_sec(ctx: ChainContext, tid: int) -> dict[int, int]:
             got = {
                 int(sec): int(ns)
                 for sec, ns in ctx.conn.execute(
-                    f"SELECT ts_ns // 1000000000, sum(greatest(dur_ns - {_off_cpu(ctx)}, 0)) FROM gc_collections "
-                    "WHERE tid = ? GROUP BY 1",
+                    f"""
+                    WITH g AS (
+                        SELECT ts_ns AS lo, ts_ns + greatest(dur_ns, 1) AS hi,
+                               greatest(dur_ns - {_off_cpu(ctx)}, 0) AS cpu
+                        FROM gc_collections WHERE tid = ?
+                    ), s AS (
+                        SELECT lo, hi, cpu, unnest(range(lo // 1000000000, (hi - 1) // 1000000000 + 1)) AS sec FROM g
+                    )
+                    SELECT sec, sum(cpu * (least(hi, (sec + 1) * 1000000000) - greatest(lo, sec * 1000000000))
+                                    / (hi - lo))
+                    FROM s GROUP BY sec
+                    """,
                     [tid],
                 ).fetchall()
             }

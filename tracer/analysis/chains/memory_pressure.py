@@ -247,15 +247,17 @@ def _storm_chain(ctx: ChainContext, s: Subject, storms: list[StormThread], host:
         # (a page fault runs in the faulting thread's own CPU time). Its time inside CPython's garbage collector
         # is not faulting: a growing heap of small objects faults pages in and makes the collector walk it, and
         # the walk is most of that CPU (issue 28: gc_pause's)
+        # (the collector's time is the whole second's, the row may be an edge second's part inside the steps: it
+        # takes at most the row's CPU, so no second's CPU outside it is negative)
         in_gc = gc_ns_by_sec(ctx, s.tid)
-        rest = [
-            (r["cpu"] - in_gc.get(sec, 0)) / r["wall"]
-            for sec, r in s.time.by_sec.items()
-            if sec not in secs and r["wall"]
-        ]
+
+        def outside_gc(sec: int, r: dict[str, int]) -> float:
+            return r["cpu"] - min(in_gc.get(sec, 0), r["cpu"])
+
+        rest = [outside_gc(sec, r) / r["wall"] for sec, r in s.time.by_sec.items() if sec not in secs and r["wall"]]
         base = statistics.median(rest) if rest else 0.0
         faulting = sum(
-            max(r["cpu"] - in_gc.get(sec, 0) - base * r["wall"], 0.0) for sec, r in s.time.by_sec.items() if sec in secs
+            max(outside_gc(sec, r) - base * r["wall"], 0.0) for sec, r in s.time.by_sec.items() if sec in secs
         )
     else:
         by_storm = sum(w.blocked_ms * MS - w.in_call_ms * MS for w in ctx.wakers(s) if w.tid == culprit_t.tid)

@@ -597,6 +597,13 @@ class PartCoverage(Record):
             description="lost time only (blocked, run queue, waits for the GPU): the kind of root its wait path ends at"
         ),
     ] = None
+    unexplained_share: Annotated[
+        float,
+        Field(
+            description="the share of the steps of this part that nothing explains: its share when unexplained, 0 "
+            "when explained, in between for CPU time partly under a chain's code site"
+        ),
+    ] = 0.0
 
 
 class Coverage(Record):
