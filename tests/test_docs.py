@@ -34,18 +34,29 @@ README_ORDER = (
 LINK = re.compile(r"\]\(([^)#]+\.md)\)")
 
 
-def _make_cli():
-    spec = importlib.util.spec_from_file_location("make_cli", DOCS / "make_cli.py")
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
+def _make_cli():
+    return _load("make_cli")
+
+
 def test_the_command_reference_is_the_cli_s_own_help():
     make_cli = _make_cli()
     assert (DOCS / "cli.md").read_text(encoding="utf-8") == make_cli.render(), (
         "docs/cli.md is stale: run .venv/bin/python docs/make_cli.py"
+    )
+
+
+def test_the_example_outputs_are_what_the_commands_print_now():
+    # the examples are regenerated from the scenario recordings: a change to what a command prints shows here
+    assert (DOCS / "examples.md").read_text(encoding="utf-8") == _load("make_examples").render(), (
+        "docs/examples.md is stale: run .venv/bin/python docs/make_examples.py"
     )
 
 

@@ -1,0 +1,154 @@
+"""Write docs/examples.md: one annotated output per analysis command, as the CLI prints it on the hand-built
+recordings of tests/support/scenarios.py (deterministic: fixed seeds, fixed clock), so an example cannot drift
+from the code: tests/test_docs.py regenerates the file and fails when it differs.
+
+    .venv/bin/python docs/make_examples.py      # after changing what a command prints
+
+The recordings are the test suite's scenarios, not a live job: their numbers are made up but consistent (a
+training loop on a 16-CPU host that a `stress-ng` shares for 20 s; the same loop alone). `tracer demo` records a
+real one on this machine.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+from typer.testing import CliRunner
+
+OUT = Path(__file__).resolve().parent / "examples.md"
+ROOT = OUT.parent.parent  # the checkout: the scenarios are the test suite's (tests/support)
+WIDTH = "110"  # columns the output is rendered at: fixed, so the file is the same on every machine
+MAX_LINES = 45  # an example longer than this is cut, with a line saying how much was left out
+
+
+class Example(NamedTuple):
+    title: str
+    note: str  # what to read in it
+    args: tuple[str, ...]  # after `tracer`; {db}/{before}/{after} name the scenario recordings
+
+
+# scenario name per placeholder: a contended loop (the interesting one) and the same loop alone
+RECORDINGS = {"db": "cpu_contention", "before": "healthy", "after": "cpu_contention"}
+
+EXAMPLES = (
+    Example(
+        "Start here: the overview",
+        "The environment, every CUDA op's exact latency (p50 to max, from in-kernel histograms), the processes by "
+        "role, the busy threads, and the worst causal chain with the next command to run.",
+        ("stats", "--db", "{db}"),
+    ),
+    Example(
+        "Why it is slow: causal chains",
+        "Each chain names a cause with its cost in the training thread's steps, the wait path from that thread to "
+        "the root (here: a CPU held by another process), the evidence, and numbered fixes. The last line says how "
+        "much of the thread's time the chains explain.",
+        ("chains", "--db", "{db}"),
+    ),
+    Example(
+        "Where the time went: the breakdown",
+        "Every nanosecond of each CUDA thread, in parts that add up to its wall time: on CPU, inside CUDA calls by "
+        "kind, waiting for a CPU (and who held it), blocked (and who woke it), per time bucket.",
+        ("breakdown", "--db", "{db}", "--bucket", "10"),
+    ),
+    Example(
+        "What a step is",
+        "The one step definition every tool uses (the sync that ends each step, at its call site), the typical "
+        "step and the slow ones.",
+        ("steps", "--db", "{db}"),
+    ),
+    Example(
+        "Who woke the training thread",
+        "Its blocked time by waker, exact counts and time from in-kernel aggregates.",
+        ("waits", "--db", "{db}"),
+    ),
+    Example(
+        "Where an op is called from",
+        "The Python line, native frames and CUDA call of each stack, ranked by calls.",
+        ("stacks", "--db", "{db}", "--op", "cudaStreamSynchronize", "--limit", "3"),
+    ),
+    Example(
+        "When it happened",
+        "Calls, syncs, off-CPU time and preemptions per bucket: the contended 20 s stand out.",
+        ("timeline", "--db", "{db}", "--bucket", "10"),
+    ),
+    Example(
+        "Before and after",
+        "Two recordings of the same workload: what changed per op and per part of the training thread's time.",
+        ("compare", "{before}", "{after}"),
+    ),
+    Example(
+        "Anything else: read-only SQL",
+        "Every table is documented in docs/recording.md; the statement runs in a sandbox (docs/run-sql.md).",
+        (
+            "sql",
+            "--db",
+            "{db}",
+            "SELECT op, count(*) AS calls, round(sum(dur_ns) / 1e6, 1) AS ms FROM cuda_calls GROUP BY op "
+            "ORDER BY ms DESC",
+        ),
+    ),
+)
+
+
+def _run(args: list[str]) -> str:
+    from tracer.commands.cli import app
+
+    r = CliRunner().invoke(app, args, env={"COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"})
+    if r.exit_code != 0:
+        raise RuntimeError(f"tracer {' '.join(args)} exited {r.exit_code}: {r.output}")
+    return r.output
+
+
+def _cut(text: str) -> str:
+    lines = [line.rstrip() for line in text.strip("\n").splitlines()]
+    if len(lines) <= MAX_LINES:
+        return "\n".join(lines)
+    return "\n".join([*lines[:MAX_LINES], f"… ({len(lines) - MAX_LINES} more lines)"])
+
+
+def render() -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.support.scenarios import build
+
+    parts = [
+        "# Example outputs\n",
+        "What each analysis command prints, on the test suite's hand-built recordings (a training loop that a "
+        "`stress-ng` shares the CPUs with for 20 s; the same loop alone for `compare`). Generated by "
+        "`docs/make_examples.py`; `tests/test_docs.py` checks it is current. `--json` gives the same analysis as "
+        "the MCP tool's output.\n",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for key, scenario in RECORDINGS.items():
+            p = Path(tmp) / f"{key}.duckdb"
+            build(scenario, p)
+            paths[key] = str(p)
+        names = {v: f"{k}.duckdb" if k != "db" else "trace.duckdb" for k, v in paths.items()}
+        for ex in EXAMPLES:
+            args = [a.format(**paths) for a in ex.args]
+            shown = " ".join(names.get(a, f'"{a}"' if " " in a else a) for a in args)
+            out = _run(args)
+            for path, name in names.items():
+                out = out.replace(path, name)
+            out = re.sub(re.escape(tmp) + r"/?", "", out)
+            # the query's own run time is the one thing that differs between runs
+            out = re.sub(r"^\s*(\d[\d,]* rows?), [\d,.]+ (ms|s)\s*$", r"\1", out, flags=re.M)
+            parts.append(f"## {ex.title}\n")
+            parts.append(f"{ex.note}\n")
+            parts.append(f"```text\n$ tracer {shown}\n{_cut(out)}\n```\n")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    OUT.write_text(render(), encoding="utf-8")
+    print(f"wrote {OUT}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
