@@ -148,7 +148,11 @@ def cached(name: str, tmp_path_factory, cmd: list[str], **kw) -> Recording:
 
 # The scenarios, each a few seconds of workload. The hog runs on CPU 0 and so does the target (taskset).
 SCENARIOS: dict[str, dict] = {
-    # train.py (one persistent worker) pinned on CPU 0 with a 3-thread hog on CPU 0; the recorder on CPU 1
+    # train.py (one persistent worker) pinned on CPU 0 with a 3-thread hog on CPU 0; the recorder on CPU 1. Each
+    # step queues 20 ms of device time (20 kernels of 1 ms), more than its host work takes even when CPU 0 is
+    # shared four ways and the suite loads the other: every sync sleeps, and its wakeup waits for the CPU the hog
+    # holds. With one-wave kernels (20 us) a slowed host found the queue drained, no sync slept, and the calls'
+    # run-queue time read 0 (issue 31, a loaded full run)
     "contention": dict(
         cmd=[
             "taskset",
@@ -165,6 +169,8 @@ SCENARIOS: dict[str, dict] = {
                 "--worker-cpu-ms",
                 "0.5",
                 "--persistent-workers",
+                "--kernel-us",
+                "1000",
             ),
         ],
         hog_seconds=120,

@@ -50,10 +50,13 @@ def test_pinned_hog_is_named_in_preempted_sched_rows(contention):
         "WHERE reason = 'preempted' AND pid = ? GROUP BY ALL ORDER BY 3 DESC",
         [contention.pid],
     )
-    # THEN the preempted intervals name the hog: the top preemptor is the hog, by comm and pid
+    # THEN the preempted intervals name the hog, by comm and pid, and every row with its pid carries its name. Not
+    # that it is the top one by count: a loaded machine's other tenants preempt the target on CPU 0 too (a full run
+    # had one with 11 preemptions above the hog's 10); the time it cost, the analyses' ranking, is checked below
     assert rows, "no preempted sched rows"
-    assert rows[0][0] == HOG_NAME, rows
-    assert rows[0][1] == contention.hog_pid, rows
+    hog = [r for r in rows if r[1] == contention.hog_pid]
+    assert hog and all(r[0] == HOG_NAME for r in hog), rows
+    assert sum(r[2] for r in hog) >= 5, rows
 
 
 def test_pinned_hog_is_a_foreign_preemptor_with_run_queue_time(contention):
