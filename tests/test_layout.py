@@ -22,6 +22,7 @@ PACKAGES = ("tracer", "mcp_server", "probes")
 CONTRACT = {
     "tracer",
     "tracer.schema",
+    "tracer.sqltext",
     "tracer.hist",
     "tracer.procfs",
     "tracer.errors",

@@ -39,9 +39,9 @@ import duckdb
 from pydantic import Field
 
 from tracer.analysis import Record
-from tracer.analysis.sqltext import ident, literal, union_view
 from tracer.errors import StoreError
 from tracer.schema import TABLES
+from tracer.sqltext import ident, literal, union_view
 
 S = 1_000_000_000
 PID_STRIDE = 10_000_000  # > PID_MAX_LIMIT (2**22): recording i's pid p reads i * PID_STRIDE + p

@@ -51,8 +51,8 @@ from tracer.analysis.db import LIVE_HINT, is_damaged, read_error
 from tracer.analysis.sqlcheck import ALLOWED_TEXT, SET_ADVICE, check_statement, find_refused_names, short, too_deep
 from tracer.analysis.sqllimits import LIMITS, MiB, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
 from tracer.analysis.sqlresult import SqlResult
-from tracer.analysis.sqltext import ident
 from tracer.errors import StoreError, TracerError
+from tracer.sqltext import ident
 
 MAX_LIMIT = 100_000
 # Rows are converted and measured in slices of this many: small enough that a slice of 1 MB values stays small

@@ -69,7 +69,8 @@ class Environment(Record):
     target: Annotated[
         str,
         Field(
-            description=f"pid N or the launched command (get_trace_stats: cut to {TARGET_CHARS} characters unless detail)"
+            description=f"pid N or the launched command (get_trace_stats: cut to {TARGET_CHARS} characters unless "
+            "detail)"
         ),
     ]
     overhead_pct: Annotated[float | None, Field(description="estimated tracing overhead, % of the target's CPU")]

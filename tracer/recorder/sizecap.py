@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer.errors import UsageError
+from tracer.sqltext import literal
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def connect(path: Path, max_bytes: int) -> Any:
     conn = duckdb.connect(":memory:")
     try:
         conn.execute(
-            f"ATTACH '{quote_path(path)}' AS recording (BLOCK_SIZE {block_size(max_bytes)}, "
+            f"ATTACH {literal(str(path))} AS recording (BLOCK_SIZE {block_size(max_bytes)}, "
             f"ROW_GROUP_SIZE {row_group_size(max_bytes)})"
         )
         conn.execute("USE recording")
@@ -127,11 +128,6 @@ def connect(path: Path, max_bytes: int) -> Any:
         conn.close()
         raise
     return conn
-
-
-def quote_path(path: Path) -> str:
-    """``path`` as the inside of a SQL string literal."""
-    return str(path).replace("'", "''")
 
 
 @dataclass

@@ -25,6 +25,7 @@ import pyarrow as pa
 from tracer.errors import StoreError
 from tracer.recorder import sizecap
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLE_BY_NAME, TABLES
+from tracer.sqltext import literal
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ class Store:
         # Where rows would spill over memory_limit: beside the file, as DuckDB does by default for a file, but
         # named here because the capped store's default database is in memory (sizecap.connect), whose default
         # is ./.tmp in the user's working directory. DuckDB removes the directory it made when it closes.
-        self.conn.execute(f"SET temp_directory = '{sizecap.quote_path(self.temp_dir)}'")
+        self.conn.execute(f"SET temp_directory = {literal(str(self.temp_dir))}")
         if not max_bytes:
             self.conn.execute(f"SET checkpoint_threshold = '{CHECKPOINT_WAL}B'")
         self.thinner = sizecap.Thinner(path, max_bytes) if max_bytes else None

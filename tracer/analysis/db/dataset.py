@@ -13,9 +13,9 @@ import duckdb
 from tracer.analysis.db.files import PARTITION_TYPES, READ_CONFIG, RECORD_HINT, dataset_files, read_error
 from tracer.analysis.db.state import validate
 from tracer.analysis.job import GLOB_CHARS, define_views
-from tracer.analysis.sqltext import ident, literal, union_view
 from tracer.errors import StoreError
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLE_BY_NAME
+from tracer.sqltext import ident, literal, union_view
 
 
 def _dataset_view(conn: duckdb.DuckDBPyConnection, root: Path, table: str, files: list[Path]) -> str:

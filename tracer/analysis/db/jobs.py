@@ -13,8 +13,8 @@ import duckdb
 from tracer.analysis.db.files import READ_CONFIG, check_file, connect_read_only, dataset_files, read_error
 from tracer.analysis.db.state import validate
 from tracer.analysis.job import GLOB_CHARS, define_views
-from tracer.analysis.sqltext import literal
 from tracer.errors import StoreError
+from tracer.sqltext import literal
 
 
 def recordings(spec: str | Path | Sequence[str | Path]) -> list[Path]:

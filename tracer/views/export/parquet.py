@@ -69,9 +69,9 @@ from pydantic import Field
 from tracer.analysis import Record
 from tracer.analysis.db import PARTITION_TYPES, open_trace, read_error, session_row
 from tracer.analysis.recording import table_columns
-from tracer.analysis.sqltext import literal
 from tracer.errors import StoreError, UsageError
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLES, Table
+from tracer.sqltext import literal
 from tracer.views.output import refuse_existing
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # what DuckDB (as Hive and Spark) names a NULL partition value

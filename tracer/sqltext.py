@@ -1,5 +1,6 @@
-"""SQL text built from names and values, for the views the readers define over several sources (a job's
-recordings, a Parquet dataset's files): quoting, and the one union view both read a table through."""
+"""SQL text built from names and values: the one quoting of a string literal and an identifier (the recorder's
+paths in ATTACH and SET, the readers' views), and the one union view the readers read a table through over several
+sources (a job's recordings, a Parquet dataset's files)."""
 
 from __future__ import annotations
 
