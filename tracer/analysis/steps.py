@@ -35,7 +35,7 @@ from tracer.analysis.breakdown.thread_time import MS, S, ThreadTime
 from tracer.analysis.code_site import code_site
 from tracer.analysis.periodicity import find_patterns, neighbours, slow_indices, spread_of
 from tracer.analysis.recording import load_recording
-from tracer.analysis.taxonomy import RUNQ_PART_NAMES, waits_for_gpu
+from tracer.analysis.taxonomy import RUNQ_PART_NAMES, part_name, waits_for_gpu
 from tracer.vocabulary import waker_name
 
 MAX_PER_STEP = 16  # waits per step tried when looking for the loop's period
@@ -157,6 +157,28 @@ class StepMarkers:
         """Return how many of one step's waits are ``op`` (at least 1: an op outside the step's sequence, such as
         the driver twin of a runtime wait, is counted as one a step)."""
         return max(1, sum(1 for m in self.rows[: self.per_step] if m[2] == op))
+
+
+# the calls whose span is a training loop's steps: from its first launch or wait for the GPU to the end of its last
+SPAN_PARTS = ("launch", "sync")
+
+
+def step_spans(
+    conn: duckdb.DuckDBPyConnection, tids: list[int], ops: list[str] | None = None
+) -> dict[int, tuple[int, int]]:
+    """Return {tid: (start, end) ns of its steps}: the first stored call of ``ops`` (default: the recording's ops of
+    the SPAN_PARTS) to the end of the last, for each of ``tids`` that made one. The one step span the chains'
+    subjects and the ranks' table clip to (a thread's start-up and teardown are not its steps)."""
+    if ops is None:
+        ops = [o for (o,) in conn.execute("SELECT DISTINCT op FROM op_stats").fetchall() if part_name(o) in SPAN_PARTS]
+    if not ops or not tids:
+        return {}
+    rows = conn.execute(
+        "SELECT tid, min(ts_ns), max(ts_ns + dur_ns) FROM cuda_calls WHERE list_contains($tids, tid) "
+        "AND list_contains($ops, op) GROUP BY tid",
+        {"tids": tids, "ops": ops},
+    ).fetchall()
+    return {int(t): (int(a), int(b)) for t, a, b in rows if a is not None}
 
 
 def step_markers(conn: duckdb.DuckDBPyConnection, tid: int) -> StepMarkers:

@@ -283,6 +283,21 @@ class ThreadTimes:
         return self.training
 
 
+def window_shares(t: ThreadTime, start_ns: int, end_ns: int) -> dict[int, float]:
+    """Return {sec: the share of the thread's accounted time in that second that lies in [start_ns, end_ns)}: the one
+    rule for clipping a thread's seconds to a window (its steps, the ranks' common window). A second is the part of
+    it the thread lived in (its first and last second are partial); a second outside its life counts whole."""
+    out = {}
+    for sec in t.by_sec:
+        lo, hi = max(sec * S, t.first_ns), min((sec + 1) * S, t.end_ns)
+        if hi <= lo:
+            lo, hi = sec * S, (sec + 1) * S
+        ov = min(hi, end_ns) - max(lo, start_ns)
+        if ov > 0:
+            out[sec] = min(ov / (hi - lo), 1.0)
+    return out
+
+
 def zero_row() -> dict[str, int]:
     """Return a row of every quantity of :data:`FIELDS` at 0."""
     return dict.fromkeys(FIELDS, 0)

@@ -19,11 +19,12 @@ import duckdb
 
 from tracer.analysis.breakdown.holders import Holder, Waker, holder_class, holders_of, wakers_of
 from tracer.analysis.breakdown.load import load_thread_times
-from tracer.analysis.breakdown.thread_time import FIELDS, SecondRows, ThreadTime, ThreadTimes
+from tracer.analysis.breakdown.thread_time import FIELDS, SecondRows, ThreadTime, ThreadTimes, window_shares
 from tracer.analysis.chains.model import CausalChain, Culprit, Evidence
 from tracer.analysis.code_site import code_site
 from tracer.analysis.gcpause import gc_paused
 from tracer.analysis.recording import RecordingInfo, load_recording
+from tracer.analysis.steps import SPAN_PARTS, step_spans
 from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES, part_name
 from tracer.hist import OpHistogram
 
@@ -35,7 +36,6 @@ HIGH_SHARE = 0.20
 MEDIUM_SHARE = 0.05
 # below this a cause is noise, not a chain: 2% of a step is within run-to-run jitter of a training loop
 LOW_SHARE = 0.02
-STEP_PARTS = ("launch", "sync")  # the calls that mark a training loop's steps
 # Shares are of at least a second of steps: in a loop that ran for 0.1 s, a few ms of scheduling noise would
 # otherwise be a HIGH cause (the issue's severities are about a training job, not its first step).
 MIN_STEPS_NS = 1_000_000_000
@@ -169,15 +169,11 @@ class ChainContext:
         return out
 
     def _steps(self, t: ThreadTime) -> tuple[int, int]:
-        ops = [o.op for o in self.ops_of(t.pid) if o.part in STEP_PARTS] or [o.op for o in self.ops_of(t.pid)]
-        r = None
-        if ops:
-            r = self.conn.execute(
-                "SELECT min(ts_ns), max(ts_ns + dur_ns) FROM cuda_calls WHERE tid = ? AND list_contains(?, op)",
-                [t.tid, ops],
-            ).fetchone()
-        a, b = (r[0], r[1]) if r and r[0] is not None else (t.first_ns, t.end_ns)
-        return max(int(a), t.first_ns), min(int(b), t.end_ns) if t.end_ns > a else int(b)
+        """The thread's step span (steps.step_spans), within its life; a thread without launches or waits for the
+        GPU: the span of its other calls, else its life."""
+        ops = [o.op for o in self.ops_of(t.pid) if o.part in SPAN_PARTS] or [o.op for o in self.ops_of(t.pid)]
+        a, b = step_spans(self.conn, [t.tid], ops).get(t.tid, (t.first_ns, t.end_ns)) if ops else (t.first_ns, t.end_ns)
+        return max(a, t.first_ns), min(b, t.end_ns) if t.end_ns > a else b
 
     def _calls_outside(self, t: ThreadTime, a: int, b: int) -> CallsOutside:
         """Return second -> part -> ns of the thread's stored calls in its first and last second of steps that lie
@@ -419,14 +415,8 @@ def clip(t: ThreadTime, start_ns: int, end_ns: int, calls_outside: CallsOutside 
         cuda_calls=t.cuda_calls,
         total=dict.fromkeys(FIELDS, 0),
     )
-    for sec, row in t.by_sec.items():
-        lo, hi = max(sec * S, t.first_ns), min((sec + 1) * S, t.end_ns)
-        if hi <= lo:
-            lo, hi = sec * S, (sec + 1) * S
-        ov = min(hi, end_ns) - max(lo, start_ns)
-        if ov <= 0:
-            continue
-        k = min(ov / (hi - lo), 1.0)
+    for sec, k in window_shares(t, start_ns, end_ns).items():
+        row = t.by_sec[sec]
         r = _without(row, row.get("wall", 0) * (1 - k), (calls_outside or {}).get(sec, {})) if k < 1 else dict(row)
         out.by_sec[sec] = r
         for f, v in r.items():

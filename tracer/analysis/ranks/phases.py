@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from tracer.analysis.breakdown.thread_time import S, ThreadTime
+from tracer.analysis.breakdown.thread_time import ThreadTime
 from tracer.analysis.recording import RecordingInfo
 from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES
 from tracer.vocabulary import BLOCK_WAKER, DATALOADER_ROLE, NET_WAKER, TIMER_WAKER
@@ -81,19 +81,6 @@ def blocked_phase(info: RecordingInfo, pid: int, waker_pid: int | None, waker_co
     if info.process_role(waker_pid) == DATALOADER_ROLE:
         return "data_workers"
     return "own_threads" if waker_pid == pid else "other_blocked"
-
-
-def second_weights(t: ThreadTime, start_ns: int, end_ns: int) -> dict[int, float]:
-    """Return {sec: share of the thread's accounted time in that second that lies in [start_ns, end_ns)}."""
-    out = {}
-    for sec in t.by_sec:
-        lo, hi = max(sec * S, t.first_ns), min((sec + 1) * S, t.end_ns)
-        if hi <= lo:
-            lo, hi = sec * S, (sec + 1) * S
-        ov = min(hi, end_ns) - max(lo, start_ns)
-        if ov > 0:
-            out[sec] = min(ov / (hi - lo), 1.0)
-    return out
 
 
 WakerRow = tuple[int, int, str | None, int]  # sec, waker pid, waker comm, blocked ns (outside calls)

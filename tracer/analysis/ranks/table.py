@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 import duckdb
 
 from probes.catalog import OP_NAMES, OpClass, ops_where
-from tracer.analysis.breakdown.thread_time import S, ThreadTime, ThreadTimes
+from tracer.analysis.breakdown.thread_time import S, ThreadTime, ThreadTimes, window_shares
 from tracer.analysis.ranks import phases
 from tracer.analysis.recording import RecordingInfo
-from tracer.analysis.steps import step_markers
+from tracer.analysis.steps import step_markers, step_spans
 from tracer.analysis.taxonomy import part_name, waits_for_gpu
 
-STEP_PARTS = ("launch", "sync")  # the calls that mark a training loop's steps (as the chains' subjects)
 MIN_WHOLE_S = 2  # whole seconds the common window must hold for by_sec to be cut to them
 
 
@@ -79,18 +78,6 @@ class RankTable:
         """Return the job's steps in the window: the median of the ranks' counts (they step in lockstep)."""
         counts = sorted(r.steps for r in self.ranks if r.steps is not None)
         return counts[len(counts) // 2] if counts else None
-
-
-def _step_spans(conn: duckdb.DuckDBPyConnection, tids: list[int]) -> dict[int, tuple[int, int]]:
-    ops = [o for (o,) in conn.execute("SELECT DISTINCT op FROM op_stats").fetchall() if part_name(o) in STEP_PARTS]
-    if not ops or not tids:
-        return {}
-    rows = conn.execute(
-        "SELECT tid, min(ts_ns), max(ts_ns + dur_ns) FROM cuda_calls WHERE list_contains($tids, tid) "
-        "AND list_contains($ops, op) GROUP BY tid",
-        {"tids": tids, "ops": ops},
-    ).fetchall()
-    return {int(t): (int(a), int(b)) for t, a, b in rows if a is not None}
 
 
 def _step_op(conn: duckdb.DuckDBPyConnection, pid: int) -> tuple[str | None, int]:
@@ -171,7 +158,7 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
     if len(found) < 2:
         return None
     tids = [t.tid for _, _, t in found]
-    spans, wakers, gpu_coll = _step_spans(conn, tids), _wakers(conn, info, tids), _gpu_collective(conn, tids)
+    spans, wakers, gpu_coll = step_spans(conn, tids), _wakers(conn, info, tids), _gpu_collective(conn, tids)
     ranks = []
     for rank, pid, t in found:
         a, b = spans.get(t.tid, (t.first_ns, t.end_ns))
@@ -181,7 +168,7 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
             r.waits_per_step = step_markers(conn, t.tid).per_step_of(r.step_op)
         if t.tid not in spans:
             # no CUDA steps: the seconds it waited in collectives (its whole span when it never did)
-            whole = phases.phases_by_second(info, t, wakers.get(t.tid, []), phases.second_weights(t, 0, 1 << 62))
+            whole = phases.phases_by_second(info, t, wakers.get(t.tid, []), window_shares(t, 0, 1 << 62))
             busy = [s for s, ph in whole.items() if ph[phases.COLLECTIVE] > 0]
             if busy:
                 r.start_ns, r.end_ns = max(min(busy) * S, t.first_ns), min((max(busy) + 1) * S, t.end_ns)
@@ -201,8 +188,8 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
     for r in ranks:
         g = gpu_coll.get(r.tid)
         waits = wakers.get(r.tid, [])
-        r.by_sec = phases.phases_by_second(info, r.thread, waits, phases.second_weights(r.thread, *when), g)
-        r.total = phases.window_total(info, r.thread, waits, phases.second_weights(r.thread, start, end), g)
+        r.by_sec = phases.phases_by_second(info, r.thread, waits, window_shares(r.thread, *when), g)
+        r.total = phases.window_total(info, r.thread, waits, window_shares(r.thread, start, end), g)
     if not info.has_wakers:
         note = (note + "; " if note else "") + "no wakers in this recording: blocked time is not split by who ended it"
     procs = [info.procs[pid] for _, pid, _ in found]
