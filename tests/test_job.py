@@ -35,7 +35,6 @@ from tracer.analysis.job import (
     STACK_STRIDE,
     STARTED_AT_READ_NS,
     TIME_NS_COLUMNS,
-    decode_pid,
     job_alignment,
 )
 from tracer.analysis.ranks.report import ranks_report
@@ -391,3 +390,8 @@ def test_start_clocks_keep_the_tightest_pair(monkeypatch):
     monkeypatch.setattr(clocks.time, "time_ns", lambda: next(real))
     # THEN the second pair is kept, with its gap as the bound
     assert clocks.read_start_clocks(2) == clocks.StartClocks(mono_ns=2000, realtime_ns=8_000, read_ns=10)
+
+
+def decode_pid(pid: int) -> tuple[int, int]:
+    """(recording index, its own pid) of a pid as a job reads it: the encoding the job's views apply, undone."""
+    return (pid // PID_STRIDE, pid % PID_STRIDE) if pid > 0 else (0, pid)

@@ -17,8 +17,19 @@ import pytest
 from tests.support.need import need, need_root
 from tracer.recorder.events import USTACK_HEADER_DTYPE, C, UstackRecord, decode_ustack
 from tracer.recorder.procmaps import MapCache
-from tracer.recorder.symbolize import NativeFrame, Symbolizer, stack_addrs
+from tracer.recorder.symbolize import NativeFrame, Symbolizer
 from tracer.recorder.unwind import unwind_record
+
+
+def _stack_addrs(table: object, stack_id: int) -> list[int]:
+    """One stack of a bcc BPF_STACK_TRACE table, innermost first; [] for a failed walk (a negative id)."""
+    if stack_id < 0:
+        return []
+    try:
+        return [int(a) for a in table.walk(stack_id)]  # type: ignore[attr-defined]
+    except KeyError:
+        return []
+
 
 pytestmark = pytest.mark.bpf
 
@@ -133,7 +144,7 @@ def _capture(lib: Path, tmp_path: Path) -> tuple[list[list[NativeFrame]], list[l
     assert len(events) == CALLS
     assert sizes == {USTACK_HEADER_DTYPE.itemsize + C.USTACK_MAX}  # common.h and tracer/recorder/events.py agree
     assert all(ev.data for ev in events)
-    fp = [symbolizer.symbolize(ev.pid, stack_addrs(bpf[b"native_stacks"], ev.native_id)) for ev in events]
+    fp = [symbolizer.symbolize(ev.pid, _stack_addrs(bpf[b"native_stacks"], ev.native_id)) for ev in events]
     eh = [symbolizer.symbolize(ev.pid, unwind_record(ev, maps)) for ev in events]
     bpf.cleanup()
     return fp, eh

@@ -7,7 +7,7 @@ things differ between recordings and are made one here:
 - **Keys.** Pids and tids are per host (per boot, per PID namespace): two hosts' ranks may both be pid 12345.
   Every pid- or tid-valued column (:data:`PID_COLUMNS`) of recording ``i`` reads ``i * PID_STRIDE + pid``; recording
   0 keeps its pids. PID_STRIDE = 10**7 is above Linux's largest pid (PID_MAX_LIMIT = 2**22), so the decimal digits
-  stay readable: 10012345 is recording 1's pid 12345 (:func:`decode_pid`). Pid 0 (an interrupt, the idle task) and
+  stay readable: 10012345 is recording 1's pid 12345. Pid 0 (an interrupt, the idle task) and
   NULL stay as they are. Stack ids are numbered per recording too and are moved apart by :data:`STACK_STRIDE`.
   ``processes`` gains ``recording`` and ``host``, ``session`` gains ``recording``.
 - **Clocks.** ``ts_ns`` counts from each recording's own start. Recordings are lined up by their wall-clock start
@@ -151,11 +151,6 @@ SESSION_RULES: dict[str, str] = {
     "offcpu_stacks": "bool_or({c})",
     "max_db_bytes": _MAX,
 }
-
-
-def decode_pid(pid: int) -> tuple[int, int]:
-    """Return (recording index, its own pid) of a pid as a job reads it (``10012345`` -> ``(1, 12345)``)."""
-    return (pid // PID_STRIDE, pid % PID_STRIDE) if pid > 0 else (0, pid)
 
 
 # --- alignment ------------------------------------------------------------------------------------------------

@@ -292,7 +292,6 @@ class StackRecord:
     pid: int
     tid: int
     native_id: int
-    py_status: int
     frames: tuple[tuple[int, int], ...]  # (code object address, lasti), innermost first
 
 
@@ -309,7 +308,6 @@ def decode_stack(c: bytes) -> StackRecord:
         int(h["pid"]),
         int(h["tid"]),
         int(h["native_id"]),
-        int(h["py_status"]),
         tuple(zip(fr["code"].tolist(), fr["lasti"].tolist(), strict=True)),
     )
 

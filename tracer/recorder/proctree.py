@@ -122,7 +122,7 @@ class ProcessTree:
         """Take out of the tree the targets that exited before ``before_ns`` and have no child left in it, and
         the threads that ended before it; return them (their rows are final).
 
-        A parent stays while a child is in the tree, so :meth:`ancestors` and the lookups that walk up from a
+        A parent stays while a child is in the tree, so the lookups that walk up from a
         forked worker (kernel names, code objects) still find it. ``before_ns`` must leave time for the process's
         last events (calls, stacks, per-second aggregates) to be drained: what uses its caches comes before.
         """
@@ -144,16 +144,6 @@ class ProcessTree:
     def alive(self) -> list[int]:
         """Targets not known to have exited."""
         return [p.pid for p in self.targets() if p.exit_ns is None]
-
-    def ancestors(self, pid: int) -> list[int]:
-        """``pid``, its parent, and so on up the traced tree."""
-        out, seen = [], set()
-        p: int | None = pid
-        while p is not None and p in self.procs and p not in seen:
-            seen.add(p)
-            out.append(p)
-            p = self.procs[p].ppid
-        return out
 
     def apply(self, ev: np.ndarray) -> LifecycleChanges:
         """Apply a batch of lifecycle events (events.PROC_DTYPE); return what changed."""

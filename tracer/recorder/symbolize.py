@@ -172,14 +172,6 @@ class ElfSymbols:
         self._ensure_symbols()
         return len(self._names)
 
-    def address_of(self, name: str) -> int | None:
-        """ELF vaddr of the function symbol with this raw (mangled) name, or None."""
-        self._ensure_symbols()
-        try:
-            return int(self._starts[self._names.index(name)])
-        except ValueError:
-            return None
-
     def offset_to_vaddr(self, file_offset: int) -> int | None:
         """ELF virtual address of a file offset, through the PT_LOAD segment that holds it."""
         for off, vaddr, size in self.loads:
@@ -294,20 +286,6 @@ def demangle(name: str) -> str:
     except Exception:  # cxxfilt.InvalidName, or libstdc++ not loadable
         return name
     return out + at + version if at else out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# BPF stack maps
-
-
-def stack_addrs(bpf_table: object, stack_id: int) -> list[int]:
-    """Addresses of one stack in a bcc ``BPF_STACK_TRACE`` table, innermost first; [] for a negative id."""
-    if stack_id < 0:
-        return []
-    try:
-        return [int(a) for a in bpf_table.walk(stack_id)]  # type: ignore[attr-defined]
-    except KeyError:
-        return []
 
 
 # ---------------------------------------------------------------------------------------------------------
