@@ -42,7 +42,7 @@ def generate(path: Path, rows: int, accounting: bool = True) -> Path:
 
 def tools(conn: Any) -> dict[str, Callable[[], Any]]:
     from tracer.analysis.chains import compute_chains
-    from tracer.analysis.sql import run_sql
+    from tracer.analysis.sql.run import run_sql
     from tracer.analysis.stacks import top_stacks
     from tracer.analysis.stats import trace_stats
 

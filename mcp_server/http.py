@@ -42,7 +42,7 @@ from mcp_server import sessions
 from mcp_server.auth import BearerTokenMiddleware, authorized
 from mcp_server.server import Connect, build_server
 from tracer.analysis.db import recordings
-from tracer.analysis.sqlpool import SqlPool
+from tracer.analysis.sql.pool import SqlPool
 from tracer.errors import StoreError, UsageError
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]

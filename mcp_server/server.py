@@ -8,7 +8,7 @@ own read-only connection (DuckDB connections must not be shared across threads).
 anything else is a server bug.
 
 run_sql is the exception to "one connection per call": its statement runs in a query worker process
-(:mod:`tracer.analysis.sqlpool`) that can be killed, under the limits its description states, so no query can
+(:mod:`tracer.analysis.sql.pool`) that can be killed, under the limits its description states, so no query can
 wedge this process, starve the other tools or bloat its memory. A DuckDB error inside any tool (a file damaged or
 swapped underneath the server) becomes a ToolError, raised after the connection is closed.
 """
@@ -41,8 +41,10 @@ from tracer.analysis.db import open_trace, read_error, recordings
 from tracer.analysis.ranks.report import RanksResult, ranks_report
 from tracer.analysis.side_by_side import SideBySide
 from tracer.analysis.side_by_side import compare_processes as side_by_side
-from tracer.analysis.sql import LIMITS, SqlResult, execute
-from tracer.analysis.sqlpool import SqlPool, default_pool
+from tracer.analysis.sql.limits import LIMITS
+from tracer.analysis.sql.pool import SqlPool, default_pool
+from tracer.analysis.sql.result import SqlResult
+from tracer.analysis.sql.run import execute
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
 from tracer.analysis.stats import TraceStats, trace_stats
 from tracer.analysis.steps import StepSeries, step_series
@@ -126,7 +128,7 @@ def build_server(
             The recorder passes a factory on its own DuckDB instance to serve a DB it is still writing; run_sql
             then runs in-process, with the timer, row and reply caps but without a worker to kill.
         sql_pool: the query workers for run_sql. Default: this process's pool
-            (:func:`tracer.analysis.sqlpool.default_pool`); ``tracer mcp serve`` starts it before serving.
+            (:func:`tracer.analysis.sql.pool.default_pool`); ``tracer mcp serve`` starts it before serving.
         freshen: run before each tool call: a live recording's server asks for a new snapshot (tracer/live.py).
         recordings_dir: where compare_traces finds the other recording, by file name. Default: the served DB's
             directory, the one the user pointed the server at. Only ``*.duckdb`` files directly in it that open
@@ -538,7 +540,7 @@ are refused."""
 
 
 def sql_client(ctx: Context | None) -> str | None:
-    """Who calls run_sql, for the query workers' fair queue (:mod:`tracer.analysis.sqlqueue`): what the client
+    """Who calls run_sql, for the query workers' fair queue (:mod:`tracer.analysis.sql.fairqueue`): what the client
     cannot choose (issue 30). Over HTTP, what :class:`mcp_server.sessions.SessionLimits` wrote into the request:
     a session this server issued, else the peer's address; never a header or the ``clientInfo`` the client sends
     (a new name or a forged ``mcp-session-id`` per call bought a new share). Over stdio or in memory, the session

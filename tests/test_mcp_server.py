@@ -27,7 +27,7 @@ from tests.support.serving import TOOLS
 from tracer.analysis.breakdown import time_breakdown
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.db import open_trace
-from tracer.analysis.sql import run_sql
+from tracer.analysis.sql.run import run_sql
 from tracer.analysis.stacks import top_stacks
 from tracer.analysis.stats import trace_stats
 from tracer.errors import UsageError

@@ -10,7 +10,7 @@ from tracer.analysis.breakdown import Holder
 from tracer.analysis.chains import CausalChain, ChainsResult
 from tracer.analysis.chains.model import CpuContentionEvidence, Culprit, Hop, Root
 from tracer.analysis.processes import BusyThread, group_processes
-from tracer.analysis.sql import SqlResult
+from tracer.analysis.sql.result import SqlResult
 from tracer.analysis.stacks import Frame, StacksResult, StackStat
 from tracer.analysis.stats import ProcessStat
 from tracer.views.render import (

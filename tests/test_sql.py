@@ -12,8 +12,9 @@ import duckdb
 import pytest
 from tracedb import build
 
-from tracer.analysis.sql import QueryTimeout, SqlError, run_sql
-from tracer.analysis.sqlcheck import check_statement
+from tracer.analysis.sql.check import check_statement
+from tracer.analysis.sql.limits import QueryTimeout, SqlError
+from tracer.analysis.sql.run import run_sql
 
 
 @pytest.fixture(scope="module")
@@ -490,7 +491,7 @@ def test_in_process_connection_path(db):
 
 def test_a_functions_io_error_is_not_a_damaged_file():
     # issue 30: DuckDB reports a table function's failure as an IO Error; that is the query's error, not the file's
-    from tracer.analysis.sql import _sql_error
+    from tracer.analysis.sql.run import _sql_error
 
     e = duckdb.IOException(
         'IO Error: destroy_external_resource: deleter function "query" failed: Invalid Input Error: boom'

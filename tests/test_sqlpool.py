@@ -1,4 +1,4 @@
-"""tracer.analysis.sqlpool: queries run in worker processes that are killed at the wall clock, fail cleanly at the
+"""tracer.analysis.sql.pool: queries run in worker processes that are killed at the wall clock, fail cleanly at the
 memory limit, are replaced, and never outlive the process that started them (issue 11); a worker's DuckDB cannot
 write a file whatever statement reaches it, and clients share the workers fairly (issue 17).
 
@@ -24,11 +24,10 @@ from tracedb import build
 
 from tracer import procfs
 from tracer.analysis.db import READ_CONFIG
-from tracer.analysis.sql import QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
-from tracer.analysis.sqllimits import MiB
-from tracer.analysis.sqlpool import SqlPool
-from tracer.analysis.sqlqueue import LOCAL_CLIENT, FairShare
-from tracer.analysis.sqlworker import open_query_db, query_db_config
+from tracer.analysis.sql.fairqueue import LOCAL_CLIENT, FairShare
+from tracer.analysis.sql.limits import MiB, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
+from tracer.analysis.sql.pool import SqlPool
+from tracer.analysis.sql.worker import open_query_db, query_db_config
 from tracer.errors import StoreError
 
 LEVENSHTEIN = "SELECT levenshtein(repeat('a', 100000), repeat('b', 100000))"  # ~20 s of one scalar call
@@ -153,7 +152,7 @@ def test_workers_die_with_their_parent(db, tmp_path):
     # GIVEN a process with a started pool  WHEN it is killed without closing the pool
     code = (
         "import sys, time\n"
-        "from tracer.analysis.sqlpool import SqlPool\n"
+        "from tracer.analysis.sql.pool import SqlPool\n"
         "p = SqlPool(2).start()\n"
         f"p.run({str(db)!r}, 'SELECT 1')\n"
         "print(*p.worker_pids(), flush=True)\n"
@@ -271,7 +270,7 @@ def test_no_state_outlives_a_call(pool, db):
     assert pool.run(db, "SELECT getvariable('pwn') AS v").rows == [[None]]
     conn = open_query_db(db, query_db_config(SqlLimits()))
     try:
-        from tracer.analysis.sql import execute
+        from tracer.analysis.sql.run import execute
 
         conn.execute("SET VARIABLE pwn = 'attacker'")  # on the worker's own connection, as a bypass would
         assert conn.execute("SELECT getvariable('pwn')").fetchall() == [("attacker",)]
@@ -285,8 +284,8 @@ def test_each_call_gets_a_fresh_instance(db, monkeypatch):
     session B. With the name check bypassed (as a hole in it would), a worker's next call still sees none of it."""
     import json as _json
 
-    from tracer.analysis import sql as sqlmod
-    from tracer.analysis import sqlworker
+    from tracer.analysis.sql import run as sqlmod
+    from tracer.analysis.sql import worker as sqlworker
 
     monkeypatch.setattr(sqlmod, "find_refused_names", lambda conn, statement: None)  # the second layer alone
     cfg = {

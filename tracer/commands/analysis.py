@@ -179,10 +179,10 @@ def sql(
             "recordings together.",
         )
     one = db[0] if db else DEFAULT_DB
-    from tracer.analysis.sqlpool import default_pool
+    from tracer.analysis.sql.pool import default_pool
 
     default_pool().spawn(one)  # the query worker starts while this process imports the rest
-    from tracer.analysis.sql import run_sql
+    from tracer.analysis.sql.run import run_sql
 
     _print(run_sql(one, query, limit=limit, timeout_s=timeout), json)
 

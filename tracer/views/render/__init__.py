@@ -15,7 +15,7 @@ from tracer.analysis.chains import ChainsResult
 from tracer.analysis.compare import Comparison
 from tracer.analysis.ranks.report import RanksResult
 from tracer.analysis.side_by_side import SideBySide
-from tracer.analysis.sql import SqlResult
+from tracer.analysis.sql.result import SqlResult
 from tracer.analysis.stacks import StacksResult
 from tracer.analysis.stats import TraceStats
 from tracer.analysis.steps import StepSeries

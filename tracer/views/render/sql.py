@@ -6,7 +6,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tracer.analysis.sql import SqlResult
+from tracer.analysis.sql.result import SqlResult
 
 
 def render_sql(res: SqlResult) -> RenderableType:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from tracer.analysis.sqllimits import SqlError
+from tracer.analysis.sql.limits import SqlError
 
 LOCAL_CLIENT = "local"  # the client of a caller that names none (tracer sql, tests)
 SERVED_REMEMBERED = 4096  # clients whose last grant is remembered

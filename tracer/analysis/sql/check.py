@@ -10,11 +10,11 @@ of a SELECT and overwrote the recording. Here every decision comes from DuckDB:
 - an EXPLAIN is taken apart with :func:`duckdb.tokenize` (the same lexer, comments included): its options are
   rebuilt without comments, the statement after them is extracted and typed again on its own, and what runs is
   that rebuilt text, so what runs is what was checked;
-- :func:`find_refused_names` allows only what :mod:`tracer.analysis.sqlallow` allows, read from DuckDB's parse
+- :func:`find_refused_names` allows only what :mod:`tracer.analysis.sql.allow` allows, read from DuckDB's parse
   tree with macros and views expanded (no server paths, settings, SQL built at run time or state kept).
 
 The check is the first layer only: the query worker's DuckDB cannot write a file whatever runs
-(:mod:`tracer.analysis.sqlpool`).
+(:mod:`tracer.analysis.sql.pool`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import threading
 
 import duckdb
 
-from tracer.analysis.sqlallow import SERVER_WHY, check_calls
-from tracer.analysis.sqllimits import LIMITS, SqlError, SqlLimits
+from tracer.analysis.sql.allow import SERVER_WHY, check_calls
+from tracer.analysis.sql.limits import LIMITS, SqlError, SqlLimits
 
 ALLOWED_TEXT = "one SELECT / WITH / FROM / VALUES / DESCRIBE / SHOW / SUMMARIZE / PIVOT … IN (…) / EXPLAIN statement"
 # Messages that quote the caller's input (DuckDB's "LINE 1: <the query>") are cut to this: a 1 MB argument must
@@ -209,7 +209,7 @@ def _setting_names(conn: duckdb.DuckDBPyConnection) -> frozenset[str]:
 
 def find_refused_names(conn: duckdb.DuckDBPyConnection, statement: str) -> None:
     """Raise :class:`SqlError` if the checked ``statement`` (from :func:`check_statement`) calls what run_sql does
-    not allow (:func:`tracer.analysis.sqlallow.check_calls`: macros and views followed to their bodies) or SHOWs a
+    not allow (:func:`tracer.analysis.sql.allow.check_calls`: macros and views followed to their bodies) or SHOWs a
     setting; an EXPLAIN is looked into through the statement it explains."""
     sql = statement
     if _statement_type(_statements(sql)[0]) == duckdb.StatementType.EXPLAIN:

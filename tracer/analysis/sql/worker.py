@@ -1,6 +1,6 @@
-"""The query worker's side of :mod:`tracer.analysis.sqlpool`: a ``python -m tracer.analysis.sqlworker`` process
+"""The query worker's side of :mod:`tracer.analysis.sql.pool`: a ``python -m tracer.analysis.sql.worker`` process
 that answers one query at a time, read from stdin, on a connection that cannot write (issue 17), under an
-address-space limit; the protocol is described in :mod:`tracer.analysis.sqlpool`.
+address-space limit; the protocol is described in :mod:`tracer.analysis.sql.pool`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tracer.analysis.sqllimits import LIMITS, QueryOutOfMemory, SqlLimits
+from tracer.analysis.sql.limits import LIMITS, QueryOutOfMemory, SqlLimits
 from tracer.errors import StoreError, TracerError
 
 IDLE_CLOSE_S = 30.0  # close the DB after this long without queries: the read lock it holds would block a writer
@@ -160,7 +160,7 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
     import duckdb
 
     from tracer.analysis.db import is_damaged
-    from tracer.analysis.sql import execute
+    from tracer.analysis.sql.run import execute
 
     conns = _Connections(cfg)
     _limit_address_space(int(cfg["memory_bytes"]))

@@ -15,7 +15,7 @@ Here every name is followed to what DuckDB will run:
 
 DuckDB (2.0) has no setting that disables a function, so this check is where ``query``, ``query_table`` and the
 ``*_external_resource*`` family are made impossible; the worker also opens a fresh connection for each call, so
-nothing a statement could register outlives it (:mod:`tracer.analysis.sqlworker`).
+nothing a statement could register outlives it (:mod:`tracer.analysis.sql.worker`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import duckdb
 
-from tracer.analysis.sqllimits import SqlError
+from tracer.analysis.sql.limits import SqlError
 
 # Table functions a recording read needs: generated rows, unnesting, JSON columns, and the catalog of the trace's
 # own tables. Everything else (query, query_table, read_*, *_external_resource*, duckdb_databases, duckdb_settings,

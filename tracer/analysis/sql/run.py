@@ -1,13 +1,13 @@
 """Guarded read-only SQL over a trace DB, shared by ``tracer sql`` and the MCP ``run_sql`` tool.
 
 Layers, each closing a hole the others leave (see the research notes, DuckDB §3, and issues 11 and 17):
-1. :func:`tracer.analysis.sqlcheck.check_statement`: DuckDB's own parser decides: exactly one statement, of type
+1. :func:`tracer.analysis.sql.check.check_statement`: DuckDB's own parser decides: exactly one statement, of type
    SELECT (WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, PIVOT … IN) or EXPLAIN of one SELECT, the EXPLAIN rebuilt
-   from its checked parts; :func:`~tracer.analysis.sqlcheck.find_refused_names` refuses functions and views that
+   from its checked parts; :func:`~tracer.analysis.sql.check.find_refused_names` refuses functions and views that
    show the server (paths, settings) and SQL built at run time.
 2. The connection is read-only and hardened (:data:`tracer.analysis.db.READ_CONFIG`): no file or network access,
    no extension autoload/install, no replacement scans, configuration locked; a query worker's DuckDB also has its
-   local file system disabled (:mod:`tracer.analysis.sqlpool`), so no statement can write a file.
+   local file system disabled (:mod:`tracer.analysis.sql.pool`), so no statement can write a file.
 3. Each call runs on a fresh cursor (no variable, prepared statement or temp object outlives it) inside
    ``BEGIN TRANSACTION READ ONLY``.
 4. Limits (:class:`SqlLimits`): a ``threading.Timer`` calls ``interrupt()`` after ``timeout_s``; at most
@@ -16,7 +16,7 @@ Layers, each closing a hole the others leave (see the research notes, DuckDB §3
 5. Hard limits, for what DuckDB cannot stop itself (it checks for interrupts only between vectors, so one
    ``levenshtein`` over two 100 K-char strings runs for half a minute; list functions allocate outside
    ``memory_limit``): given a path, :func:`run_sql` runs the query in a worker process
-   (:mod:`tracer.analysis.sqlpool`) under an address-space limit, DuckDB ``memory_limit`` / ``threads``, and a
+   (:mod:`tracer.analysis.sql.pool`) under an address-space limit, DuckDB ``memory_limit`` / ``threads``, and a
    wall clock that kills it.
 
 Values round-trip exactly or come back as DuckDB's own text for them: timestamps as ISO strings, blobs as hex,
@@ -48,9 +48,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer.analysis.db import LIVE_HINT, is_damaged, read_error
-from tracer.analysis.sqlcheck import ALLOWED_TEXT, SET_ADVICE, check_statement, find_refused_names, short, too_deep
-from tracer.analysis.sqllimits import LIMITS, MiB, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
-from tracer.analysis.sqlresult import SqlResult
+from tracer.analysis.sql.check import ALLOWED_TEXT, SET_ADVICE, check_statement, find_refused_names, short, too_deep
+from tracer.analysis.sql.limits import LIMITS, MiB, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
+from tracer.analysis.sql.result import SqlResult
 from tracer.errors import StoreError, TracerError
 from tracer.sqltext import ident
 
@@ -536,6 +536,6 @@ def run_sql(
     """
     if isinstance(db, duckdb.DuckDBPyConnection):
         return execute(db, query, limit, timeout_s, reply_bytes=reply_bytes)
-    from tracer.analysis.sqlpool import default_pool
+    from tracer.analysis.sql.pool import default_pool
 
     return default_pool().run(db, query, limit, timeout_s, reply_bytes=reply_bytes, client=client)

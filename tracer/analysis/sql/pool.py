@@ -7,7 +7,7 @@ process serving MCP takes every other tool down with it. A worker runs the query
 
 - an address-space limit (RLIMIT_AS): its idle size plus :attr:`SqlLimits.memory_bytes`. DuckDB turns a failed
   allocation into an out-of-memory error; a worker that grew by more than
-  :data:`tracer.analysis.sqlworker.RETIRE_GROWTH_BYTES` (allocators keep freed memory) or hit the limit is
+  :data:`tracer.analysis.sql.worker.RETIRE_GROWTH_BYTES` (allocators keep freed memory) or hit the limit is
   replaced after it answers;
 - DuckDB ``memory_limit`` and ``threads``;
 - a wall clock: the worker interrupts DuckDB at ``timeout_s``; a worker still busy ``kill_grace_s`` later is
@@ -19,7 +19,7 @@ process serving MCP takes every other tool down with it. A worker runs the query
   ``.wal`` and the temp directory to it). Nothing spills to disk either (no temp directory), so the disk cap is
   zero bytes and ``memory_limit`` bounds each query.
 
-Queries wait for a worker in a fair queue (:mod:`tracer.analysis.sqlqueue`): one client (``client=``, an MCP
+Queries wait for a worker in a fair queue (:mod:`tracer.analysis.sql.fairqueue`): one client (``client=``, an MCP
 session) holds at most ``size - 1`` workers, the next free worker goes to the waiting client running fewest
 queries, and a query that finds no worker within :attr:`SqlLimits.queue_wait_s` is refused as busy.
 
@@ -27,7 +27,7 @@ queries, and a query that finds no worker within :attr:`SqlLimits.queue_wait_s` 
 process start; a worker keeps its read-only connection open between queries, reopening it when the file changes
 (inode, size or mtime) and closing it after ``IDLE_CLOSE_S`` without queries (the read lock it holds would block
 a writer). ``tracer sql`` uses the same pool, unstarted: its one query spawns one worker. The worker's side, a
-``python -m tracer.analysis.sqlworker`` process, is :mod:`tracer.analysis.sqlworker`.
+``python -m tracer.analysis.sql.worker`` process, is :mod:`tracer.analysis.sql.worker`.
 
 Protocol, one JSON object per line (worker stdin / a private copy of its stdout):
 ``{"ready": pid}`` once started; then per request ``{"db", "query", "limit", "timeout_s", "reply_bytes",
@@ -50,12 +50,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tracer.analysis.sqllimits import LIMITS, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
-from tracer.analysis.sqlqueue import LOCAL_CLIENT, FairShare
+from tracer.analysis.sql.fairqueue import LOCAL_CLIENT, FairShare
+from tracer.analysis.sql.limits import LIMITS, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
 from tracer.errors import StoreError, TracerError
 
 if TYPE_CHECKING:
-    from tracer.analysis.sqlresult import SqlResult
+    from tracer.analysis.sql.result import SqlResult
 
 POOL_SIZE = 2  # one query may be killed while the other worker answers the next call at once
 # A query still running this long after its interrupt is stuck in one long function call: its replacement
@@ -103,7 +103,7 @@ class _Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         env["MALLOC_ARENA_MAX"] = "2"  # glibc reserves 64 MiB of address space per arena and thread otherwise
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tracer.analysis.sqlworker", json.dumps(cfg)],
+            [sys.executable, "-m", "tracer.analysis.sql.worker", json.dumps(cfg)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -134,7 +134,7 @@ class _Worker:
         if "ready" not in msg:
             raise SqlError(
                 f"the query worker did not start: {msg.get('error', {}).get('message', msg)}",
-                "Check the installation: python -m tracer.analysis.sqlworker must import duckdb and pyarrow.",
+                "Check the installation: python -m tracer.analysis.sql.worker must import duckdb and pyarrow.",
             )
         self.ready = True
 
@@ -264,7 +264,7 @@ class SqlPool:
         except _StartFailed as e:
             raise SqlError(
                 f"a query worker failed to start ({e.how})",
-                "Retry; if it persists, run `python -m tracer.analysis.sqlworker` to see why.",
+                "Retry; if it persists, run `python -m tracer.analysis.sql.worker` to see why.",
             ) from None
 
     def _acquire_once(self, deadline: float, client: str) -> _Worker:
@@ -396,7 +396,7 @@ class SqlPool:
             finally:
                 self._done(key)
             if "result" in reply:
-                from tracer.analysis.sqlresult import SqlResult
+                from tracer.analysis.sql.result import SqlResult
 
                 return SqlResult.model_validate(reply["result"])
             err = reply.get("error") or {}
