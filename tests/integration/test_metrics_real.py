@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import PY, read_counts, start_record, workload
+from tests.integration.conftest import PY, open_db, read_counts, start_record, workload
 from tests.support.need import need
 
 STEPS = 30
@@ -133,6 +134,78 @@ def test_prometheus_scrapes_the_exact_sync_count(tmp_path):
         assert rec.returncode == 0, err
     finally:
         stop.touch()
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+        prom.terminate()
+        try:
+            prom.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+            prom.wait()
+
+
+def test_node_agent_traces_jobs_started_after_it(tmp_path):
+    """`tracer record --metrics` with no target: two jobs started after it are both traced from their first CUDA
+    library load, and Prometheus's query of each one's sync count equals the job's own count exactly."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    port = _free_port()
+    prom, prom_port = _start_prometheus(tmp_path, port)
+    rec = start_record(["--db", str(tmp_path / "t.duckdb"), "--force", "--metrics", f"127.0.0.1:{port}"])
+    jobs: list[subprocess.Popen] = []
+    try:
+        # GIVEN the agent is attached (it says so: "tracing every CUDA process ...") before any job exists
+        for line in rec.stderr:
+            if "tracing every CUDA process" in line:
+                break
+        else:
+            raise AssertionError(f"the agent exited early: {rec.wait()}")
+        # WHEN two jobs start after it (different step counts, so their series cannot be mistaken)
+        for steps in (STEPS, STEPS + 7):
+            jobs.append(
+                subprocess.Popen(
+                    [PY, workload("sync_heavy.py"), "--steps", str(steps), "--kernel-us", "20000"]
+                    + ["--counts-dir", str(counts)],
+                    stdout=subprocess.DEVNULL,
+                )
+            )
+        for j in jobs:
+            assert j.wait(timeout=120) == 0
+        own = {str(c["pid"]): c["counts"] for c in read_counts(counts)}
+        assert sorted(c["cudaStreamSynchronize"] for c in own.values()) == [STEPS, STEPS + 7]
+
+        # THEN the endpoint serves each job's exact counts (fed by the recorder's tick, once a second: a second or
+        # two after the exits under load; a count that overshoots or stays short times out)
+        def exact():
+            s = _scrape(port)
+            ops = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
+            return all(s.get(("count", op, pid)) == c[op] for pid, c in own.items() for op in ops)
+
+        _wait(exact, 30, "the endpoint to serve both jobs' exact counts", rec)
+        # AND a real Prometheus server's query of the sync count equals each job's own count
+        for pid, c in own.items():
+            q = f'tracer_cuda_call_duration_seconds_count{{op="cudaStreamSynchronize",pid="{pid}"}}'
+            _wait(
+                lambda q=q, n=c["cudaStreamSynchronize"]: [
+                    r for r in _prom_query(prom_port, q) if float(r["value"][1]) == n
+                ],
+                60,
+                f"Prometheus to hold pid {pid}'s final count",
+            )
+        # AND the agent runs on after its jobs exited, until stopped
+        time.sleep(1.0)
+        assert rec.poll() is None
+        rec.send_signal(signal.SIGINT)
+        out, err = rec.communicate(timeout=120)
+        assert rec.returncode == 0, err
+        with open_db(tmp_path / "t.duckdb") as con:
+            traced = {r[0] for r in con.execute("SELECT DISTINCT pid FROM cuda_calls").fetchall()}
+        assert {int(p) for p in own} <= traced
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                j.kill()
         if rec.poll() is None:
             rec.kill()
             rec.wait()

@@ -449,7 +449,9 @@ class Recorder:
                     self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
         if self.all_cuda:
             n = len(self.tree.alive())
-            self._status(f"tracing every CUDA process: {n} now, each new one from its first CUDA library load")
+            self._status(
+                f"tracing every CUDA process ({n} now); waiting for new ones, each from its first CUDA library load"
+            )
         elif not any(targets.libraries_mapped(pid) for pid in self.tree.alive()):
             self._status("no CUDA library loaded by the target yet; waiting for one to be loaded...")
         self._snapshot("attach")
