@@ -64,8 +64,10 @@ def _hist(entries):
     return keys, np.array(list(acc.values()), dtype=events.COUNT_DTYPE)
 
 
-def _proc(comm, rank=None):
-    return SimpleNamespace(comm=comm, dist=SimpleNamespace(rank=rank) if rank is not None else None)
+def _proc(comm, rank=None, container=""):
+    return SimpleNamespace(
+        comm=comm, dist=SimpleNamespace(rank=rank) if rank is not None else None, container=container
+    )
 
 
 def _scrape(state):
@@ -203,4 +205,4 @@ def test_labels_follow_the_process_until_its_first_cuda_call_then_stay():
     st.publish(keys, vals, hk, hv, {10: _proc("python3", rank=3)}, {10}, 2.0)  # exec'd, then its first call
     st.publish(keys, vals, hk, hv, {10: _proc("renamed", rank=3)}, {10}, 3.0)  # a later rename: same series
     (s,) = st.snapshot.ops
-    assert s.labels == ("cudaStreamSynchronize", "runtime", "10", "python3", "3")
+    assert s.labels == ("cudaStreamSynchronize", "runtime", "10", "python3", "3", "")

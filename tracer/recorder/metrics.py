@@ -34,7 +34,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from probes.catalog import CATALOG, NO_ARG, OpClass
-from tracer import procfs
+from tracer import containers, procfs
 from tracer.bearer import authorized
 from tracer.hist import slot_bounds
 from tracer.recorder import bpfmaps, events
@@ -48,8 +48,9 @@ RETAIN_S = 60.0  # an exited process's series stay this long (>= 30 s: two scrap
 # interpolated; x2 steps keep a series at 28 buckets.
 BUCKETS_NS: tuple[int, ...] = tuple(1 << k for k in range(8, 35))
 
-OP_LABELS = ("op", "layer", "pid", "comm", "rank")
-PROC_LABELS = ("pid", "comm", "rank")
+# container: the short id its cgroup names (tracer/containers.py), '' outside one
+OP_LABELS = ("op", "layer", "pid", "comm", "rank", "container")
+PROC_LABELS = ("pid", "comm", "rank", "container")
 LOST_KINDS: dict[str, int] = {
     "calls": events.C.LOST_CALLS,
     "stacks": events.C.LOST_STACKS,
@@ -157,7 +158,7 @@ def bucket_counts(slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Proc:
-    labels: tuple[str, str, str]  # pid, comm, rank
+    labels: tuple[str, str, str, str]  # PROC_LABELS' values
     frozen: bool = False  # labels fixed: it made a CUDA call (so past its exec), and its series keep them
     gone_at: float | None = None  # monotonic s when first seen exited
 
@@ -253,9 +254,12 @@ class MetricsState:
             rank = info.dist.rank if info is not None and info.dist is not None else None
             st = procfs.stat(pid) if info is None else None
             comm = info.comm if info is not None else st.comm if st is not None else ""
+            box = info.container if info is not None else ident.container if (ident := containers.read(pid)) else ""
             # until its first CUDA call a process may still exec (a launched command is first a fork of ours)
             self.procs[pid] = _Proc(
-                (str(pid), comm, "" if rank is None else str(rank)), pid in called, p.gone_at if p is not None else None
+                (str(pid), comm, "" if rank is None else str(rank), box),
+                pid in called,
+                p.gone_at if p is not None else None,
             )
         for pid, p in list(self.procs.items()):  # an exited process's series stay RETAIN_S
             if pid in alive:
