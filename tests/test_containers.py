@@ -42,15 +42,16 @@ def test_each_runtime_layout(path, cid, uid):
 
 
 def test_v1_lines_a_container_named_by_any_controller_and_pod_names_from_the_environment():
-    text = f"9:name=systemd:/\n4:memory:/kubepods/pod{UID}/{CID}\n1:cpu,cpuacct:/kubepods/pod{UID}/{CID}\n0::/\n"
-    ident = containers.from_cgroup_file(text, {"HOSTNAME": "trainer-0", "POD_NAMESPACE": "ml"})
+    box = f"/kubepods/pod{UID}/{CID}"
+    text = {"name=systemd": "/", "memory": box, "cpu": box, "cpuacct": box, "": "/"}  # v1, and v2's "0::/"
+    ident = containers.from_cgroups(text, {"HOSTNAME": "trainer-0", "POD_NAMESPACE": "ml"})
     assert ident == containers.Identity(f"/kubepods/pod{UID}/{CID}", CID, UID, "trainer-0", "ml")
     assert ident.container == CID[:12]
     # a downward-API POD_NAME wins over HOSTNAME (which a pod spec may set to something else)
-    named = containers.from_cgroup_file(text, {"HOSTNAME": "h", "MY_POD_NAME": "trainer-0"})
+    named = containers.from_cgroups(text, {"HOSTNAME": "h", "MY_POD_NAME": "trainer-0"})
     assert named.pod_name == "trainer-0"
     # outside a pod, HOSTNAME is only the host's name
-    plain = containers.from_cgroup_file("0::/user.slice/session-1.scope\n", {"HOSTNAME": "gpu-node-3"})
+    plain = containers.from_cgroups({"": "/user.slice/session-1.scope"}, {"HOSTNAME": "gpu-node-3"})
     assert plain == containers.Identity("/user.slice/session-1.scope", None, None, None, None)
     assert plain.container == ""
 

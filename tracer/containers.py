@@ -46,15 +46,10 @@ def parse_cgroup(path: str) -> tuple[str | None, str | None]:
     return (ids[-1] if ids else None), (pods[-1].replace("_", "-") if pods else None)
 
 
-def from_cgroup_file(text: str, env: dict[str, str] | None = None) -> Identity:
-    """The identity from the text of /proc/PID/cgroup (v2 ``0::/path``, or v1 ``N:ctrl,ctrl:/path`` lines) and the
-    process's environment."""
-    paths = []
-    for line in text.splitlines():
-        _, _, rest = line.partition(":")
-        ctrls, _, path = rest.partition(":")
-        if path:
-            paths.append((ctrls, path))
+def from_cgroups(lines: dict[str, str], env: dict[str, str] | None = None) -> Identity:
+    """The identity from a process's cgroups (procfs.cgroups: controller -> path, "" keying the v2 tree) and its
+    environment."""
+    paths = list(lines.items())
     # a path that names a container (v1 controllers all agree); else the v2 one, else the v1 cpu controller's
     v2 = [p for c, p in paths if c == ""]
     named = [p for _, p in paths if parse_cgroup(p) != (None, None)]
@@ -71,9 +66,5 @@ def from_cgroup_file(text: str, env: dict[str, str] | None = None) -> Identity:
 
 def read(pid: int) -> Identity | None:
     """Return ``pid``'s identity now; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            text = f.read()
-    except OSError:
-        return None
-    return from_cgroup_file(text, procfs.environ(pid))
+    lines = procfs.cgroups(pid)
+    return from_cgroups(lines, procfs.environ(pid)) if lines else None
