@@ -628,6 +628,8 @@ class Recorder:
             self._launch_tally[1] += int((rt & ((ev["flags"] & events.C.CALL_F_NESTED) != 0)).sum())
         kernels, notes = self.resolver.kernels(ev)
         stack_ids = self.resolver.stack_ids(ev["stack_ref"], ops)
+        if self.metrics is not None:
+            self.metrics[0].add_waits(ev["pid"], ev["tid"], ops, stack_ids)
         self.store.put("cuda_calls", columns.call_columns(ev, self.start_mono, kernels, notes, stack_ids))
 
     # --- every second --------------------------------------------------------------------------------------
