@@ -219,6 +219,13 @@ def _agent_test_body(rec, jobs, prom_port, port, counts, box, tmp_path) -> None:
             60,
             f"Prometheus to hold pid {pid}'s final count",
         )
+    # AND each job's steps (3 waits for the GPU a step) are counted with the analyses' step rule, exactly
+    for pid, c in own.items():
+        q = f'tracer_steps_total{{pid="{pid}"}}'
+        n = c["cudaStreamSynchronize"]  # one a step
+        _wait(
+            lambda q=q, n=n: [r for r in _prom_query(prom_port, q) if float(r["value"][1]) == n], 60, f"{pid}'s steps"
+        )
     # AND the container's job is labelled with its short container id, the other with none
     boxed = {pid: c for pid, c in own.items() if c["cudaStreamSynchronize"] != STEPS}
     for pid in own:
