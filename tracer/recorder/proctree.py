@@ -99,6 +99,13 @@ class ProcessTree:
             )
         return self.procs[pid]
 
+    def release_exited(self, pid: int) -> None:
+        """``pid`` exited and was reused by a process that joins now (the node agent): the exited one's row is
+        final, as for a reused pid seen at its fork."""
+        old = self.procs.get(pid)
+        if old is not None and old.exit_ns is not None:
+            self._reused.procs.append(self.procs.pop(pid))
+
     def add_tracer(self, pid: int, comm: str, cmdline: str = "") -> None:
         """One of the tracer's own processes (the recorder, its guardian)."""
         self.procs[pid] = ProcInfo(

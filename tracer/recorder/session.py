@@ -581,6 +581,7 @@ class Recorder:
         maps and Python layout are read before it runs on); its children forked before that join too."""
         now_ns = time.monotonic_ns() - self.start_mono
         for p in targets.descendants(pid):
+            self.tree.release_exited(p)  # a pid reused before its exited process retired
             if p not in self.tree.procs:
                 if p != pid:
                     self.bpf["targets"][ct.c_uint32(p)] = ct.c_uint8(1)
