@@ -36,6 +36,7 @@ static long (*read_user_str)(void *dst, u32 size, const void *src) = (void *)BPF
 #define CFG_SCHED_EVERY 2   /* send 1 in N of the other intervals that overlap no call (0/1: all) */
 #define CFG_LIBGATE 3       /* 1: stop a target that opens a CUDA library the tracer has not attached to */
 #define CFG_OFFCPU_STACKS 4 /* 1: capture the stack of a target thread that blocks (offcpu.bpf.c) */
+#define CFG_ALL_CUDA 5      /* 1: node agent (no --pid, no command): any process that opens a CUDA library joins */
 #define CFG_COUNT 8
 
 /* Index of the `lost` array: ring-buffer drops, counted in kernel (bcc has no lost callback for ring buffers). */
@@ -247,6 +248,8 @@ struct proc_event {
 /* map_event.flags */
 #define MAPF_HELD_PYTHON 1 /* an interpreter the tracer has no layout for: the process is held until user space
                             * has analysed it and configured the walker (once per interpreter binary) */
+#define MAPF_NEW_TARGET 2  /* MAP_LIB_OPEN of a process that was not traced (CFG_ALL_CUDA): it joined `targets` in
+                            * kernel at this open, and is held until user space has registered it */
 
 /* A file, by identity: the key of the per-file maps (attached_files, py_binaries). */
 struct file_key {

@@ -13,6 +13,8 @@
  *   (not in attached_files) is stopped (SIGSTOP, maps.h hold_current) before it returns to user space, and the
  *   file goes to user space, which attaches and continues it: no call is missed between the load and the attach.
  *   Files attached in advance (the recorder attaches every candidate it finds at start) never stop anyone.
+ *   Node agent (CFG_ALL_CUDA, `tracer record` with no target): a process not traced yet that opens one joins
+ *   `targets` there and is held once, attached file or not, so user space registers it before it runs on.
  */
 #include "common.h"
 #include "maps.h"
@@ -170,7 +172,11 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     if (fd < 0)
         return 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!cfg_get(CFG_LIBGATE) || !is_target(tgid))
+    if (!cfg_get(CFG_LIBGATE))
+        return 0;
+    /* node agent: a process outside the traced set that opens a CUDA library joins it here (MAPF_NEW_TARGET) */
+    int joins = !is_target(tgid);
+    if (joins && (!cfg_get(CFG_ALL_CUDA) || is_tracer(tgid)))
         return 0;
     u64 file = fd_file((int)fd);
     if (!file)
@@ -188,9 +194,15 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     if (!cud && !nccl)
         return 0;
     struct file_key k = {};
-    if (file_id(file, &k.dev, &k.ino) || attached_files.lookup(&k))
+    if (file_id(file, &k.dev, &k.ino) || (!joins && attached_files.lookup(&k)))
         return 0;
+    if (joins) {
+        /* traced from this open on (its children too: task_newtask); held until user space has its maps, Python
+         * layout and placement, which a process that was not a target at exec never sent */
+        u8 one = 1;
+        targets.update(&tgid, &one);
+    }
     hold_current(tgid);
-    emit_file_map(file, tgid, MAP_LIB_OPEN, 0, 0, 0, 0, BPF_RB_FORCE_WAKEUP);
+    emit_file_map(file, tgid, MAP_LIB_OPEN, 0, 0, 0, joins ? MAPF_NEW_TARGET : 0, BPF_RB_FORCE_WAKEUP);
     return 0;
 }

@@ -28,6 +28,8 @@ CONTRACT = {
     "tracer.errors",
     "tracer.live",
     "tracer.vocabulary",  # the names the recorder writes and every reader shows (issue 23)
+    "tracer.containers",  # container and pod identity from a cgroup path, stored and labelled (issue 32)
+    "tracer.steprule",  # the one step rule: the analyses over stored calls, the live tracer_steps_total (issue 32)
     "tracer.bearer",  # the bearer-token check of the MCP server and the recorder's metrics endpoint (issue 32)
 }
 

@@ -64,8 +64,10 @@ def _hist(entries):
     return keys, np.array(list(acc.values()), dtype=events.COUNT_DTYPE)
 
 
-def _proc(comm, rank=None):
-    return SimpleNamespace(comm=comm, dist=SimpleNamespace(rank=rank) if rank is not None else None)
+def _proc(comm, rank=None, container=""):
+    return SimpleNamespace(
+        comm=comm, dist=SimpleNamespace(rank=rank) if rank is not None else None, container=container
+    )
 
 
 def _scrape(state):
@@ -203,4 +205,36 @@ def test_labels_follow_the_process_until_its_first_cuda_call_then_stay():
     st.publish(keys, vals, hk, hv, {10: _proc("python3", rank=3)}, {10}, 2.0)  # exec'd, then its first call
     st.publish(keys, vals, hk, hv, {10: _proc("renamed", rank=3)}, {10}, 3.0)  # a later rename: same series
     (s,) = st.snapshot.ops
-    assert s.labels == ("cudaStreamSynchronize", "runtime", "10", "python3", "3")
+    assert s.labels == ("cudaStreamSynchronize", "runtime", "10", "python3", "3", "")
+
+
+def _waits(st, pid, tid, ops_sites):
+    ops = np.array([OP[o] for o, _ in ops_sites])
+    st.add_waits(np.full(len(ops), pid), np.full(len(ops), tid), ops, [s for _, s in ops_sites])
+
+
+def test_steps_count_one_per_period_of_the_wait_sequence_once_it_is_settled():
+    # GIVEN a training thread whose step waits twice (a loss read, then a stream sync), each runtime wait with its
+    # driver twin inside, and a second thread of the process with a few stray syncs
+    step = [("cudaMemcpy", 7), ("cuMemcpyDtoH", 0), ("cudaStreamSynchronize", 9), ("cuStreamSynchronize", 0)]
+    st = MetricsState()
+    keys, vals = _totals([(10, OP["cudaMemcpy"], 1, 1000, 0)])
+    hk, hv = _hist([(10, OP["cudaMemcpy"], 1000, 1)])
+    procs = {10: _proc("python3")}
+    _waits(st, 10, 10, step * 20)  # 40 waits of the runtime: the period may still change
+    _waits(st, 10, 12, [("cudaDeviceSynchronize", 3)] * 5)
+    st.publish(keys, vals, hk, hv, procs, {10}, 1.0)
+    # THEN nothing is served while the period is unsettled (a counter must never go down)
+    assert "tracer_steps" not in _scrape(st) or not _scrape(st)["tracer_steps"].samples
+    # WHEN it has waited SETTLE_WAITS times (24 steps of 2 runtime waits = 48)
+    _waits(st, 10, 10, step * 4)
+    st.publish(keys, vals, hk, hv, procs, {10}, 2.0)
+    # THEN it counts its steps, the stray syncs' thread aside, with the analyses' rule (2 waits a step)
+    ((s,),) = [_scrape(st)["tracer_steps"].samples]
+    assert (s.name, s.value, s.labels["pid"]) == ("tracer_steps_total", 24, "10")
+    # AND a short job's steps are served once it exited, whatever the count
+    _waits(st, 11, 11, [("cudaStreamSynchronize", 1)] * 5)
+    keys, vals = _totals([(10, OP["cudaMemcpy"], 1, 1000, 0), (11, OP["cudaStreamSynchronize"], 5, 5000, 0)])
+    st.publish(keys, vals, hk, hv, {**procs, 11: _proc("python3")}, {10}, 3.0)
+    got = {s.labels["pid"]: s.value for s in _scrape(st)["tracer_steps"].samples}
+    assert got == {"10": 24, "11": 5}

@@ -114,6 +114,20 @@ def test_a_reused_pid_gets_a_record_of_its_own() -> None:
     assert (old.pid, old.first_ns, old.exit_ns) == (101, 10, 13)
 
 
+def test_a_reused_pid_that_joins_the_node_agent_gets_a_record_of_its_own() -> None:
+    # GIVEN pid 101 exited, not yet retired, and a process reusing pid 101 opens a CUDA library (no fork was seen)
+    tree = ProcessTree(START)
+    tree.procs[100] = ProcInfo(100, 1, "python", "python churn.py", 0)
+    _churn(tree, 100, range(101, 102), 10)
+    tree.release_exited(101)
+    tree.release_exited(100)  # alive: it stays
+    tree.add_target(101, ppid=1, first_ns=700)
+    # THEN the new one has a record of its own, and the old one's row comes out at the next retirement
+    assert tree.procs[101].first_ns == 700 and tree.procs[101].exit_ns is None and 100 in tree.procs
+    (old,) = tree.retire(before_ns=0).procs
+    assert (old.pid, old.first_ns, old.exit_ns) == (101, 10, 13)
+
+
 def test_a_launcher_is_known_after_its_ranks_left() -> None:
     # GIVEN torchrun's agent 100 and its rank 101, which exited and retired
     tree = ProcessTree(START)

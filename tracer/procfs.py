@@ -191,6 +191,11 @@ def _cgroup_lines(pid: int) -> dict[str, str]:
     return out
 
 
+def cgroups(pid: int) -> dict[str, str]:
+    """Return ``pid``'s cgroups, controller -> path ("" keys the v2 unified tree); {} when it is gone."""
+    return _cgroup_lines(pid)
+
+
 def _stat_fields(text: str | None) -> dict[str, int]:
     out = {}
     for line in (text or "").splitlines():

@@ -389,6 +389,20 @@ TABLES: tuple[Table, ...] = (
             "launcher settings in its environment that place it, space-separated KEY=VALUE (SLURM_CPUS_PER_TASK, "
             "SLURM_CPU_BIND, KUBERNETES_SERVICE_HOST, container)",
         ),
+        (
+            "container_id",
+            "VARCHAR",
+            "the container it runs in, the 64-hex id its cgroup path names (docker, containerd/CRI, CRI-O, podman; "
+            "tracer/containers.py); NULL outside a container. Recordings before issue 32 lack these four columns",
+        ),
+        ("pod_uid", "VARCHAR", "the Kubernetes pod UID its cgroup path names (kubepods...pod<uid>); NULL: none"),
+        (
+            "pod_name",
+            "VARCHAR",
+            "the pod's name, from its environment: a downward-API POD_NAME (or MY_POD_NAME, K8S_POD_NAME), else "
+            "HOSTNAME inside a pod (the kubelet sets it to the pod name); NULL: not in a pod",
+        ),
+        ("pod_namespace", "VARCHAR", "the pod's namespace, from a downward-API POD_NAMESPACE; NULL: not set"),
     ),
     _t(
         "cgroup_cpu",

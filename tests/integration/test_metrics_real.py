@@ -8,7 +8,9 @@ Oracle: the workload's own call counts (sync_heavy.py writes them to --counts-di
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -18,7 +20,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import PY, read_counts, start_record, workload
+from tests.integration.conftest import PY, open_db, read_counts, start_record, workload
+from tests.support.cgroups import container_cgroup
 from tests.support.need import need
 
 STEPS = 30
@@ -142,3 +145,105 @@ def test_prometheus_scrapes_the_exact_sync_count(tmp_path):
         except subprocess.TimeoutExpired:
             prom.kill()
             prom.wait()
+
+
+def test_node_agent_traces_jobs_started_after_it(tmp_path):
+    """`tracer record --metrics` with no target: two jobs started after it are both traced from their first CUDA
+    library load, and Prometheus's query of each one's sync count equals the job's own count exactly."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    with container_cgroup() as box:
+        port = _free_port()
+        prom, prom_port = _start_prometheus(tmp_path, port)
+        rec = start_record(["--db", str(tmp_path / "t.duckdb"), "--force", "--metrics", f"127.0.0.1:{port}"])
+        jobs: list[subprocess.Popen] = []
+        try:
+            _agent_test_body(rec, jobs, prom_port, port, counts, box, tmp_path)
+        finally:
+            _end_agent(rec, jobs, prom)
+
+
+def _end_agent(rec: subprocess.Popen, jobs: list[subprocess.Popen], prom: subprocess.Popen) -> None:
+    for j in jobs:
+        if j.poll() is None:
+            j.kill()
+            j.wait()
+    if rec.poll() is None:
+        rec.kill()
+        rec.wait()
+    prom.terminate()
+    try:
+        prom.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        prom.kill()
+        prom.wait()
+
+
+def _agent_test_body(rec, jobs, prom_port, port, counts, box, tmp_path) -> None:
+    """The node agent test's steps, with the agent, its jobs, Prometheus and the cgroup cleaned up by the caller."""
+    # GIVEN the agent is attached (it says so: "tracing every CUDA process ...") before any job exists
+    for line in rec.stderr:
+        if "tracing every CUDA process" in line:
+            break
+    else:
+        raise AssertionError(f"the agent exited early: {rec.wait()}")
+    # WHEN two jobs start after it (different step counts, so their series cannot be mistaken), the second in
+    # a container-shaped cgroup (a pod's container, as the kubelet lays it out) with a pod's environment
+    for steps in (STEPS, STEPS + 7):
+        cmd = [PY, workload("sync_heavy.py"), "--steps", str(steps), "--kernel-us", "20000"]
+        cmd += ["--counts-dir", str(counts)]
+        if steps != STEPS:
+            cmd = ["sh", "-c", f'echo $$ > {box.procs} && exec "$@"', "sh", *cmd]
+        env = {**os.environ, "HOSTNAME": "trainer-1", "POD_NAMESPACE": "ml"}
+        jobs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env))
+    for j in jobs:
+        assert j.wait(timeout=120) == 0
+    own = {str(c["pid"]): c["counts"] for c in read_counts(counts)}
+    assert sorted(c["cudaStreamSynchronize"] for c in own.values()) == [STEPS, STEPS + 7]
+
+    # THEN the endpoint serves each job's exact counts (fed by the recorder's tick, once a second: a second or
+    # two after the exits under load; a count that overshoots or stays short times out)
+    def exact():
+        s = _scrape(port)
+        ops = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
+        return all(s.get(("count", op, pid)) == c[op] for pid, c in own.items() for op in ops)
+
+    _wait(exact, 30, "the endpoint to serve both jobs' exact counts", rec)
+    # AND a real Prometheus server's query of the sync count equals each job's own count
+    for pid, c in own.items():
+        q = f'tracer_cuda_call_duration_seconds_count{{op="cudaStreamSynchronize",pid="{pid}"}}'
+        _wait(
+            lambda q=q, n=c["cudaStreamSynchronize"]: [
+                r for r in _prom_query(prom_port, q) if float(r["value"][1]) == n
+            ],
+            60,
+            f"Prometheus to hold pid {pid}'s final count",
+        )
+    # AND each job's steps (3 waits for the GPU a step) are counted with the analyses' step rule, exactly
+    for pid, c in own.items():
+        q = f'tracer_steps_total{{pid="{pid}"}}'
+        n = c["cudaStreamSynchronize"]  # one a step
+        _wait(
+            lambda q=q, n=n: [r for r in _prom_query(prom_port, q) if float(r["value"][1]) == n], 60, f"{pid}'s steps"
+        )
+    # AND the container's job is labelled with its short container id, the other with none
+    boxed = {pid: c for pid, c in own.items() if c["cudaStreamSynchronize"] != STEPS}
+    for pid in own:
+        q = f'tracer_cuda_call_duration_seconds_count{{op="cudaStreamSynchronize",pid="{pid}"}}'
+        (r,) = _prom_query(prom_port, q)
+        assert r["metric"].get("container", "") == (box.container_id[:12] if pid in boxed else ""), pid
+    # AND the agent runs on after its jobs exited, until stopped
+    time.sleep(1.0)
+    assert rec.poll() is None
+    rec.send_signal(signal.SIGINT)
+    out, err = rec.communicate(timeout=120)
+    assert rec.returncode == 0, err
+    with open_db(tmp_path / "t.duckdb") as con:
+        traced = {r[0] for r in con.execute("SELECT DISTINCT pid FROM cuda_calls").fetchall()}
+        boxes = con.execute(
+            "SELECT pid, container_id, pod_uid, pod_name, pod_namespace FROM process_placement WHERE pid = ?",
+            [int(next(iter(boxed)))],
+        ).fetchall()
+    assert {int(p) for p in own} <= traced
+    # AND its process row names the container and the pod (from its cgroup path and its environment)
+    assert {b[1:] for b in boxes} == {(box.container_id, box.pod_uid, "trainer-1", "ml")}

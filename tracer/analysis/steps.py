@@ -36,10 +36,9 @@ from tracer.analysis.code_site import code_site
 from tracer.analysis.periodicity import find_patterns, neighbours, slow_indices, spread_of
 from tracer.analysis.recording import load_recording
 from tracer.analysis.taxonomy import RUNQ_PART_NAMES, part_name, waits_for_gpu
+from tracer.steprule import markers_per_step  # the one rule, shared with the recorder's tracer_steps_total
 from tracer.vocabulary import waker_name
 
-MAX_PER_STEP = 16  # waits per step tried when looking for the loop's period
-PERIOD_MATCH = 0.9  # share of the sequence a period must repeat
 MAX_IRREGULAR = 20  # slow steps outside any pattern listed
 MAX_SERIES = 5000  # per-step durations returned with detail
 SYNC_OPS: tuple[str, ...] = tuple(s.op for s in CATALOG if waits_for_gpu(s.op))
@@ -206,17 +205,6 @@ def series_of(conn: duckdb.DuckDBPyConnection, t: ThreadTime, detail: bool = Fal
     site = _site(conn, [m[3] for m in markers[:k]])
     marker = " + ".join(dict.fromkeys(m[2] for m in markers[:k])) + (f" at {site}" if site else "")
     return _series(conn, t, "steps", marker, k, ends, durations, detail, note)
-
-
-def markers_per_step(keys: list[tuple[str, int]]) -> int:
-    """Return the shortest period (1..MAX_PER_STEP) with which the sequence of wait sites repeats; 1 when none
-    does (each wait is then a step)."""
-    n = len(keys)
-    for k in range(1, min(MAX_PER_STEP, n // 2) + 1):
-        same = sum(keys[i] == keys[i + k] for i in range(n - k))
-        if same >= PERIOD_MATCH * (n - k):
-            return k
-    return 1
 
 
 def _series(

@@ -199,7 +199,12 @@ def record(
 
     Feed Prometheus while it runs:  sudo tracer record --pid 1234 --metrics :9464
 
-    Stops on Ctrl-C, at --duration, or when every traced process has exited; each way writes the same final
+    Node agent, every CUDA process of the host (no --pid, no command), until stopped:
+    sudo tracer record --db node.duckdb --max-db-size 2G --metrics :9464
+
+    With no target it traces each process that maps libcudart, libcuda or libnccl, now or from its first load of
+    one (docs/node-agent.md). Stops on Ctrl-C, at --duration, or (with a target) when every traced process has
+    exited; each way writes the same final
     summary. A launched command still running at --duration is stopped (SIGTERM, then SIGKILL after 5 s) unless
     --keep-running; an attached --pid job is never touched, and runs on at full speed once the tracer is gone
     (if the tracer is killed, a guardian process continues anything it had paused). One recording per file: an

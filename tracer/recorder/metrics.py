@@ -34,7 +34,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from probes.catalog import CATALOG, NO_ARG, OpClass
-from tracer import procfs
+from tracer import containers, procfs, steprule
 from tracer.bearer import authorized
 from tracer.hist import slot_bounds
 from tracer.recorder import bpfmaps, events
@@ -48,8 +48,9 @@ RETAIN_S = 60.0  # an exited process's series stay this long (>= 30 s: two scrap
 # interpolated; x2 steps keep a series at 28 buckets.
 BUCKETS_NS: tuple[int, ...] = tuple(1 << k for k in range(8, 35))
 
-OP_LABELS = ("op", "layer", "pid", "comm", "rank")
-PROC_LABELS = ("pid", "comm", "rank")
+# container: the short id its cgroup names (tracer/containers.py), '' outside one
+OP_LABELS = ("op", "layer", "pid", "comm", "rank", "container")
+PROC_LABELS = ("pid", "comm", "rank", "container")
 LOST_KINDS: dict[str, int] = {
     "calls": events.C.LOST_CALLS,
     "stacks": events.C.LOST_STACKS,
@@ -105,11 +106,30 @@ EVENTS_LOST = Family(
 )
 CPU_SECONDS = Family("tracer_cpu_seconds_total", "counter", "CPU time the recorder process used (user + system).")
 RESIDENT = Family("tracer_resident_memory_bytes", "gauge", "Resident memory of the recorder process.")
+STEPS = Family(
+    "tracer_steps_total",
+    "counter",
+    "Training steps each process completed: its thread with the most waits for the GPU, one step per period of "
+    "its wait sequence (the analyses' step rule, tracer/steprule.py). Served once the period is settled (48 "
+    "waits) or the process has exited.",
+    PROC_LABELS,
+)
 PROCESSES = Family(
     "tracer_processes", "gauge", "Traced processes alive, and exited ones still reported (state=exited).", ("state",)
 )
 
-FAMILIES: tuple[Family, ...] = (CALL_DURATION, COPY_BYTES, THREAD_TIME, EVENTS_LOST, CPU_SECONDS, RESIDENT, PROCESSES)
+FAMILIES: tuple[Family, ...] = (
+    CALL_DURATION,
+    COPY_BYTES,
+    THREAD_TIME,
+    STEPS,
+    EVENTS_LOST,
+    CPU_SECONDS,
+    RESIDENT,
+    PROCESSES,
+)
+# waits a thread's step period is settled on: the period is looked for up to MAX_PER_STEP, in three repeats
+SETTLE_WAITS = 3 * steprule.MAX_PER_STEP
 
 
 def served_names() -> frozenset[str]:
@@ -137,6 +157,7 @@ class Snapshot:
     ops: tuple[OpSeries, ...] = ()
     thread_time: tuple[tuple[tuple[str, ...], float], ...] = ()  # (PROC_LABELS + part, seconds)
     lost: tuple[tuple[str, int], ...] = ()
+    steps: tuple[tuple[tuple[str, ...], int], ...] = ()  # (PROC_LABELS, steps)
     alive: int = 0
     exited: int = 0
 
@@ -157,9 +178,37 @@ def bucket_counts(slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Proc:
-    labels: tuple[str, str, str]  # pid, comm, rank
+    labels: tuple[str, str, str, str]  # PROC_LABELS' values
     frozen: bool = False  # labels fixed: it made a CUDA call (so past its exec), and its series keep them
     gone_at: float | None = None  # monotonic s when first seen exited
+
+
+@dataclass
+class _Waits:
+    """One thread's waits for the GPU: counts, and the first SETTLE_WAITS (op, stack id) keys, of each layer."""
+
+    runtime: int = 0
+    driver: int = 0
+    keys_rt: list[tuple[int, int]] = field(default_factory=list)
+    keys_drv: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, op: int, stack_id: int) -> None:
+        if op in steprule.RUNTIME_OP_IDS:
+            self.runtime += 1
+            keys = self.keys_rt
+        else:
+            self.driver += 1
+            keys = self.keys_drv
+        if len(keys) < SETTLE_WAITS:
+            keys.append((op, stack_id))
+
+    def steps(self, final: bool) -> int | None:
+        """Steps completed (each one's last wait seen); None while the period may still change (a counter must not
+        go down), unless ``final`` (the process exited)."""
+        n, keys = (self.runtime, self.keys_rt) if self.runtime else (self.driver, self.keys_drv)
+        if len(keys) < SETTLE_WAITS and not final:
+            return None
+        return n // (steprule.markers_per_step(keys) if len(keys) >= 3 else 1)
 
 
 @dataclass
@@ -171,6 +220,7 @@ class MetricsState:
     threads: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     trainer: dict[int, int] = field(default_factory=dict)  # pid -> its training thread's tid, once it made a call
     dropped: set[int] = field(default_factory=set)  # pids whose series went (their in-kernel totals stay)
+    waits: dict[tuple[int, int], _Waits] = field(default_factory=dict)  # (pid, tid) -> its waits for the GPU
     failures: int = 0  # snapshots that failed (logged once)
     snapshot: Snapshot = field(default_factory=Snapshot)
 
@@ -192,6 +242,15 @@ class MetricsState:
                 self.threads[(pid, tid)] = row.copy()
             else:
                 acc += row
+
+    def add_waits(self, pids: np.ndarray, tids: np.ndarray, ops: np.ndarray, stack_ids: list[int | None]) -> None:
+        """Drained calls (every wait for the GPU is one: they are never sampled), for the step counts."""
+        try:
+            for pid, tid, op, sid in zip(pids.tolist(), tids.tolist(), ops.tolist(), stack_ids, strict=True):
+                if op in steprule.WAIT_OP_IDS and pid not in self.dropped:
+                    self.waits.setdefault((pid, tid), _Waits()).add(op, sid or 0)
+        except Exception as e:  # a bug here must not end a recording
+            self._failed(e)
 
     def _trainer_of(self, pid: int, tids: Iterable[int]) -> int | None:
         """The process's thread with the most CUDA calls; the one chosen stays until another has twice its calls,
@@ -253,9 +312,12 @@ class MetricsState:
             rank = info.dist.rank if info is not None and info.dist is not None else None
             st = procfs.stat(pid) if info is None else None
             comm = info.comm if info is not None else st.comm if st is not None else ""
+            box = info.container if info is not None else ident.container if (ident := containers.read(pid)) else ""
             # until its first CUDA call a process may still exec (a launched command is first a fork of ours)
             self.procs[pid] = _Proc(
-                (str(pid), comm, "" if rank is None else str(rank)), pid in called, p.gone_at if p is not None else None
+                (str(pid), comm, "" if rank is None else str(rank), box),
+                pid in called,
+                p.gone_at if p is not None else None,
             )
         for pid, p in list(self.procs.items()):  # an exited process's series stay RETAIN_S
             if pid in alive:
@@ -292,8 +354,14 @@ class MetricsState:
                 continue  # a process that made no CUDA call has no training thread
             row = self.threads[(pid, tid)]
             tt += [((*self.procs[pid].labels, part), int(row[1 + j]) / 1e9) for j, part in enumerate(PARTS)]
+        most: dict[int, int] = {}  # pid -> steps of its thread with the most (each thread's count only grows)
+        for (pid, _tid), w in self.waits.items():
+            n = w.steps(final=pid not in alive)
+            if n is not None and pid in self.procs:
+                most[pid] = max(n, most.get(pid, 0))
+        steps = tuple((self.procs[pid].labels, n) for pid, n in most.items())
         gone = sum(p.gone_at is not None for p in self.procs.values())
-        self.snapshot = Snapshot(tuple(ops), tuple(tt), lost, len(self.procs) - gone, gone)
+        self.snapshot = Snapshot(tuple(ops), tuple(tt), lost, steps, len(self.procs) - gone, gone)
 
     def _forget(self, pid: int) -> None:
         del self.procs[pid]
@@ -301,6 +369,8 @@ class MetricsState:
         self.trainer.pop(pid, None)
         for key in [k for k in self.threads if k[0] == pid]:
             del self.threads[key]
+        for key in [k for k in self.waits if k[0] == pid]:
+            del self.waits[key]
 
 
 def _group_hist(hkeys: np.ndarray, hvals: np.ndarray) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
@@ -342,6 +412,10 @@ def families(snap: Snapshot, cpu_s: float, rss_bytes: int | None) -> Iterator[Me
     for labels, seconds in snap.thread_time:
         t.add_metric(list(labels), seconds)
     yield t
+    st = CounterMetricFamily(STEPS.name, STEPS.help, labels=list(STEPS.labels))
+    for labels, n in snap.steps:
+        st.add_metric(list(labels), n)
+    yield st
     lost = CounterMetricFamily(EVENTS_LOST.name, EVENTS_LOST.help, labels=["kind"])
     for kind, n in snap.lost:
         lost.add_metric([kind], n)

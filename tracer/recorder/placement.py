@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tracer import procfs
+from tracer import containers, procfs
 
 ENV_KEYS = ("SLURM_CPUS_PER_TASK", "SLURM_CPU_BIND", "SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST", "container")
 Columns = dict[str, list]
+CONTAINER_COLUMNS = ("container_id", "pod_uid", "pod_name", "pod_namespace")  # containers.Identity's, stored
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ class PlacementWatch:
         r["period_us"].append(cg.period_us if cg else None)
         r["exec_from"].append(exec_from or None)
         r["env"].append(_env(pid))
+        ident = containers.read(pid)
+        for k in CONTAINER_COLUMNS:
+            r[k].append(getattr(ident, k) if ident else None)
 
     def _last_key(self, pid: int) -> tuple | None:
         last = self._last.get(pid)
@@ -141,5 +145,6 @@ def _empty() -> Columns:
             "period_us",
             "exec_from",
             "env",
+            *CONTAINER_COLUMNS,
         )
     }

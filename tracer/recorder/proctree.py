@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tracer import containers
 from tracer.recorder import events, rankenv, targets
 from tracer.recorder.rankenv import RankIdentity
 from tracer.vocabulary import TARGET_ROLE as ROLE_TARGET
@@ -38,6 +39,7 @@ class ProcInfo:
     role: str = ROLE_TARGET
     dist: RankIdentity | None = None  # its rank in a distributed job, from its environment (rankenv)
     launcher: str | None = None  # it started ranks (rankenv.launchers), noted before those left the tree
+    container: str = ""  # its short container id (tracer/containers.py), '' outside one: the metrics' label
 
 
 @dataclass
@@ -93,8 +95,16 @@ class ProcessTree:
                 targets.proc_cmdline(pid),
                 first_ns,
                 dist=rankenv.read(pid),
+                container=ident.container if (ident := containers.read(pid)) else "",
             )
         return self.procs[pid]
+
+    def release_exited(self, pid: int) -> None:
+        """``pid`` exited and was reused by a process that joins now (the node agent): the exited one's row is
+        final, as for a reused pid seen at its fork."""
+        old = self.procs.get(pid)
+        if old is not None and old.exit_ns is not None:
+            self._reused.procs.append(self.procs.pop(pid))
 
     def add_tracer(self, pid: int, comm: str, cmdline: str = "") -> None:
         """One of the tracer's own processes (the recorder, its guardian)."""
@@ -161,7 +171,9 @@ class ProcessTree:
                 old = self.procs.get(pid)
                 if old is not None and old.exit_ns is not None:  # a reused pid: the exited one's row is final
                     self._reused.procs.append(self.procs.pop(pid))
-                self.procs.setdefault(pid, ProcInfo(pid, int(e["ppid"]), comm, cmd, ts, dist=dist))
+                # and its cgroup: a container's processes stay in it
+                box = parent.container if parent else ""
+                self.procs.setdefault(pid, ProcInfo(pid, int(e["ppid"]), comm, cmd, ts, dist=dist, container=box))
                 ch.forks.append((int(e["ppid"]), pid))
             elif kind == events.C.PROC_THREAD_END:
                 tid = int(e["tid"])

@@ -172,6 +172,12 @@ class Recorder:
         self._dumper: Any = None
         self._snapped: dict[int, int] = {}  # tid -> its exec clock at its last snapshot: one per time it stops
 
+    @property
+    def all_cuda(self) -> bool:
+        """The node agent: no --pid and no command, so every process that maps a CUDA library is traced, from
+        the /proc scan at start or from its first open of one (libload.bpf.c, CFG_ALL_CUDA)."""
+        return self.opts.pid is None and not self.opts.command
+
     def _elapsed(self) -> float:
         """Seconds since the `tracer record` process started."""
         return self._since_start0 + (time.monotonic() - self._mono0)
@@ -180,8 +186,10 @@ class Recorder:
 
     def _validate(self) -> None:
         o = self.opts
-        if (o.pid is None) == (not o.command):
-            raise UsageError("give either --pid PID or a command after --", "e.g. sudo tracer record --pid 1234")
+        if o.pid is not None and o.command:
+            raise UsageError(
+                "give either --pid PID or a command after --, not both", "e.g. sudo tracer record --pid 1234"
+            )
         if o.duration is not None and o.duration <= 0:
             raise UsageError("--duration must be positive")
         if o.overhead_budget <= 0:
@@ -193,8 +201,7 @@ class Recorder:
         check_db_path(o.db, o.force)
         if o.pid is not None:
             targets.check_pid(o.pid)
-        else:
-            assert o.command
+        elif o.command:
             if shutil.which(o.command[0]) is None:
                 raise TargetError(f"command not found: {o.command[0]}")
         self.lib_args = [targets.check_library_arg(p) for p in o.libs]
@@ -209,6 +216,7 @@ class Recorder:
             (events.C.CFG_SCHED_EVERY, self.opts.sched_sample_every),
             (events.C.CFG_LIBGATE, 1),
             (events.C.CFG_OFFCPU_STACKS, int(self.opts.offcpu_stacks)),
+            (events.C.CFG_ALL_CUDA, int(self.all_cuda)),
         ):
             cfg[ct.c_int(idx)] = ct.c_uint64(val)
 
@@ -409,7 +417,11 @@ class Recorder:
             self._wake.register(fd, select.EPOLLIN | select.EPOLLET)
 
     def _attach_targets(self) -> None:
-        if self.opts.pid is not None:
+        if self.all_cuda:
+            self.root = 0
+            for pid in targets.cuda_processes(exclude=self.tree.procs.keys()):
+                self._add_target(pid)
+        elif self.opts.pid is not None:
             for pid in targets.descendants(self.opts.pid):
                 self._add_target(pid)
             self.root = self.opts.pid
@@ -435,7 +447,12 @@ class Recorder:
             for pid in targets.descendants(self.opts.pid):
                 if pid not in self.tree.procs:
                     self._add_target(pid, first_ns=time.monotonic_ns() - self.start_mono)
-        if not any(targets.libraries_mapped(pid) for pid in self.tree.alive()):
+        if self.all_cuda:
+            n = len(self.tree.alive())
+            self._status(
+                f"tracing every CUDA process ({n} now); waiting for new ones, each from its first CUDA library load"
+            )
+        elif not any(targets.libraries_mapped(pid) for pid in self.tree.alive()):
             self._status("no CUDA library loaded by the target yet; waiting for one to be loaded...")
         self._snapshot("attach")
 
@@ -470,7 +487,10 @@ class Recorder:
             self.on_status(msg)
 
     def _tree_exited(self) -> bool:
-        """Return True once every process of the traced tree has exited (a launched command is reaped here)."""
+        """Return True once every process of the traced tree has exited (a launched command is reaped here);
+        never for the node agent, which runs until stopped."""
+        if self.all_cuda:
+            return False
         if self.command is not None and (status := self.command.reap()) is not None:
             p = self.tree.procs.get(self.root)
             if p and p.exit_code is None:
@@ -526,6 +546,8 @@ class Recorder:
         if len(ev) == 0:
             return
         opens = ev[ev["kind"] == events.C.MAP_LIB_OPEN]
+        for e in opens[(opens["flags"] & events.C.MAPF_NEW_TARGET) != 0]:
+            self._join(int(e["pid"]))
         for e in ev[ev["kind"] != events.C.MAP_LIB_OPEN]:
             pid, dev, ino = int(e["pid"]), kernel_dev(int(e["dev"])), int(e["ino"])
             names = events.map_names(e["names"], int(e["depth"]))
@@ -553,6 +575,17 @@ class Recorder:
                 self._pyrt_configure(pid)  # its interpreter is mapped now
         if len(opens):
             self.attacher.handle_opens(opens, on_continue=self._before_continue)
+
+    def _join(self, pid: int) -> None:
+        """The node agent: ``pid`` opened a CUDA library and joined ``targets`` in kernel (held there, so its
+        maps and Python layout are read before it runs on); its children forked before that join too."""
+        now_ns = time.monotonic_ns() - self.start_mono
+        for p in targets.descendants(pid):
+            self.tree.release_exited(p)  # a pid reused before its exited process retired
+            if p not in self.tree.procs:
+                if p != pid:
+                    self.bpf["targets"][ct.c_uint32(p)] = ct.c_uint8(1)
+                self._add_target(p, first_ns=now_ns)
 
     def _before_continue(self, pid: int) -> None:
         """A held process is about to run on: configure its Python walker while it cannot race us."""
@@ -596,6 +629,8 @@ class Recorder:
             self._launch_tally[1] += int((rt & ((ev["flags"] & events.C.CALL_F_NESTED) != 0)).sum())
         kernels, notes = self.resolver.kernels(ev)
         stack_ids = self.resolver.stack_ids(ev["stack_ref"], ops)
+        if self.metrics is not None:
+            self.metrics[0].add_waits(ev["pid"], ev["tid"], ops, stack_ids)
         self.store.put("cuda_calls", columns.call_columns(ev, self.start_mono, kernels, notes, stack_ids))
 
     # --- every second --------------------------------------------------------------------------------------
@@ -971,7 +1006,13 @@ class Recorder:
         self._env = env
         if self.pyrt is not None and self.pyrt.versions:
             self.py_version = ".".join(map(str, max(self.pyrt.versions, key=self.pyrt.versions.__getitem__)))
-        target = f"pid {self.opts.pid}" if self.opts.pid is not None else " ".join(self.opts.command or [])
+        target = (
+            "every CUDA process"
+            if self.all_cuda
+            else f"pid {self.opts.pid}"
+            if self.opts.pid is not None
+            else " ".join(self.opts.command or [])
+        )
         libs = ", ".join(lib.path for lib in self.attacher.attached.values()) if hasattr(self, "attacher") else ""
         usage = resource.getrusage(resource.RUSAGE_SELF)
         live = status == "recording"

@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -236,6 +237,19 @@ def descendants(root: int) -> list[int]:
         pid = todo.pop(0)
         out.append(pid)
         todo += sorted(children.get(pid, []))
+    return out
+
+
+def cuda_processes(exclude: Iterable[int] = ()) -> list[int]:
+    """Return every living process that maps a CUDA library (libcudart, libcuda, libnccl), and each one's
+    descendants, parents before children: what the node agent traces at start. ``exclude``: the tracer's own."""
+    skip = set(exclude)
+    out: list[int] = []
+    for pid in sorted(procfs.processes()):
+        if pid in skip or pid in out:
+            continue
+        if libraries_mapped(pid):
+            out += [p for p in descendants(pid) if p not in skip and p not in out]
     return out
 
 
