@@ -135,10 +135,30 @@ class Programs:
     gc: int  # gc.bpf.c gc_probe: every probe point of CPython's collector (cpython/gcprobe.py)
 
 
-def _compile(opts: ProgramOptions) -> Any:
+def _compile(opts: ProgramOptions, cache_dir: Path | None = None) -> Any:
+    """Return the loaded program: from the compile cache (tracer/recorder/bpfcache.py) when it holds this text,
+    these flags and this kernel, else compiled by bcc (seconds of clang) and then cached for the next run."""
     from bcc import BPF
 
-    return BPF(text=program_text(), cflags=cflags(opts))
+    from tracer.recorder import bpfcache
+
+    text, flags = program_text(), cflags(opts)
+    d = bpfcache.cache_dir() if cache_dir is None else cache_dir
+    if d is None:
+        return BPF(text=text, cflags=flags)
+    key = bpfcache.cache_key(text, flags)
+    entry = bpfcache.load(d, key)
+    if entry is not None:
+        try:
+            return bpfcache.cached_bpf(entry)
+        except Exception as e:  # a kernel that refuses what it took before: compile as without a cache
+            log.warning("bpf cache: entry %s did not load (%s): compiling", key[:12], e)
+    bpf = BPF(text=text, cflags=flags)
+    try:
+        bpfcache.store(d, key, bpfcache.snapshot(bpf))
+    except bpfcache.CacheError as e:
+        log.info("bpf cache: program not cacheable: %s", e)
+    return bpf
 
 
 _prewarm: tuple[ProgramOptions, Future[Any]] | None = None
