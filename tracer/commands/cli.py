@@ -41,10 +41,15 @@ def _global(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
-def _register() -> None:
+def _register(recording_only: bool = False) -> None:
+    """Add the commands; ``recording_only``: the recording commands alone (launch.py, for `tracer record`/`demo`:
+    importing the analyses' command modules is half a second the probes would wait for; the recording imports what
+    it analyses when it finishes)."""
     from tracer.commands import record as record_cmds
 
     record_cmds.register(app)
+    if recording_only:
+        return
 
     from tracer.commands import analysis as analysis_cmds
 
@@ -57,6 +62,12 @@ def _register() -> None:
     from tracer.commands import dump as dump_cmds
 
     dump_cmds.register(app)
+
+
+def _launch_recording_only() -> bool:
+    from tracer.commands import launch
+
+    return launch.recording_only
 
 
 class _FlagHelp:
@@ -89,7 +100,7 @@ def _flag_help(t: typer.Typer) -> None:
             _flag_help(g.typer_instance)
 
 
-_register()
+_register(recording_only=sys.modules.get("tracer.commands.launch") is not None and _launch_recording_only())
 _flag_help(app)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import ctypes as ct
+import errno
 import hashlib
 import json
 import logging
@@ -47,6 +48,7 @@ def cache_dir() -> Path | None:
         return None
     return Path(v) if v else DEFAULT_DIR
 
+
 _NR_BPF = {"x86_64": 321, "aarch64": 280}
 _BPF_MAP_CREATE, _BPF_PROG_LOAD, _BPF_OBJ_GET_INFO_BY_FD = 0, 5, 15
 _LD_IMM64 = 0x18
@@ -69,7 +71,7 @@ def _bpf(cmd: int, attr: ct.Array[ct.c_char]) -> int:
     return int(_libc.syscall(nr, cmd, attr, len(attr)))
 
 
-# --- the key -------------------------------------------------------------------------------------------------------
+# --- the key --------------------------------------------------------------------------------------------------
 
 
 def _kernel_id() -> str:
@@ -98,7 +100,7 @@ def cache_key(text: str, flags: list[str], kernel: str | None = None, bcc: str |
     return h.hexdigest()
 
 
-# --- the directory and its entries -----------------------------------------------------------------------------------
+# --- the directory and its entries ------------------------------------------------------------------------------
 
 
 def _safe_owner(st: os.stat_result) -> bool:
@@ -200,7 +202,7 @@ def store(d: Path, key: str, entry: dict[str, Any]) -> bool:
     return True
 
 
-# --- taking an entry from a compiled program ---------------------------------------------------------------------------
+# --- taking an entry from a compiled program ----------------------------------------------------------------------
 
 
 def _lib() -> Any:
@@ -280,7 +282,7 @@ def snapshot(bpf: Any) -> dict[str, Any]:
     }
 
 
-# --- loading an entry --------------------------------------------------------------------------------------------------
+# --- loading an entry ---------------------------------------------------------------------------------------------
 
 
 def _create_map(m: dict[str, Any]) -> int:
@@ -327,7 +329,12 @@ def _load_prog(name: bytes, prog_type: int, insns: bytes, license: bytes, kern_v
         struct.pack_into("=II", attr, 64, 0, max(attach_type, 0))  # prog_ifindex, expected_attach_type
         return _bpf(_BPF_PROG_LOAD, attr)
 
-    fd = attempt(None)
+    # The verifier gives up with EAGAIN when a signal is pending (a profiler's, the terminal's): libbpf tries such a
+    # load 5 times, and so do we.
+    for _ in range(5):
+        fd = attempt(None)
+        if fd >= 0 or ct.get_errno() != errno.EAGAIN:
+            break
     if fd < 0:
         err = ct.get_errno()
         log_buf = ct.create_string_buffer(1 << 20)

@@ -161,7 +161,12 @@ def _compile(opts: ProgramOptions, cache_dir: Path | None = None) -> Any:
     return bpf
 
 
-_prewarm: tuple[ProgramOptions, Future[Any]] | None = None
+def _prepare(opts: ProgramOptions) -> tuple[Any, Programs]:
+    bpf = _compile(opts)
+    return bpf, load_programs(bpf, opts.with_pyframes)
+
+
+_prewarm: tuple[ProgramOptions, Future[tuple[Any, Programs]]] | None = None
 _start_cwd: str | None = None
 
 
@@ -173,26 +178,34 @@ def start_cwd() -> str:
 
 
 def prewarm(opts: ProgramOptions) -> None:
-    """Start compiling the program in a thread now; :func:`compile_program` with the same options takes the result.
+    """Start compiling and loading the program in a thread now; :func:`prepare_program` with the same options takes
+    the result.
 
-    Compiling is seconds of clang inside a ctypes call, which releases the GIL, so it runs on another core while
-    the CLI imports its modules and the recorder sets up: `tracer record` is then live about a second sooner.
+    Compiling is seconds of clang, and loading is the kernel's verifier (a few hundred ms for the uprobe programs),
+    both inside ctypes calls, which release the GIL: they run on another core while the CLI imports its modules and
+    the recorder sets up, so `tracer record` is live sooner.
     """
     global _prewarm, _start_cwd
     if _prewarm is None:
         _start_cwd = os.getcwd()
         pool = ThreadPoolExecutor(1, thread_name_prefix="bpf-compile")
-        _prewarm = (opts, pool.submit(_compile, opts))
+        _prewarm = (opts, pool.submit(_prepare, opts))
         pool.shutdown(wait=False)
 
 
-def compile_program(opts: ProgramOptions) -> Any:
-    """Compile and load the program; return the ``bcc.BPF`` object (tracepoints already attached by bcc)."""
+def prepare_program(opts: ProgramOptions) -> tuple[Any, Programs]:
+    """Compile (or take from the cache) and load the program: the ``bcc.BPF`` object (tracepoints already attached)
+    and its uprobe programs (:func:`load_programs`); the prewarmed ones where :func:`prewarm` had these options."""
     global _prewarm
     if _prewarm is not None and _prewarm[0] == opts:
         future = _prewarm[1]
         _prewarm = None
         return future.result()
+    return _prepare(opts)
+
+
+def compile_program(opts: ProgramOptions) -> Any:
+    """Compile (or take from the cache) and load the program; return the ``bcc.BPF`` object (tracepoints attached)."""
     return _compile(opts)
 
 

@@ -54,10 +54,9 @@ from tracer.recorder.proctree import ProcessTree
 from tracer.recorder.program import (
     ProbeSet,
     ProgramOptions,
-    compile_program,
     configure_ops,
-    load_programs,
     mark_links_closed,
+    prepare_program,
     sample_every,
     set_sample_every,
     tracepoint_fds,
@@ -265,8 +264,7 @@ class Recorder:
         use_py = self.opts.python_stacks
         t = time.monotonic()
         try:
-            self.bpf = compile_program(ProgramOptions(with_pyframes=use_py))
-            self.progs = load_programs(self.bpf, use_py)
+            self.bpf, self.progs = prepare_program(ProgramOptions(with_pyframes=use_py))
         except Exception as e:
             raise EnvironmentProblem(f"the BPF program failed to load: {e}", "run `tracer doctor`") from None
         self.phases["compile_s"] = time.monotonic() - t
