@@ -12,6 +12,7 @@ import ctypes as ct
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -161,12 +162,24 @@ def _compile(opts: ProgramOptions, cache_dir: Path | None = None) -> Any:
     return bpf
 
 
-def _prepare(opts: ProgramOptions) -> tuple[Any, Programs]:
+@dataclass
+class Prepared:
+    """The loaded program, its uprobe programs, and what preparing them took (in the thread that did it)."""
+
+    bpf: Any
+    progs: Programs
+    seconds: float  # wall time of the compile (or cache load) and the loads
+    cpu_s: float  # that thread's CPU time over the same
+
+
+def _prepare(opts: ProgramOptions) -> Prepared:
+    t, c = time.monotonic(), time.thread_time()
     bpf = _compile(opts)
-    return bpf, load_programs(bpf, opts.with_pyframes)
+    progs = load_programs(bpf, opts.with_pyframes)
+    return Prepared(bpf, progs, time.monotonic() - t, time.thread_time() - c)
 
 
-_prewarm: tuple[ProgramOptions, Future[tuple[Any, Programs]]] | None = None
+_prewarm: tuple[ProgramOptions, Future[Prepared]] | None = None
 _start_cwd: str | None = None
 
 
@@ -193,7 +206,7 @@ def prewarm(opts: ProgramOptions) -> None:
         pool.shutdown(wait=False)
 
 
-def prepare_program(opts: ProgramOptions) -> tuple[Any, Programs]:
+def prepare_program(opts: ProgramOptions) -> Prepared:
     """Compile (or take from the cache) and load the program: the ``bcc.BPF`` object (tracepoints already attached)
     and its uprobe programs (:func:`load_programs`); the prewarmed ones where :func:`prewarm` had these options."""
     global _prewarm
