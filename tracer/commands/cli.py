@@ -17,6 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 if TYPE_CHECKING:
     import click
 
+from tracer import commands as commands_pkg
 from tracer.errors import TracerError
 
 app = typer.Typer(
@@ -64,12 +65,6 @@ def _register(recording_only: bool = False) -> None:
     dump_cmds.register(app)
 
 
-def _launch_recording_only() -> bool:
-    from tracer.commands import launch
-
-    return launch.recording_only
-
-
 class _FlagHelp:
     """typer's rich help prints the value type after every option, ``<bool>`` even after flags that take no value
     (and ``<int>`` after ``-v``); a flag whose metavar is empty prints nothing there."""
@@ -100,7 +95,7 @@ def _flag_help(t: typer.Typer) -> None:
             _flag_help(g.typer_instance)
 
 
-_register(recording_only=sys.modules.get("tracer.commands.launch") is not None and _launch_recording_only())
+_register(recording_only=commands_pkg.RECORDING_ONLY)
 _flag_help(app)
 
 

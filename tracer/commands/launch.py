@@ -23,17 +23,14 @@ class _NoPandas(importlib.abc.MetaPathFinder):
         return None
 
 
-# Set for `tracer record`/`demo` as root (not --help): tracer.commands.cli then registers the recording commands only.
-recording_only = False
-
-
 def main() -> int:
     """Run the CLI (tracer.commands.cli.main) on sys.argv; return its exit code."""
     argv = sys.argv[1:]
     cmd = next((a for a in argv if not a.startswith("-")), None)
-    global recording_only
     if cmd in ("record", "demo") and os.geteuid() == 0 and "--help" not in argv and "--" not in argv[:1]:
-        recording_only = True
+        import tracer.commands
+
+        tracer.commands.RECORDING_ONLY = True  # tracer.commands.cli then registers the recording commands alone
         # pyarrow imports pandas, when installed, at its first pa.array(): 0.4 s and ~60 MB the recorder never uses
         sys.meta_path.insert(0, _NoPandas())
         try:
