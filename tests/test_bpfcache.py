@@ -168,3 +168,13 @@ def test_map_references_become_indexes() -> None:
     assert bpfcache._relocs(insns, {4: 0, 9: 1}) == [(0, 1), (3, 0)]
     with pytest.raises(bpfcache.CacheError):
         bpfcache._relocs(insns, {9: 1})  # fd 4 is no table's: not cacheable
+
+
+def test_store_keeps_the_newest_entries(cache: Path) -> None:
+    keys = [f"{i:064d}" for i in range(bpfcache.KEEP + 2)]
+    os.utime(cache / f"{KEY}.json", (1, 1))  # the fixture's entry is the oldest
+    for i, k in enumerate(keys):
+        assert bpfcache.store(cache, k, _entry())
+        os.utime(cache / f"{k}.json", (1000 + i, 1000 + i))  # stored in this order
+    left = sorted(p.stem for p in cache.glob("*.json"))
+    assert left == sorted(keys[-bpfcache.KEEP :])  # the first entry (KEY's) and the oldest new ones went

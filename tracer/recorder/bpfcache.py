@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when what an entry holds changes: old entries then miss
 DEFAULT_DIR = Path("/var/cache/cuda-host-tracer/bpf")
+KEEP = 8  # entries kept, newest first: ~170 KB each
 ENV_DIR = "TRACER_BPF_CACHE"  # another directory (bench.startup's cold runs, tests); "off": no cache
 
 
@@ -196,6 +197,9 @@ def store(d: Path, key: str, entry: dict[str, Any]) -> bool:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, d / f"{key}.json")
+        # entries of other kernels, flags or versions: the newest few stay (a kernel booted back), not all
+        for old in sorted(d.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
+            old.unlink()
     except OSError as e:
         log.warning("bpf cache: cannot write %s: %s", d, e)
         return False
