@@ -3,7 +3,8 @@ and warm (the compiled program from the cache, tracer/recorder/bpfcache.py), lau
 
 Per run, from the session row: startup_s (the `tracer record` process's start to the probes being live), compile_s
 (the program's own preparation in the prewarm thread: compile or cache load, and the verifier; it overlaps the
-imports), attach_s, first_event_s and flush_s; and, timed from outside, the wall time of the whole command.
+imports), startup_cpu_s (the recorder's CPU seconds until then: less noisy than wall time on a shared machine),
+attach_s, first_event_s and flush_s; and, timed from outside, the wall time of the whole command.
 The targets: /bin/true (`record -- true`), a fixture that makes a few CUDA calls and exits (late_load.py --delay 0),
 and `record --pid` of a running train.py --persistent-workers (--duration 2). Cold runs use a new empty cache
 directory each ($TRACER_BPF_CACHE), warm ones a directory filled by a first run.
@@ -37,7 +38,7 @@ PROGRAMS = {
 TRAIN = [PY, str(WORKLOADS / "train.py"), "--workers", "2", "--persistent-workers", "--duration", "600"]
 TRAIN_WARMUP_S = 2.0  # train.py's imports (torch) and worker start before it loops
 MODES = ("cold", "warm")
-SESSION = ("startup_s", "compile_s", "attach_s", "first_event_s", "flush_s")
+SESSION = ("startup_s", "startup_cpu_s", "compile_s", "attach_s", "first_event_s", "flush_s")
 
 
 def run_once(name: str, mode: str, db: Path, cache: Path, pid: int | None) -> dict[str, Any]:

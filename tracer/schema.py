@@ -109,6 +109,12 @@ TABLES: tuple[Table, ...] = (
             "it from the command's start: it overlaps the imports, so startup_s holds only part of it",
         ),
         ("attach_s", "DOUBLE", "of startup_s, attaching the probes"),
+        (
+            "startup_cpu_s",
+            "DOUBLE",
+            "CPU seconds (user + system, every thread) the recorder used until the probes were live: start-up's "
+            "cost without the waits for a busy machine's CPUs",
+        ),
         ("first_event_s", "DOUBLE", "seconds from the start of `tracer record` to the first recorded CUDA call"),
         ("flush_s", "DOUBLE", "seconds the final flush took (aggregates, processes, session row, chains)"),
         (

@@ -319,6 +319,7 @@ class Recorder:
             self.phases["attach_s"] = time.monotonic() - t
             self._read_host_counters()
             self.phases["startup_s"] = self._elapsed()
+            self.phases["startup_cpu_s"] = _cpu_s()
             self._live_since = (time.monotonic(), _cpu_s())  # the steady recording's clock and CPU start here
             if self.command is not None:
                 self.command.release()
@@ -1007,6 +1008,7 @@ class Recorder:
             "startup_s": self.phases.get("startup_s"),
             "compile_s": self.phases.get("compile_s"),
             "attach_s": self.phases.get("attach_s"),
+            "startup_cpu_s": self.phases.get("startup_cpu_s"),
             "first_event_s": round(first, 3) if first is not None else None,
             "flush_s": None if live else round(getattr(self, "flush_s", 0.0), 3),
             "recording_cpu_pct": (
