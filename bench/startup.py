@@ -12,7 +12,7 @@ directory each ($TRACER_BPF_CACHE), warm ones a directory filled by a first run.
 Apart, in this process: the compile alone, cold and warm (median wall and CPU seconds of compile + load, the CPU
 time being less noisy than wall time on a shared machine). Medians over the runs.
 
-    sudo .venv/bin/python -m bench.startup [--quick] [--runs N]
+    sudo .venv/bin/python -m bench.startup [--quick] [--runs N] [--programs true,cuda_calls,pid_train]
 """
 
 from __future__ import annotations
@@ -100,7 +100,13 @@ def summarize(runs: list[dict[str, Any]], compiles: dict[str, list[dict[str, flo
 def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__)
     p.add_argument("--runs", type=int, default=None, help="runs per program and mode (default 5, --quick 2)")
+    p.add_argument(
+        "--programs", default=",".join(PROGRAMS), help=f"comma-separated, of {', '.join(PROGRAMS)} (default all)"
+    )
     args = p.parse_args(argv)
+    programs = [x for x in args.programs.split(",") if x]
+    if not programs or any(x not in PROGRAMS for x in programs):
+        p.error(f"--programs: choose among {', '.join(PROGRAMS)}")
     need_root("bench.startup")
     build_fixtures()
     n = args.runs or (2 if args.quick else 5)
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         run_once("true", "warm", db, warm, None)  # fills the warm cache; caches (BTF, trap cost), page cache
         for i in range(n):
             for mode in MODES:
-                for name in PROGRAMS:
+                for name in programs:
                     cache = warm if mode == "warm" else Path(tmp) / f"cold-{i}-{name}"
                     if name == "pid_train":
                         r = run_attached(mode, db, cache)
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 compiles[mode].append(compile_once(warm if mode == "warm" else Path(tmp) / f"cold-c{i}"))
     res = summarize(runs, compiles)
-    rows = [[mode, name, *(res[mode][name][k] for k in ("wall_s", *SESSION))] for mode in MODES for name in PROGRAMS]
+    rows = [[mode, name, *(res[mode][name][k] for k in ("wall_s", *SESSION))] for mode in MODES for name in programs]
     print_table(rows, ["cache", "program", "wall s", *SESSION])
     for mode in MODES:
         c = res[mode]["compile_alone"]
