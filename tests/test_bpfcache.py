@@ -178,3 +178,10 @@ def test_store_keeps_the_newest_entries(cache: Path) -> None:
         os.utime(cache / f"{k}.json", (1000 + i, 1000 + i))  # stored in this order
     left = sorted(p.stem for p in cache.glob("*.json"))
     assert left == sorted(keys[-bpfcache.KEEP :])  # the first entry (KEY's) and the oldest new ones went
+
+
+def test_directory_in_a_directory_others_may_write_is_ignored(cache: Path) -> None:
+    os.chmod(cache.parent, 0o1777)  # as /tmp: another user could have renamed ours and put theirs in its place
+    assert bpfcache.load(cache, KEY) is None
+    os.chmod(cache.parent, 0o755)
+    assert bpfcache.load(cache, KEY) is not None

@@ -109,12 +109,13 @@ def _safe_owner(st: os.stat_result) -> bool:
 
 
 def _dir_ok(d: Path) -> bool:
-    """Whether ``d`` is a directory we may load code from: root's, no symlink, writable by root alone."""
+    """Whether ``d`` is a directory we may load code from: root's, no symlink, writable by root alone, in a parent
+    of the same kind (else another user could put a directory of their making in its place)."""
     try:
-        st = os.lstat(d)
+        st, parent = os.lstat(d), os.stat(d.absolute().parent)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and _safe_owner(st)
+    return stat.S_ISDIR(st.st_mode) and _safe_owner(st) and _safe_owner(parent)
 
 
 def _ensure_dir(d: Path) -> bool:
