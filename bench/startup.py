@@ -18,6 +18,7 @@ time being less noisy than wall time on a shared machine). Medians over the runs
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if not programs or any(x not in PROGRAMS for x in programs):
         p.error(f"--programs: choose among {', '.join(PROGRAMS)}")
     need_root("bench.startup")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops its train.py (finally)
     build_fixtures()
     n = args.runs or (2 if args.quick else 5)
     runs: list[dict[str, Any]] = []
