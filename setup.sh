@@ -149,4 +149,9 @@ make -s -C fixtures
     echo "error: the virtualenv cannot import bcc/duckdb/mcp/pyspark/torch" >&2
     exit 3
 }
+# The first `tracer record` compiles the BPF program (seconds of clang) and caches it in
+# /var/cache/cuda-host-tracer/bpf (root's, 0700); compiled here once, every `tracer record` loads it from there.
+say "compiling the BPF program into /var/cache/cuda-host-tracer/bpf (tracer record then starts without clang)"
+.venv/bin/python -c "import sys; from tracer.recorder.preflight import verify_program; e = verify_program(); print(e or '', file=sys.stderr); sys.exit(1 if e else 0)" ||
+    warn "the BPF program did not compile here: run tracer doctor"
 say "done. Next: .venv/bin/pytest   (tests)   and   sudo tracer demo   (a recorded investigation)"

@@ -82,7 +82,8 @@ def test_startup_summary() -> None:
     runs = [
         {
             "program": "true",
-            "wall_s": w,
+            "mode": mode,
+            "wall_s": w + (2.0 if mode == "cold" else 0.0),
             "startup_s": 2.0,
             "compile_s": 1.0,
             "attach_s": 0.1,
@@ -90,9 +91,15 @@ def test_startup_summary() -> None:
             "flush_s": 0.1,
         }
         for w in (3.0, 5.0, 4.0)
+        for mode in ("cold", "warm")
     ]
-    res = startup.summarize(runs)
-    assert res["true"]["wall_s"] == 4.0 and res["true"]["first_event_s"] is None
+    compiles = {"cold": [{"wall_s": 3.0, "cpu_s": 2.5}, {"wall_s": 2.0, "cpu_s": 2.0}], "warm": []}
+    res = startup.summarize(runs, compiles)
+    assert res["warm"]["true"]["wall_s"] == 4.0 and res["cold"]["true"]["wall_s"] == 6.0
+    assert res["warm"]["true"]["first_event_s"] is None
+    assert "pid_train" not in res["warm"]  # no runs: no row
+    assert res["cold"]["compile_alone"] == {"wall_s": 2.5, "cpu_s": 2.25}
+    assert res["warm"]["compile_alone"] == {"wall_s": None, "cpu_s": None}
 
 
 def test_churn_memory_summary() -> None:

@@ -102,8 +102,19 @@ TABLES: tuple[Table, ...] = (
         ("recorder_cpu_s", "DOUBLE", "CPU seconds (user + system) the recorder and its helpers used"),
         ("recorder_peak_rss_bytes", "BIGINT", "the recorder's peak resident memory"),
         ("startup_s", "DOUBLE", "seconds from the start of `tracer record` to the probes being live"),
-        ("compile_s", "DOUBLE", "of startup_s, compiling and loading the BPF program"),
+        (
+            "compile_s",
+            "DOUBLE",
+            "compiling (or taking from the compile cache) and loading the BPF program, timed in the thread that does "
+            "it from the command's start: it overlaps the imports, so startup_s holds only part of it",
+        ),
         ("attach_s", "DOUBLE", "of startup_s, attaching the probes"),
+        (
+            "startup_cpu_s",
+            "DOUBLE",
+            "CPU seconds (user + system, every thread) the recorder used until the probes were live: start-up's "
+            "cost without the waits for a busy machine's CPUs",
+        ),
         ("first_event_s", "DOUBLE", "seconds from the start of `tracer record` to the first recorded CUDA call"),
         ("flush_s", "DOUBLE", "seconds the final flush took (aggregates, processes, session row, chains)"),
         (

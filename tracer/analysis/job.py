@@ -140,6 +140,7 @@ SESSION_RULES: dict[str, str] = {
     "startup_s": _MAX,
     "compile_s": _MAX,
     "attach_s": _MAX,
+    "startup_cpu_s": _MAX,
     "first_event_s": _MAX,
     "flush_s": _MAX,
     "recording_cpu_pct": _MAX,

@@ -17,6 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 if TYPE_CHECKING:
     import click
 
+from tracer import commands as commands_pkg
 from tracer.errors import TracerError
 
 app = typer.Typer(
@@ -41,10 +42,15 @@ def _global(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
-def _register() -> None:
+def _register(recording_only: bool = False) -> None:
+    """Add the commands; ``recording_only``: the recording commands alone (launch.py, for `tracer record`/`demo`:
+    importing the analyses' command modules is half a second the probes would wait for; the recording imports what
+    it analyses when it finishes)."""
     from tracer.commands import record as record_cmds
 
     record_cmds.register(app)
+    if recording_only:
+        return
 
     from tracer.commands import analysis as analysis_cmds
 
@@ -89,7 +95,7 @@ def _flag_help(t: typer.Typer) -> None:
             _flag_help(g.typer_instance)
 
 
-_register()
+_register(recording_only=commands_pkg.RECORDING_ONLY)
 _flag_help(app)
 
 

@@ -28,6 +28,9 @@ def main() -> int:
     argv = sys.argv[1:]
     cmd = next((a for a in argv if not a.startswith("-")), None)
     if cmd in ("record", "demo") and os.geteuid() == 0 and "--help" not in argv and "--" not in argv[:1]:
+        import tracer.commands
+
+        tracer.commands.RECORDING_ONLY = True  # tracer.commands.cli then registers the recording commands alone
         # pyarrow imports pandas, when installed, at its first pa.array(): 0.4 s and ~60 MB the recorder never uses
         sys.meta_path.insert(0, _NoPandas())
         try:

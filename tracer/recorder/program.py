@@ -12,6 +12,7 @@ import ctypes as ct
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -135,13 +136,50 @@ class Programs:
     gc: int  # gc.bpf.c gc_probe: every probe point of CPython's collector (cpython/gcprobe.py)
 
 
-def _compile(opts: ProgramOptions) -> Any:
+def _compile(opts: ProgramOptions, cache_dir: Path | None = None) -> Any:
+    """Return the loaded program: from the compile cache (tracer/recorder/bpfcache.py) when it holds this text,
+    these flags and this kernel, else compiled by bcc (seconds of clang) and then cached for the next run."""
     from bcc import BPF
 
-    return BPF(text=program_text(), cflags=cflags(opts))
+    from tracer.recorder import bpfcache
+
+    text, flags = program_text(), cflags(opts)
+    d = bpfcache.cache_dir() if cache_dir is None else cache_dir
+    if d is None:
+        return BPF(text=text, cflags=flags)
+    key = bpfcache.cache_key(text, flags)
+    entry = bpfcache.load(d, key)
+    if entry is not None:
+        try:
+            return bpfcache.cached_bpf(entry)
+        except Exception as e:  # a kernel that refuses what it took before: compile as without a cache
+            log.warning("bpf cache: entry %s did not load (%s): compiling", key[:12], e)
+    bpf = BPF(text=text, cflags=flags)
+    try:
+        bpfcache.store(d, key, bpfcache.snapshot(bpf))
+    except bpfcache.CacheError as e:
+        log.info("bpf cache: program not cacheable: %s", e)
+    return bpf
 
 
-_prewarm: tuple[ProgramOptions, Future[Any]] | None = None
+@dataclass
+class Prepared:
+    """The loaded program, its uprobe programs, and what preparing them took (in the thread that did it)."""
+
+    bpf: Any
+    progs: Programs
+    seconds: float  # wall time of the compile (or cache load) and the loads
+    cpu_s: float  # that thread's CPU time over the same
+
+
+def _prepare(opts: ProgramOptions) -> Prepared:
+    t, c = time.monotonic(), time.thread_time()
+    bpf = _compile(opts)
+    progs = load_programs(bpf, opts.with_pyframes)
+    return Prepared(bpf, progs, time.monotonic() - t, time.thread_time() - c)
+
+
+_prewarm: tuple[ProgramOptions, Future[Prepared]] | None = None
 _start_cwd: str | None = None
 
 
@@ -153,26 +191,34 @@ def start_cwd() -> str:
 
 
 def prewarm(opts: ProgramOptions) -> None:
-    """Start compiling the program in a thread now; :func:`compile_program` with the same options takes the result.
+    """Start compiling and loading the program in a thread now; :func:`prepare_program` with the same options takes
+    the result.
 
-    Compiling is seconds of clang inside a ctypes call, which releases the GIL, so it runs on another core while
-    the CLI imports its modules and the recorder sets up: `tracer record` is then live about a second sooner.
+    Compiling is seconds of clang, and loading is the kernel's verifier (a few hundred ms for the uprobe programs),
+    both inside ctypes calls, which release the GIL: they run on another core while the CLI imports its modules and
+    the recorder sets up, so `tracer record` is live sooner.
     """
     global _prewarm, _start_cwd
     if _prewarm is None:
         _start_cwd = os.getcwd()
         pool = ThreadPoolExecutor(1, thread_name_prefix="bpf-compile")
-        _prewarm = (opts, pool.submit(_compile, opts))
+        _prewarm = (opts, pool.submit(_prepare, opts))
         pool.shutdown(wait=False)
 
 
-def compile_program(opts: ProgramOptions) -> Any:
-    """Compile and load the program; return the ``bcc.BPF`` object (tracepoints already attached by bcc)."""
+def prepare_program(opts: ProgramOptions) -> Prepared:
+    """Compile (or take from the cache) and load the program: the ``bcc.BPF`` object (tracepoints already attached)
+    and its uprobe programs (:func:`load_programs`); the prewarmed ones where :func:`prewarm` had these options."""
     global _prewarm
     if _prewarm is not None and _prewarm[0] == opts:
         future = _prewarm[1]
         _prewarm = None
         return future.result()
+    return _prepare(opts)
+
+
+def compile_program(opts: ProgramOptions) -> Any:
+    """Compile (or take from the cache) and load the program; return the ``bcc.BPF`` object (tracepoints attached)."""
     return _compile(opts)
 
 
