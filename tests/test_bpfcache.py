@@ -1,6 +1,6 @@
 """tracer.recorder.bpfcache without the kernel: what the key depends on, and that an entry is loaded only from a
 root-owned directory and file that no one else may write, with its digest and shape intact (it is code loaded into the
-kernel as root). tests/integration/test_bpfcache.py loads a real entry."""
+kernel as root). tests/integration/test_bpfcache_real.py loads a real entry."""
 
 from __future__ import annotations
 
