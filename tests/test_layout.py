@@ -146,3 +146,13 @@ def test_the_snapshot_reader_imports_no_analysis_view_or_server():
         (m, i) for m, deps in GRAPH.items() if _in(m, "tracer.snapshot") for i in deps if any(_in(i, a) for a in above)
     }
     assert not bad, sorted(bad)
+
+
+def test_no_two_test_modules_share_a_name():
+    # pytest imports test modules by their base name (rootdir-relative, no packages): a second test_x.py in
+    # tests/integration/ fails the whole suite's collection (it did, on a merge)
+    root = Path(__file__).resolve().parent
+    seen: dict[str, Path] = {}
+    for p in sorted(root.rglob("test_*.py")):
+        assert p.name not in seen, f"{p} and {seen[p.name]} share a name"
+        seen[p.name] = p
