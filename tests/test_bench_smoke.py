@@ -252,3 +252,12 @@ def test_fork_heavy_job_ends_with_its_mark() -> None:
     cmd = fork_heavy.job(1000)
     assert "fork_churn.py --procs 1000" in cmd and "step_loop.py --duration 5" in cmd
     assert cmd.endswith(f"echo {fork_heavy.END_MARK}$(date +%s.%N) >&2")
+
+
+def test_overhead_cpu_per_1k_events_is_the_recording_cpu_over_the_traced_calls() -> None:
+    # 5% of a core for 20 s of recording (25 s in all, 5 s of start-up) = 1 s of CPU over 100,000 calls
+    r = {"recording_cpu_pct": 5.0, "duration_s": 25.0, "startup_s": 5.0, "events_traced": 100_000}
+    assert overhead.ms_per_1k_events(r) == pytest.approx(10.0)
+    # an older session row without the figure, or a run that traced nothing: no figure, not a division by zero
+    assert overhead.ms_per_1k_events({**r, "recording_cpu_pct": None}) is None
+    assert overhead.ms_per_1k_events({**r, "events_traced": 0}) is None

@@ -36,6 +36,30 @@ FLUSH_ROWS = 10_000
 # 7 tables every second, so inserts every 2 s (all in one transaction), not every drain (0.2 s), cut the
 # recorder's steady-state CPU several times over. A SIGKILL loses at most this much; a live MCP query flushes.
 FLUSH_S = 2.0
+# ...except the per-second summaries, a handful of rows each (host_samples, cpu_idle, thread_breakdown, ...): they
+# wait up to SUMMARY_FLUSH_S. An insert costs ~1-2 ms of CPU however few its rows (DuckDB's planning, not the
+# rows), and with a dozen summary tables beside cuda_calls and sched a 2 s flush cost ~50 ms of CPU, 2.5% of a
+# core on train.py (issue 33: the tables added since, not the rows, made the recorder's cost creep up). Nothing
+# references a summary row, so holding them back leaves no dangling reference in a killed recorder's file; the
+# session's flushed_ns stops at the oldest row held back, so it still says truly how far the file goes. A
+# statement, a marker (sync, a live snapshot) and the end write them with the rest.
+SUMMARY_FLUSH_S = 10.0
+SUMMARY_TABLES = frozenset(
+    {
+        "host_samples",
+        "cgroup_cpu",
+        "cpu_idle",
+        "process_placement",
+        "thread_breakdown",
+        "sched_stats",
+        "thread_wakers",
+        "preemptors",
+        "offcpu_stacks",
+        "cpu_samples",
+        "gc_collections",
+        "thread_snapshots",
+    }
+)
 # DuckDB's buffer pool keeps every block it wrote loaded until memory_limit (default 80% of RAM) presses it, so the
 # recorder's RSS grew with the file it was writing (issue 21: +17-22 MiB over bench/churn_memory's 100 K processes
 # and 20 MiB file, duckdb_memory()'s BASE_TABLE following the file). Over this limit the written blocks are evicted
@@ -85,6 +109,11 @@ class _Inbox:
             self._items.clear()
             self._rows.clear()
         return items
+
+
+def _hold_s(table: str) -> float:
+    """How long a table's rows may wait for their insert."""
+    return SUMMARY_FLUSH_S if table in SUMMARY_TABLES else FLUSH_S
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:
@@ -231,40 +260,69 @@ class Store:
 
     def _write_loop(self) -> None:
         pending: dict[str, list[pa.Table]] = {}
-        since = 0.0  # when the oldest pending batch was queued
-        newest = 0.0  # ...and the newest
+        since: dict[str, float] = {}  # per table: when its oldest pending batch was queued
+        newest: dict[str, float] = {}  # ...and its newest
         stop = False
         while not stop:
-            # Rows wait up to FLUSH_S (or FLUSH_ROWS per table): each insert costs 1-6 ms of CPU whatever its size,
-            # and the recorder queues a few tables every drain (5 a second).
-            items = self._q.take(FLUSH_S if not pending else max(0.0, since + FLUSH_S - time.monotonic()))
+            # Rows wait up to FLUSH_S, or SUMMARY_FLUSH_S for the summaries (or FLUSH_ROWS per table): each insert
+            # costs 1-2 ms of CPU whatever its size, and the recorder queues a few tables every drain (5 a second).
+            now = time.monotonic()
+            # (at least every FLUSH_S: a row batch queued meanwhile does not wake the writer)
+            items = self._q.take(max(0.0, min([FLUSH_S, *(since[t] + _hold_s(t) - now for t in since)])))
             for item in items:
                 if item is None:
                     stop = True
                 elif item[0] == "rows":
-                    since = item[3] if not pending else min(since, item[3])
-                    newest = item[3] if not pending else max(newest, item[3])
-                    pending.setdefault(item[1], []).append(item[2])
+                    table, when = item[1], item[3]
+                    since.setdefault(table, when)
+                    newest[table] = when
+                    pending.setdefault(table, []).append(item[2])
                 else:
-                    self._flush(pending, newest)  # statements and markers keep their place in the order
+                    self._flush(pending, since, newest, list(pending))  # statements and markers keep their place
                     self._guard(item[:3])
                 if self._error:
                     return  # _fail closed the connection: nothing more is written, sync() no longer waits
-            if (
-                stop
-                or time.monotonic() - since >= FLUSH_S
-                or any(sum(t.num_rows for t in parts) >= FLUSH_ROWS for parts in pending.values())
-            ):
-                self._flush(pending, newest)
+            if due := self._due(pending, since, stop):
+                self._flush(pending, since, newest, due)
             if self._error:
                 return
 
-    def _flush(self, pending: dict[str, list[pa.Table]], queued_until: float) -> None:
-        if pending and not self._error:
-            self._guard(("insert", dict(pending), queued_until))
+    @staticmethod
+    def _due(pending: dict[str, list[pa.Table]], since: dict[str, float], stop: bool) -> list[str]:
+        """The tables to write now: all at the end; else those over FLUSH_ROWS, and once any table has waited its
+        hold, every other table as well but the summaries, which go all together once one of them has waited
+        SUMMARY_FLUSH_S (one transaction, one commit, for the tables that are due at about the same time)."""
+        if stop:
+            return list(pending)
+        now = time.monotonic()
+        full = {t for t, parts in pending.items() if sum(p.num_rows for p in parts) >= FLUSH_ROWS}
+        waited = {t for t in pending if now - since[t] >= _hold_s(t)}
+        summaries = any(t in SUMMARY_TABLES for t in waited)
+        if not waited:
+            return list(full)
+        return [t for t in pending if t in full or t not in SUMMARY_TABLES or summaries]
+
+    def _flush(
+        self,
+        pending: dict[str, list[pa.Table]],
+        since: dict[str, float],
+        newest: dict[str, float],
+        tables: list[str],
+    ) -> None:
+        """Write the pending rows of ``tables`` in one transaction and drop them from the three dicts; the session's
+        flushed_ns moves to the newest of them, or to the oldest row still held back if that is earlier."""
+        if tables and not self._error:
+            held = [since[t] for t in pending if t not in tables]
+            upto = max(newest[t] for t in tables)
+            if held:
+                upto = min(upto, min(held))
+            self._guard(("insert", {t: pending[t] for t in tables}, upto))
             if self.thinner is not None and not self._error:
                 self._guard(("call", lambda: self.thinner.after_write(self.conn), None))
-        pending.clear()
+        for t in tables:
+            pending.pop(t, None)
+            since.pop(t, None)
+            newest.pop(t, None)
 
     def _guard(self, item: tuple[str, Any, Any]) -> None:
         kind, a, b = item
@@ -350,22 +408,19 @@ class Store:
             self.rows_written[table] = self.rows_written.get(table, 0) + n
 
     def _insert(self, table: str, parts: list[pa.Table]) -> int:
-        """Append the batches to ``table``; return the rows appended."""
-        tbl = _concat(parts)
+        """Append the batches to ``table``; return the rows appended.
+
+        The batch is read by DuckDB's replacement scan (the local variable ``_batch`` named in the statement), not
+        registered as a view: register() and unregister() each change the catalog inside the transaction, and
+        cost twice what the insert itself does (~1 ms and ~0.5 ms of CPU against ~1.5 ms per table and flush, with
+        ~15 tables written every flush: the writer's largest cost in py-spy, issue 33)."""
+        _batch = _concat(parts)  # noqa: F841 - read by name by the statement below
         cols = TABLE_BY_NAME[table].column_names
-        self.conn.register("_batch", tbl)
         try:
             self.conn.execute(f"INSERT INTO {table} SELECT {', '.join(cols)} FROM _batch")
         except duckdb.Error as e:
-            # Name the table and keep this error: unregistering inside the now-aborted transaction raises
-            # "Current transaction is aborted", which would otherwise replace the cause.
-            raise type(e)(f"appending {tbl.num_rows} rows to {table}: {e}") from e
-        finally:
-            try:
-                self.conn.unregister("_batch")
-            except duckdb.Error:
-                pass  # the transaction is aborted; the rollback drops the view with it
-        return tbl.num_rows
+            raise type(e)(f"appending {_batch.num_rows} rows to {table}: {e}") from e
+        return _batch.num_rows
 
     @property
     def error(self) -> BaseException | None:
