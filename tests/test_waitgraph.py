@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from tracedb import HOG_PID, MAIN_PID, MS, S, _base, insert_rows
+from tracedb import HOG_PID, MAIN_PID, MS, TRACER_PID, S, _base, add_tracer, insert_rows
 from tracedb import TraceBuilder as Builder
 
 import tracer.analysis.waitgraph as wg
@@ -48,16 +48,21 @@ def offcpu_rows(b: Builder, stack_of) -> list[dict]:
     return [dict(zip(cols, k, strict=True), intervals=n, blocked_ns=ns) for k, (n, ns) in acc.items()]
 
 
-def recording(tmp_path, holder: str = "reads", lock_ms: int = 12, cycle: bool = False):
+def recording(tmp_path, holder: str = "reads", lock_ms: int = 12, cycle: bool = False, by_tracer: bool = False):
     """The loop, each step's host work holding ``lock_ms`` of a lock wait ended by HOLDER; HOLDER ``reads`` (blocked
     90 ms of each 100 reading from FEEDER), is ``on_cpu`` (its samples at decode), or ``runq`` (waits for a CPU
-    held by a hog). ``cycle``: HOLDER's reads are ended by the training thread instead."""
+    held by a hog). ``cycle``: HOLDER's reads are ended by the training thread instead. ``by_tracer``: the tracer's
+    process ends the lock waits instead of HOLDER."""
     b = Builder(duration_s=20.0)
+    waker = dict(waker_pid=MAIN_PID, waker_tid=HOLDER, waker_comm="python3")
+    if by_tracer:
+        add_tracer(b)
+        waker = dict(waker_pid=TRACER_PID, waker_tid=TRACER_PID, waker_comm="tracer")
     b.thread(MAIN_PID, HOLDER, "python3")
     lock, read, hot = b.stack(LOCK), b.stack(PIPE_READ), b.stack([HOT])
 
     def gap(st, a, _end):
-        b.off_cpu(a + 2 * MS, lock_ms * MS, waker_pid=MAIN_PID, waker_tid=HOLDER, waker_comm="python3")
+        b.off_cpu(a + 2 * MS, lock_ms * MS, **waker)
 
     _base(b, __import__("random").Random(5), python_gap=gap)
     for i in range(200):
@@ -119,6 +124,18 @@ def test_the_root_found_share_counts_what_reached_a_root(tmp_path):
             assert trace(ctx, ctx.training, "blocked").found == pytest.approx(12 / 12.5, abs=0.01)
         finally:
             wg.REACH_NODES = before
+
+
+def test_waits_the_tracer_ended_are_its_cost_not_the_jobs_lost_time(tmp_path):
+    # GIVEN the 12 ms waits of each step ended by the tracer's own process (the recorder releasing the job)
+    with open_trace(recording(tmp_path, by_tracer=True)) as c:
+        ctx = ChainContext.load(c)
+        t = trace(ctx, ctx.training, "blocked")
+        cv = compute_chains(c, limit=100).coverage
+    # THEN they are the tracer's share of the blocked time, and the lost time the root-found share is of leaves
+    # them out, as it does the tracer's CPU: the rest (the workers' 0.5 ms) has its root found
+    assert t.tracer == pytest.approx(12 / 12.5, abs=0.01) and t.found == pytest.approx(0.5 / 12.5, abs=0.01)
+    assert cv.root_found_share >= 0.99, cv
 
 
 def test_a_holder_on_cpu_is_the_root_with_its_sampled_line(tmp_path):

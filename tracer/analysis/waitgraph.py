@@ -58,6 +58,7 @@ STACK_FRAMES = 4  # frames of a root's stack kept, innermost first
 EXTERNAL = {BLOCK_WAKER: "disk", NET_WAKER: "network", TIMER_WAKER: "timer"}
 
 Weight = Callable[[int], float]
+TRACER_KEY = ("unknown", "tracer")  # a wait the tracer's own process ended: no root of the job's (Traced.tracer)
 
 
 @dataclass
@@ -177,7 +178,7 @@ def _branch_key(ctx, node: _Node, r: _Row, frames: list[Frame]) -> tuple:
         what = EXTERNAL.get(name)
         return ("ext", what, r.stack_id) if what else ("unknown", name)
     if ctx.info.is_tracer(r.waker_pid, r.waker_comm, None):
-        return ("unknown", "tracer")
+        return TRACER_KEY
     if not ctx.info.in_tree(r.waker_pid) and r.waker_pid != node.pid:
         return ("ext", f"{name} (pid {r.waker_pid}), a process outside the job", r.stack_id)
     if r.waker_tid is None or r.waker_tid == node.tid:
@@ -468,6 +469,9 @@ class Traced:
     root: Root | None
     found: float
     ns: float  # the traced parts' time
+    # the share of it that the tracer's own process ended (0..1): the recorder releasing the job it started, a
+    # dump reading it; the tracer's cost, as its CPU (runq_tracer) is, not the job's lost time
+    tracer: float = 0.0
 
 
 def trace_path(
@@ -557,4 +561,5 @@ def trace(ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None 
     hops, root, site = _follow(ctx, subject, me, branches, total, share, lost, {subject.tid}, 0)
     found = _reach(ctx, branches, total, share, {subject.tid}, 0, [REACH_NODES])
     state = "io" if branches and branches[0].key[0] == "io" else "blocked"
-    return Traced([start(state, site, first), *hops], root, min(found, share), lost)
+    mine = share * sum(b.ns for b in branches if b.key == TRACER_KEY) / total if total else 0.0
+    return Traced([start(state, site, first), *hops], root, min(found, share), lost, mine)
