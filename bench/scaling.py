@@ -14,7 +14,9 @@ A recording of size k (k = 1, 2) holds, over ``k * DURATION_S`` seconds:
 The numbers are shaped like a recording, not checked against one: this bench times the analyses, it does not test
 their answers. Timings are medians of RUNS after a warm-up; each tool is timed as the MCP client sees it (through
 the server, in-process), each CLI command as `tracer CMD --db X` in-process with its output discarded, and the
-causal chains' write that ends `tracer record` on a copy of the file (target 3 s at 2N, a 1-hour-equivalent churn).
+causal chains' write that ends `tracer record` on a copy of the file (target 3 s at 2N, a 1-hour-equivalent churn),
+and the wait-for graph alone (issue 28: the training thread's lost time followed to its roots, every re-forked
+worker that woke it a waker to follow).
 
     .venv/bin/python -m bench.scaling [--quick] [--procs N] [--db-dir DIR]
 """
@@ -52,6 +54,8 @@ TARGET_MS = 2000
 # the row of `tracer record`'s finish (its chains part), whose target is 3 s at 2N: a 1-hour-equivalent churn
 FINISH = "record's finish: chains"
 TARGET_FINISH_MS = 3000
+# the wait-for graph's own row: part of the chains tools' time, within TARGET_MS with them
+GRAPH = "wait-for graph (root-found share)"
 
 
 def generate(path: Path, k: int, procs: int, rows: int, duration_s: int) -> Path:
@@ -136,6 +140,12 @@ def _workers(con: duckdb.DuckDBPyConnection, seconds: int) -> None:
         INSERT INTO thread_wakers BY NAME SELECT sec, {PID} AS pid, {PID} AS tid, false AS in_call,
                pid AS waker_pid, pid AS waker_tid, 'pt_data_worker' AS waker_comm, 10 AS wakeups,
                2000000 AS blocked_ns FROM ws""")
+    # the same waits where the training thread blocked, as the recorder counts them: the wait-for graph's input
+    # (each worker a waker to follow: its second's time on CPU and queued behind the hog reach a root)
+    con.execute(f"""
+        INSERT INTO offcpu_stacks BY NAME SELECT sec, {PID} AS pid, {PID} AS tid, NULL AS stack_id, 'S' AS state,
+               false AS in_call, pid AS waker_pid, pid AS waker_tid, 'pt_data_worker' AS waker_comm,
+               10 AS intervals, 2000000 AS blocked_ns FROM ws""")
     con.execute(f"""
         INSERT INTO sched BY NAME SELECT sec * {S} + 500000000 AS ts_ns, 2000000 AS dur_ns, {PID} AS pid,
                {PID} AS tid, 'python3' AS comm, 0 AS cpu, 'sleep' AS reason, 0 AS runq_ns, pid AS waker_pid,
@@ -205,7 +215,28 @@ def measure(db: Path, runs: int) -> dict[str, float]:
 
         res[name] = _time(run, runs)
     res[FINISH] = _finish_ms(db, runs)
+    res[GRAPH] = _graph_ms(db, runs)
     return res
+
+
+def _graph_ms(db: Path, runs: int) -> float:
+    """Median ms of the wait-for graph alone (issue 28): the training thread's lost time traced to its roots
+    (coverage's root-found share), on a context loaded untimed; a part of every chains tool's time above."""
+    from tracer.analysis.chains.context import ChainContext
+    from tracer.analysis.chains.coverage import root_found
+    from tracer.analysis.db import open_trace
+
+    out = []
+    with open_trace(db) as conn:
+        for i in range(runs + 1):
+            ctx = ChainContext.load(conn)
+            t0 = time.perf_counter()
+            _, lost, _ = root_found(ctx, ctx.training)
+            if lost <= 0:
+                raise RuntimeError("the synthetic training thread has no lost time to trace")
+            if i:
+                out.append((time.perf_counter() - t0) * 1000)
+    return median(out)
 
 
 def _finish_ms(db: Path, runs: int) -> float:
