@@ -165,7 +165,8 @@ def test_waits_of_one_kind_follow_only_those(tmp_path):
     # GIVEN no lock waits: the training thread's blocked time is its batch waits, ended by two data workers in turn
     p = recording(tmp_path, lock_ms=0)
     path, root = traced(p, "blocked")
-    assert path[1].role == "worker" and path[1].share == pytest.approx(0.5, abs=0.01)
+    # the hop stands for both workers: they deliver the batches in turn, each ending half of the waits
+    assert path[1].role == "worker" and path[1].share == pytest.approx(1.0, abs=0.01) and path[1].tid is None
     # THEN a chain about lock waits finds none to follow: no root, rather than the batch waits' root
     path, root = traced(p, "blocked", {"lock"})
     assert [h.edge for h in path] == ["start"] and root is None

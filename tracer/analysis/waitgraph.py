@@ -370,8 +370,8 @@ def _follow(
     own site (where it waited). The share whose root is found is :func:`_reach`'s, over every branch."""
     if not branches or total_ns <= 0:
         return [], None, None
-    b = branches[0]
-    k = share * b.ns / total_ns
+    b, team = _pick(ctx, subject, branches, seen)
+    k = share * sum(x.ns for x in team) / total_ns
     if b.key[0] in ("io", "ext"):
         site, _, root = _external_root(ctx, b, node.comm, node.tid)
         return [], root, site
@@ -387,11 +387,18 @@ def _follow(
     w = _Node(wtid, wpid, _comm(ctx, wpid, wtid, next((r.waker_comm for r in b.rows if r.waker_comm), None)))
     mix = _state_mix(ctx.times.by_tid(wtid), _blocked_rows(ctx, wtid), b.by_sec, seen)
     sums = {st: sum(v.values()) for st, v in mix.items()}
-    state = max(sums, key=lambda st: sums[st])
-    ks = k * sums[state] / b.ns if b.ns else 0.0
+    # the team's state: what its threads did over the seconds each one ended the waits (the path goes on through
+    # the heaviest of them, ``b``, whose own mix its further hops are of)
+    team_sums = dict(sums)
+    for x in team[1:]:
+        for st, v in _state_mix(ctx.times.by_tid(x.key[2]), _blocked_rows(ctx, x.key[2]), x.by_sec, seen).items():
+            team_sums[st] += sum(v.values())
+    state = max(team_sums, key=lambda st: team_sums[st])
+    team_ns = sum(x.ns for x in team)
+    ks = k * team_sums[state] / team_ns if team_ns else 0.0
     hop = Hop(
-        tid=wtid,
-        pid=wpid,
+        tid=wtid if len(team) == 1 else None,
+        pid=wpid if len({x.key[1] for x in team}) == 1 else None,
         comm=w.comm,
         role=_role(ctx, subject, wpid, wtid),
         edge="woken_by",
@@ -410,6 +417,22 @@ def _follow(
     hops, root, site = _follow(ctx, subject, w, sub, sums[state], ks, lost_ns, seen | {wtid}, depth + 1)
     hop = hop.model_copy(update={"site": site, "state": "io" if sub and sub[0].key[0] == "io" else "blocked"})
     return [hop, *hops], root, own
+
+
+def _pick(ctx, subject, branches: list[_Branch], seen: set[int]) -> tuple[_Branch, list[_Branch]]:
+    """The branch the path follows and the team it stands for, heaviest first: the heaviest branch, where a
+    DataLoader's workers of one name count together (they deliver the batches in turn, each one 1/n of the waits:
+    the heaviest of ``tracer demo``'s re-forked workers carried 4% of them, the workers together all)."""
+    teams: dict[str, list[_Branch]] = {}
+    for b in branches:
+        if b.key[0] == "thread" and b.key[2] not in seen and _role(ctx, subject, b.key[1], b.key[2]) == WORKER:
+            teams.setdefault(_comm(ctx, b.key[1], b.key[2]), []).append(b)
+    best = [branches[0]]
+    for team in teams.values():
+        if sum(x.ns for x in team) > sum(x.ns for x in best):
+            best = team
+    _load_blocked(ctx, [x.key[2] for x in best if x.key[0] == "thread"])  # one query for the team
+    return best[0], best
 
 
 def _reach(
