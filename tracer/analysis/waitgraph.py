@@ -50,8 +50,11 @@ CPU_PARTS = ("cpu", "launch", "alloc", "free", "other")  # the thread's own work
 # a sync whose time was mostly runnable waited for a CPU, not for the GPU
 RUNQ_IN_SYNC = 0.5
 # threads the root-found share's walk may visit, all branches together (a node's wakers read in one query): a
-# DataLoader's workers re-forked every epoch are many wakers of a few seconds each (194 on one 6 s recording)
-REACH_NODES = 512
+# DataLoader's workers re-forked every epoch are many wakers of a few seconds each (194 on one 6 s recording), the
+# heaviest first
+REACH_NODES = 256
+# a team's state is that of its heaviest TEAM_MIX threads (the rest, a long job's earliest workers, are alike)
+TEAM_MIX = 32
 STACK_FRAMES = 4  # frames of a root's stack kept, innermost first
 
 # an interrupt waker -> what the thread waited for
@@ -390,12 +393,12 @@ def _follow(
     # the team's state: what its threads did over the seconds each one ended the waits (the path goes on through
     # the heaviest of them, ``b``, whose own mix its further hops are of)
     team_sums = dict(sums)
-    for x in team[1:]:
+    for x in team[1:TEAM_MIX]:
         for st, v in _state_mix(ctx.times.by_tid(x.key[2]), _blocked_rows(ctx, x.key[2]), x.by_sec, seen).items():
             team_sums[st] += sum(v.values())
     state = max(team_sums, key=lambda st: team_sums[st])
-    team_ns = sum(x.ns for x in team)
-    ks = k * team_sums[state] / team_ns if team_ns else 0.0
+    mixed_ns = sum(x.ns for x in team[:TEAM_MIX])
+    ks = k * team_sums[state] / mixed_ns if mixed_ns else 0.0
     hop = Hop(
         tid=wtid if len(team) == 1 else None,
         pid=wpid if len({x.key[1] for x in team}) == 1 else None,
@@ -431,7 +434,7 @@ def _pick(ctx, subject, branches: list[_Branch], seen: set[int]) -> tuple[_Branc
     for team in teams.values():
         if sum(x.ns for x in team) > sum(x.ns for x in best):
             best = team
-    _load_blocked(ctx, [x.key[2] for x in best if x.key[0] == "thread"])  # one query for the team
+    _load_blocked(ctx, [x.key[2] for x in best[:TEAM_MIX] if x.key[0] == "thread"])  # one query for the team
     return best[0], best
 
 
