@@ -216,3 +216,23 @@ def alloc_site_line() -> int:
         if re.search(r"\S.*#\s*ALLOC_SITE\s*$", line):  # a code line ending in the marker, not the docstring
             return i
     raise AssertionError("no # ALLOC_SITE marker in alloc_stress.py")
+
+
+# issue 28's bound: on every diagnosis fixture, the share of the training thread's lost time whose root the wait-for
+# graph found (coverage.root_found_share)
+ROOT_FOUND_MIN = 0.9
+
+
+def assert_root_found(db: Path | str) -> None:
+    """Assert that the recording's training thread has at least ROOT_FOUND_MIN of its lost time's root found."""
+    from tracer.analysis.chains import compute_chains
+    from tracer.analysis.db import open_trace
+
+    with open_trace(db) as c:
+        cv = compute_chains(c, limit=100).coverage
+    assert cv is not None, "no training thread"
+    assert cv.root_found_share >= ROOT_FOUND_MIN, (
+        cv.root_found_share,
+        cv.lost_share,
+        [(p.part, p.share, p.root) for p in cv.parts],
+    )

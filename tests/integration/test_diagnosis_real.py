@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import pytest
-from _helpers import HOG_NAME, WORKLOADS, Recording, alloc_site_line, cached, workload
+from _helpers import HOG_NAME, WORKLOADS, Recording, alloc_site_line, assert_root_found, cached, workload
 from mcp import Client
 
 from mcp_server.server import build_server
@@ -175,6 +175,8 @@ def test_top_cause(problem):
         (c.category, c.severity, round(c.share, 3), c.summary) for c in mine
     ]
     assert top.basis == "exact" and r.pid in top.pids
+    # AND the wait-for graph found the root of the training thread's lost time (issue 28)
+    assert_root_found(r.db)
 
 
 @pytest.mark.parametrize("name", ["healthy", "gpu_bound", "helpers"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _helpers import PY, WORKLOADS, Recording, cached
+from _helpers import PY, WORKLOADS, Recording, assert_root_found, cached
 
 from tests.support.interpreters import pyenv_python
 from tests.support.need import need
@@ -78,6 +78,7 @@ def test_gc_pause_is_the_cause_with_the_allocating_line(recorded):
     assert gc.evidence.by_generation.get("2") == int(printed(r, "full_collections")), gc.evidence
     want = f"gc_heap.py:{trigger_line()}"
     assert gc.root is not None and gc.root.kind == "interpreter", gc.root
+    assert_root_found(r.db)
     assert gc.root.site is not None and gc.root.site.split(" ")[0].endswith(want), gc.root
     assert gc.culprit is not None and gc.culprit.code_site == gc.root.site
     assert "gc.freeze()" in gc.recommendations[0] and "gc.collect()" in gc.recommendations[1]

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _helpers import PY, WORKLOADS, Recording, cached, workload
+from _helpers import PY, WORKLOADS, Recording, assert_root_found, cached, workload
 
 from tracer.analysis.chains import CausalChain, compute_chains
 from tracer.analysis.db import open_trace
@@ -60,6 +60,7 @@ def starved(r: Recording) -> CausalChain:
     assert found, "no dataloader_starvation chain"
     ch = found[0]
     assert ch.severity in ("HIGH", "MEDIUM"), ch
+    assert_root_found(r.db)  # and the training thread's lost time has its root found (issue 28)
     return ch
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _helpers import Recording, cached, ensure_fixtures, skip_without_bpf, workload
+from _helpers import Recording, assert_root_found, cached, ensure_fixtures, skip_without_bpf, workload
 
 from tests.support.need import need
 from tracer.analysis.chains import CausalChain, compute_chains
@@ -107,6 +107,7 @@ def test_confined_by_taskset(ready, tmp_path_factory):
     assert "Widen the affinity" in ch.recommendations[0] and "taskset" in ch.recommendations[0]
     assert ch.path[0].role == "training" and any(h.role == "worker" for h in ch.path[1:])
     no_contradiction(found, rec.pid)
+    assert_root_found(rec.db)
 
 
 @contextlib.contextmanager
@@ -161,3 +162,4 @@ def test_throttled_by_a_cgroup_quota(ready, tmp_path_factory):
     assert ch.evidence.throttled_periods > 0 and "quota 0.25 CPUs" in ch.root.detail
     assert any("Raise the CPU quota" in r for r in ch.recommendations)
     no_contradiction(found, rec.pid)
+    assert_root_found(rec.db)

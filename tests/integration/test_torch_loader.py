@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import assert_root_found
 from conftest import ROOT, TRACER, expected_ops, query, read_counts, record, recorded_ops, workload
 
 from tests.support.need import need_nothing_missing
@@ -329,6 +330,7 @@ def test_a_starved_loop_names_the_workers_python_transform_line(jitter: tuple[To
     assert f"torch_loader.py:{hot} python_jitter" in ch.summary
     # AND its share is the augmentation's untraced loss, within the module docstring's band
     assert 0.6 * loss <= ch.share <= 1.25 * loss, (ch.share, loss)
+    assert_root_found(run.db)  # and the training thread's lost time has its root found (issue 28)
 
 
 # --- issue 28: workers waiting on I/O from a storage service ------------------------------------------------------
@@ -366,6 +368,7 @@ def test_workers_waiting_on_storage_root_at_the_service(fetching: tuple[TorchRun
     # AND the advice is more workers and deeper prefetch, not the hand-off
     rec = ch.recommendations[0]
     assert "raise num_workers to about" in rec and "prefetch_factor" in rec and "hand-off" not in rec
+    assert_root_found(run.db)  # and the training thread's lost time has its root found (issue 28)
     # AND its cost is the latency's untraced loss, and the recording far from the decision's cut-off
     assert 0.6 * loss <= ch.share <= 1.25 * loss, (ch.share, loss)
     for w in ch.evidence.workers:

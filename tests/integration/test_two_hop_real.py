@@ -18,7 +18,7 @@ import subprocess
 from contextlib import contextmanager
 
 import pytest
-from _helpers import PY, WORKLOADS, ensure_fixtures, record, skip_without_bpf
+from _helpers import PY, ROOT_FOUND_MIN, WORKLOADS, ensure_fixtures, record, skip_without_bpf
 from test_stack_chains_real import marker_line
 
 from tracer.analysis.chains import compute_chains
@@ -84,4 +84,4 @@ def test_the_lock_chain_follows_the_holder_to_its_read_from_outside_the_job(two_
         assert f"storage_feed (pid {feeder_pid}), a process outside the job" in ch.root.detail, ch.root
         assert " in read " in ch.root.detail
         # and the training thread's lost time has its root found
-        assert res.coverage.root_found_share >= 0.9, res.coverage
+        assert res.coverage.root_found_share >= ROOT_FOUND_MIN, res.coverage

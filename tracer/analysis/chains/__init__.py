@@ -34,6 +34,7 @@ from tracer.analysis.chains import (
     process_churn,
     straggler_rank,
     sync_stall,
+    yielding,
 )
 from tracer.analysis.chains.context import ChainContext, Subject
 from tracer.analysis.chains.coverage import EXPLAINS, coverage
@@ -122,14 +123,15 @@ DETECTORS: tuple[Detector, ...] = (
 
 def detect_all(ctx: ChainContext) -> list[CausalChain]:
     """Run every detector; return all chains worst first (severity, then share of the thread's time). A chain
-    another one explains (a rank's waits for a straggler rank, the GIL waits behind a fault storm's thread) comes
-    after every chain that is a cause."""
+    another one explains (a rank's waits for a straggler rank, the GIL waits behind a fault storm's thread, a
+    symptom whose wait path ends at another chain's root: :mod:`yielding`) comes after every chain that is a
+    cause."""
     with gc_paused():
         chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
     chains = memory_pressure.explained_by_storms(chains)
     chains = gc_pause.explained_by_gc(chains)
     chains = cpu_placement.explains(chains)
-    chains = [with_path(ctx, c) for c in chains]
+    chains = yielding.yield_to_roots([with_path(ctx, c) for c in chains])
     chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
     return chains
 

@@ -18,8 +18,9 @@ Two parts are explained without a chain of their own:
 - ``runq_tracer``: the tracer's own CPU, which the breakdown names as such (and ``bench/overhead`` measures).
 
 Besides, the wait-for graph (:mod:`tracer.analysis.waitgraph`) follows each group of the thread's *lost* time
-(blocked; waiting for a CPU, the tracer's apart; waiting for the GPU) to its root: ``root_found_share`` is the
-share of that time whose root it found, and each part names the kind of its root.
+(blocked, the waits the tracer's own process ended apart; waiting for a CPU, the tracer's apart; waiting for the
+GPU) to its root: ``root_found_share`` is the share of that time whose root it found, and each part names the kind
+of its root.
 
 And the thread's CPU outside calls is a chain's when most of its samples (``AT_SITE``) run under the function of
 that chain's code site: the Python of the code that makes the churned calls (the ctypes or binding work around
@@ -213,7 +214,7 @@ def root_found(ctx: ChainContext, s: Subject) -> tuple[float, float, dict[str, s
         t = waitgraph.trace(ctx, s, group)
         if t.ns <= 0:
             continue
-        lost += t.ns
+        lost += t.ns * (1 - t.tracer)  # the waits the tracer ended are its cost, as its CPU is
         found += t.ns * t.found
         if t.root is not None:
             roots.update(dict.fromkeys(group, t.root.kind))

@@ -617,7 +617,10 @@ class Coverage(Record):
     unexplained_share: Annotated[float, Field(description="share of the steps in parts no chain explains, 0..1")]
     lost_share: Annotated[
         float,
-        Field(description="share of the steps lost: blocked, waiting for a CPU (not the tracer's) or for the GPU"),
+        Field(
+            description="share of the steps lost: blocked (not on the tracer), waiting for a CPU (not the tracer's) "
+            "or for the GPU"
+        ),
     ] = 0.0
     root_found_share: Annotated[
         float, Field(description="of that lost time, the share whose root the wait-for graph found, 0..1")
