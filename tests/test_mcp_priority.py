@@ -2,7 +2,7 @@
 
 The workers run below the server's CPU priority (``tracer.analysis.sqlworker.WORKER_NICE``), every thread of
 them (DuckDB's threads inherit it), so queries that take every core leave the tools that answer in the server
-their share. Measured on a loaded 2-core host (bench/sql_limits.py --fairness): get_trace_stats' median was
+their share. Measured on a loaded 2-core host (as bench/sql_limits.py --saturate does): get_trace_stats' median was
 0.9x its own unloaded median with the workers at nice 5, 1.8x (max 3.2 s) at nice 0; the issue saw 3.1 s
 against 0.17 s unloaded. The test checks the mechanism exactly (each worker thread's nice value), and the
 effect against the victim's own unloaded latency, measured in the same run, so a loaded box moves both.
