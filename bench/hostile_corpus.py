@@ -272,6 +272,12 @@ ATTACKS: tuple[Attack, ...] = (
             "MERGE INTO", "write", "MERGE INTO meta USING meta m ON false WHEN NOT MATCHED THEN INSERT", needle="MERGE"
         ),
         sql("PIVOT without IN", "statement", "PIVOT session ON status", needle="PIVOT without an IN list"),
+        sql(  # issue 30: it was reported as "PIVOT without an IN list"
+            "PIVOT IN (subquery)",
+            "statement",
+            "PIVOT session ON status IN (SELECT DISTINCT status FROM session) USING count(*)",
+            needle="PIVOT … IN (subquery) is not allowed",
+        ),
         sql(
             "PIVOT with IN runs",
             "statement",

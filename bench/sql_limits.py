@@ -15,11 +15,17 @@ With ``--fairness N`` (issue 17) one client floods ``run_sql`` with N parallel q
 and 2 s later a second client sends ``select 1`` and ``get_trace_stats`` at once; it records how long each took
 (and the baseline tree's figures with ``--baseline-src``, which must read the generated DB).
 
+With ``--saturate`` (issue 30) a third client's ``get_trace_stats`` and ``select 1`` are timed unloaded and while
+two other peers each hold a query worker with a query that runs to the limit. With ``--corpus`` another client
+(another address) also probes both throughout the corpus, and the served DB's sha256 is compared after it.
+
     .venv/bin/python -m bench.sql_limits [--quick] [--baseline-src DIR] [--calls N] [--corpus] [--fairness N]
+        [--saturate]
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -142,6 +148,7 @@ def run_corpus(db: Path) -> dict[str, Any]:
 
     hc = corpus_module()
     attacks: list[dict[str, Any]] = []
+    sha_before = hashlib.sha256(db.read_bytes()).hexdigest()
     with server(REPO, db) as (url, proc):
         anyio.run(hc.liveness, url)
         time.sleep(1.0)
@@ -149,16 +156,10 @@ def run_corpus(db: Path) -> dict[str, Any]:
         # the probes' own cost on this DB, before any attack: what the figures after each attack compare with
         quiet = [anyio.run(hc.liveness, url) for _ in range(5)]
         quiet_s = {k: median([q[k] for q in quiet]) for k in quiet[0]}
-        for attack in hc.ATTACKS:
-            with hc.RssSampler(proc.pid) as rss:
-                result, seconds = anyio.run(hc.call, url, attack.tool, hc.arguments(attack, db))
-            out = hc.evaluate(attack, result, seconds)
-            row = {**out.__dict__, "peak_rss_above_idle_bytes": rss.peak - idle}
-            try:
-                row["liveness_s"] = anyio.run(hc.liveness, url)
-            except AssertionError as e:
-                row["liveness_s"], row["liveness_error"] = None, str(e)
-            attacks.append(row)
+        with Prober(url) as throughout:
+            for attack in hc.ATTACKS:
+                attacks.append(_one_attack(hc, url, proc, db, attack, idle))
+    sha_after = hashlib.sha256(db.read_bytes()).hexdigest()
     classes: dict[str, dict[str, Any]] = {}
     for r in attacks:
         c = classes.setdefault(
@@ -177,8 +178,83 @@ def run_corpus(db: Path) -> dict[str, Any]:
         "server_idle_rss_bytes": idle,
         "liveness_before_attacks_median_s": quiet_s,
         "classes": classes,
+        "db_sha256_unchanged": sha_before == sha_after,
+        # another client (another address) probing run_sql('select 1') and get_trace_stats in a loop meanwhile
+        "other_client_throughout": throughout.summary(),
         "attacks": attacks,
     }
+
+
+def _one_attack(hc: Any, url: str, proc: Any, db: Path, attack: Any, idle: int) -> dict[str, Any]:
+    import anyio
+
+    with hc.RssSampler(proc.pid) as rss:
+        result, seconds = anyio.run(hc.call, url, attack.tool, hc.arguments(attack, db))
+    out = hc.evaluate(attack, result, seconds)
+    row = {**out.__dict__, "peak_rss_above_idle_bytes": rss.peak - idle}
+    try:
+        row["liveness_s"] = anyio.run(hc.liveness, url)
+    except AssertionError as e:
+        row["liveness_s"], row["liveness_error"] = None, str(e)
+    return row
+
+
+def client_at(url: str, addr: str) -> Any:
+    """An MCP SDK client connecting from loopback address ``addr``: another peer, so another fair-queue share
+    (without MCP sessions every client on 127.0.0.1 is one client)."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    hc = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(local_address=addr), timeout=60)
+    return Client(streamable_http_client(url, http_client=hc), read_timeout_seconds=60)
+
+
+class Prober:
+    """While in its ``with``: another client (127.0.0.2) calls run_sql('select 1') and get_trace_stats in turn,
+    in a thread of its own; :meth:`summary` gives each one's calls, errors, median and max seconds."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url = url
+        self.seconds: dict[str, list[float]] = {"run_sql": [], "get_trace_stats": []}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Prober:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    def _run(self) -> None:
+        import anyio
+
+        async def go() -> None:
+            async with client_at(self.url, "127.0.0.2") as c:
+                while not self._stop.is_set():
+                    for tool, args in (("run_sql", {"query": "select 1"}), ("get_trace_stats", {})):
+                        t = time.perf_counter()
+                        r = await c.call_tool(tool, args)
+                        self.seconds[tool].append(time.perf_counter() - t)
+                        if r.is_error:
+                            self.errors.append(f"{tool}: {r.content[0].text[:160]}")
+                    await anyio.sleep(0.2)
+
+        try:
+            anyio.run(go)
+        except Exception as e:  # reported, not raised: the figures say the probe broke
+            self.errors.append(f"probe stopped: {e!r}"[:300])
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            k: {"calls": len(v), "median_s": median(v) if v else None, "max_s": max(v, default=None)}
+            for k, v in self.seconds.items()
+        } | {"errors": self.errors[:10], "error_count": len(self.errors)}
 
 
 def print_corpus(res: dict[str, Any]) -> None:
@@ -192,6 +268,17 @@ def print_corpus(res: dict[str, Any]) -> None:
         ],
         ["class", "attacks", "held", "max attack s", "max live s", "max RSS +MiB"],
     )
+    print(f"served DB byte-identical after the corpus (sha256): {res['db_sha256_unchanged']}")
+    t = res["other_client_throughout"]
+    for k in ("run_sql", "get_trace_stats"):
+        v = t[k]
+        if v["calls"]:
+            print(
+                f"another client throughout, {k}: {v['calls']} calls, "
+                f"median {v['median_s']:.3f} s, max {v['max_s']:.3f} s"
+            )
+    if t["error_count"]:
+        print(f"  another client's errors: {t['error_count']}, e.g. {t['errors'][:2]}")
     for r in res["attacks"]:
         if not r["ok"] or r["liveness_s"] is None:
             print(f"  NOT HELD: {r['attack']}: {r['text'][:200]} {r.get('liveness_error', '')}")
@@ -277,6 +364,55 @@ def fairness(db: Path, baseline: Path | None, flood: int) -> dict[str, Any]:
     return res
 
 
+async def _victim(url: str, samples: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"run_sql": [], "get_trace_stats": []}
+    async with client_at(url, "127.0.0.2") as c:
+        for _ in range(samples):
+            for tool, args in (("run_sql", {"query": "SELECT 1"}), ("get_trace_stats", {})):
+                t = time.perf_counter()
+                await c.call_tool(tool, args)
+                out[tool].append(time.perf_counter() - t)
+    return out
+
+
+async def _saturated(url: str, samples: int) -> dict[str, list[float]]:
+    """The victim's seconds while two other peers each hold a query worker with SLOW_QUERY (to the limit)."""
+    import anyio
+
+    async def hog(addr: str) -> None:
+        async with client_at(url, addr) as c:
+            await c.call_tool("run_sql", {"query": SLOW_QUERY})
+
+    async with anyio.create_task_group() as tg:
+        for addr in ("127.0.0.1", "127.0.0.3"):
+            tg.start_soon(hog, addr)
+        await anyio.sleep(1.5)
+        got = await _victim(url, samples)
+        tg.cancel_scope.cancel()
+    return got
+
+
+def saturation(db: Path, samples: int = 5) -> dict[str, Any]:
+    """Issue 30: a third client's get_trace_stats and select 1, unloaded and while two peers saturate run_sql
+    (the query workers run at nice +5 below the server)."""
+    import anyio
+
+    with server(REPO, db) as (url, _):
+        anyio.run(_victim, url, 1)
+        idle = anyio.run(_victim, url, samples)
+        busy = anyio.run(_saturated, url, samples)
+    return {
+        tool: {
+            "unloaded_median_s": median(idle[tool]),
+            "saturated_median_s": median(busy[tool]),
+            "saturated_max_s": max(busy[tool]),
+            "unloaded_s": idle[tool],
+            "saturated_s": busy[tool],
+        }
+        for tool in idle
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__)
     p.add_argument("--rows", type=int, default=None, help=f"cuda_calls rows to generate (default {ROWS:,})")
@@ -284,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-src", type=Path, default=None, help="source tree of the commit to compare with")
     p.add_argument("--corpus", action="store_true", help="also run the hostile-query corpus and record results")
     p.add_argument("--fairness", type=int, default=0, metavar="N", help="also flood with N queries (issue 17)")
+    p.add_argument("--saturate", action="store_true", help="also time a third client while two saturate run_sql")
     args = p.parse_args(argv)
     rows = args.rows or (QUICK_ROWS if args.quick else ROWS)
     calls = args.calls or (QUICK_CALLS if args.quick else CALLS)
@@ -295,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             res["corpus"] = run_corpus(db)
         if args.fairness:
             res["fairness"] = fairness(db, args.baseline_src, args.fairness)
+        if args.saturate:
+            res["saturation"] = saturation(db)
     table = []
     for q_name, row in res["mcp_run_sql"].items():
         table.append(
@@ -323,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
                 if k != "flood_answers_by_then"
             )
             print(f"second client during a flood of {res['fairness']['flood']} ({name}): {took}")
+    for tool, v in res.get("saturation", {}).items():
+        print(
+            f"{tool} from a third client: median {v['unloaded_median_s']:.3f} s unloaded, "
+            f"{v['saturated_median_s']:.3f} s (max {v['saturated_max_s']:.3f} s) while two peers saturate run_sql"
+        )
     print(f"wrote {write_result('sql_limits', res, args.out)}")
     return 0
 

@@ -15,14 +15,16 @@ swapped underneath the server) becomes a ToolError, raised after the connection 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ParamSpec, TypeVar
 
 import anyio
 import duckdb
@@ -42,7 +44,7 @@ from tracer.analysis.ranks.report import RanksResult, ranks_report
 from tracer.analysis.side_by_side import SideBySide
 from tracer.analysis.side_by_side import compare_processes as side_by_side
 from tracer.analysis.sql.limits import LIMITS
-from tracer.analysis.sql.pool import SqlPool, default_pool
+from tracer.analysis.sql.pool import Cancel, SqlPool, default_pool
 from tracer.analysis.sql.result import SqlResult
 from tracer.analysis.sql.run import execute
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
@@ -55,6 +57,8 @@ from tracer.errors import TracerError
 from tracer.schema import schema_markdown
 
 SQL_TIMEOUT_S = LIMITS.timeout_s
+P = ParamSpec("P")
+T = TypeVar("T")
 # The SDK client refuses a server-sent event over 1 MiB, and a tool result carries the rows twice (structured
 # content, and the same JSON as text for models that read only text): the result must fit in the event, and
 # the rows get a little under half of it.
@@ -296,6 +300,7 @@ def build_server(
             return compact_reply(waits(c, pid=pid, tid=tid))
 
     @mcp.tool(title="Processes or threads side by side", annotations=READ_ONLY)
+    @cancellable
     def compare_processes(
         pids: Annotated[
             list[int] | None, Field(description="Processes to set side by side; omit for every CUDA process/rank.")
@@ -324,6 +329,7 @@ def build_server(
             return compact_reply(side_by_side(c, pids=pids or None, threads_of=threads_of))
 
     @mcp.tool(name="compare_traces", title="Compare two recordings", annotations=READ_ONLY)
+    @cancellable
     def compare_traces(
         before: Annotated[
             str | None,
@@ -490,12 +496,14 @@ def build_server(
             if freshen is not None:
                 freshen()
             pool = sql_pool or default_pool()
-            return pool.run(path, query, limit, SQL_TIMEOUT_S, reply_bytes=SQL_ROWS_BYTES, client=client)
+            stop = _call_stop.get()
+            cancel = stop.sql if stop is not None else None
+            return pool.run(path, query, limit, SQL_TIMEOUT_S, reply_bytes=SQL_ROWS_BYTES, client=client, cancel=cancel)
 
         failed: TracerError | None = None
         try:
-            # abandoned when cancelled (the server stopping): the pool, closed next, ends the thread
-            res = await anyio.to_thread.run_sync(run, limiter=sql_threads, abandon_on_cancel=True)
+            # cancelled (the client left, the server stopping): its query is stopped and the thread abandoned
+            res = await _in_thread(run, limiter=sql_threads)
         except TracerError as e:
             failed = e
         if failed is not None:
@@ -618,10 +626,79 @@ def redact(text: str) -> str:
     return text.replace(home + os.sep, "~" + os.sep) if len(home) > 1 else text
 
 
+class _Stop:
+    """Stops one tool call's work once its client has left (issue 30: compare_processes burned 20 s of CPU and
+    run_sql its query's 10 s after the client disconnected): interrupts the DuckDB connections under
+    :func:`budget` in the call's thread, and cancels its run_sql query (:class:`tracer.analysis.sql.pool.Cancel`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.stopped = False
+        self._conns: list[duckdb.DuckDBPyConnection] = []
+        self.sql = Cancel()
+
+    def add(self, conns: Sequence[duckdb.DuckDBPyConnection]) -> bool:
+        """Interrupt ``conns`` when the call is stopped; False if it is already (nothing more should run)."""
+        with self._lock:
+            self._conns.extend(conns)
+            return not self.stopped
+
+    def remove(self, conns: Sequence[duckdb.DuckDBPyConnection]) -> None:
+        with self._lock:
+            for c in conns:
+                if c in self._conns:
+                    self._conns.remove(c)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            conns = list(self._conns)
+        self.sql.cancel()
+        for c in conns:
+            try:
+                c.interrupt()
+            except duckdb.Error:  # closed meanwhile
+                pass
+
+
+# the current tool call's _Stop, set by _in_thread: anyio runs the thread in a copy of the caller's context
+_call_stop: ContextVar[_Stop | None] = ContextVar("tracer_call_stop", default=None)
+
+
+async def _in_thread(fn: Callable[[], T], limiter: anyio.CapacityLimiter | None = None) -> T:
+    """Run ``fn`` in a worker thread; if the call is cancelled (its client disconnected, the server stopping),
+    stop its work (:class:`_Stop`) and leave the thread to end, which it then does within moments."""
+    stop = _Stop()
+    token = _call_stop.set(stop)
+    try:
+        return await anyio.to_thread.run_sync(fn, limiter=limiter, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        stop.stop()
+        raise
+    finally:
+        _call_stop.reset(token)
+
+
+def cancellable(fn: Callable[P, T]) -> Callable[P, Awaitable[T]]:
+    """A sync tool made async so its work stops when the client leaves: the SDK runs a sync tool in a thread it
+    waits for (cancelling the call waits too), so a heavy tool ran on after its client was gone."""
+
+    @functools.wraps(fn)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await _in_thread(functools.partial(fn, *args, **kwargs))
+
+    return call
+
+
 @contextmanager
 def budget(*conns: duckdb.DuckDBPyConnection, seconds: float | None = None) -> Iterator[None]:
-    """Interrupt the DuckDB work on ``conns`` once ``seconds`` (default :data:`TOOL_BUDGET_S`) have passed: the
-    tool then fails with :func:`over_budget` rather than burning the server's CPU."""
+    """Interrupt the DuckDB work on ``conns`` once ``seconds`` (default :data:`TOOL_BUDGET_S`) have passed, or
+    once the call's client has left (:class:`_Stop`): the tool then fails with :func:`over_budget` rather than
+    burning the server's CPU."""
+    stop = _call_stop.get()
+    if stop is not None and not stop.add(conns):
+        stop.remove(conns)
+        raise duckdb.InterruptException("the call was cancelled")
     timer = threading.Timer(TOOL_BUDGET_S if seconds is None else seconds, lambda: [c.interrupt() for c in conns])
     timer.daemon = True
     timer.start()
@@ -629,6 +706,8 @@ def budget(*conns: duckdb.DuckDBPyConnection, seconds: float | None = None) -> I
         yield
     finally:
         timer.cancel()
+        if stop is not None:
+            stop.remove(conns)
 
 
 def over_budget() -> TracerError:

@@ -13,7 +13,8 @@ This ASGI middleware, in front of the SDK's app, keeps its own table of the sess
 - serves at most ``in_flight`` requests of one session at once; up to ``queued`` more wait for a turn with
   their bodies unread (uvicorn stops reading a socket at 64 KiB), and any beyond get 429. With the SDK's body cap
   (4 MiB) and no event store (nothing is kept for replay), that bounds what one session can make the server hold:
-  about 8 × 4 MiB + 64 × 64 KiB.
+  about 8 × 4 MiB + 64 × 64 KiB. What the SDK keeps per session of what its client declares is capped too: an
+  ``initialize`` whose ``clientInfo`` or ``capabilities`` is over :data:`MAX_CLIENT_DECLARED` is refused (400).
 - forgets sessions the SDK has ended: deleted by their client, answered 404 (gone), or idle past ``idle_s``,
   the idle timeout the SDK is given too (:func:`mcp_server.http.build_app`).
 
@@ -52,6 +53,10 @@ IN_FLIGHT = 8  # requests of one session served at once (an event stream and par
 QUEUED = 64  # more of them waiting for a turn, before 429
 IDLE_S = 300.0  # a session with no request for this long is ended (the SDK's default is 30 minutes)
 SESSION_HEADER = b"mcp-session-id"
+# what a session may make the server keep of what its client declares (clientInfo, capabilities, each, as JSON):
+# a real client's are a few hundred bytes; the SDK keeps both for the session's life
+MAX_CLIENT_DECLARED = 16 << 10
+MAX_OPEN_BODY = 4 << 20  # a request without a session is read whole to check the above: at most this much
 CLIENT_KEY = "tracer.client"  # the scope key naming who sent the request (see the module's docstring)
 
 
@@ -160,6 +165,15 @@ class SessionLimits:
         """Serve a request that may open a session; once it has, end older ones past the caps."""
         client = _peer(scope)
         opened: str | None = None
+        body = await _read_body(receive, MAX_OPEN_BODY)
+        if body is None:
+            await _refuse(send, 413, f"request body over {MAX_OPEN_BODY >> 20} MiB")
+            return
+        too_big = _oversized_initialize(body)
+        if too_big is not None:
+            await _refuse(send, 400, too_big, code=-32602)
+            return
+        receive = _replay(body, receive)
 
         async def watch(message: Message) -> None:
             nonlocal opened
@@ -249,9 +263,62 @@ def _header(scope_or_message: MutableMapping[str, Any], name: bytes) -> str | No
     return None
 
 
-async def _refuse(send: Send, status: int, message: str) -> None:
+async def _read_body(receive: Receive, cap: int) -> bytes | None:
+    """The whole request body, or None once it passes ``cap`` bytes (the rest is left unread)."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client left: what came is what there is
+            break
+        chunk = bytes(message.get("body") or b"")
+        size += len(chunk)
+        if size > cap:
+            return None
+        parts.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app ``body`` (already read) in one message, then waits on the client's."""
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
+
+
+def _oversized_initialize(body: bytes) -> str | None:
+    """Why ``body`` is refused, if it is an ``initialize`` whose ``clientInfo`` or ``capabilities`` is over
+    :data:`MAX_CLIENT_DECLARED` bytes: the SDK keeps both for the session's life (a 4 MB clientInfo cost 3.6 MB
+    per session, issue 30), and a real client's are a few hundred bytes. Anything else goes to the SDK as sent."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:  # the SDK answers it
+        return None
+    for m in parsed if isinstance(parsed, list) else [parsed]:
+        if not isinstance(m, dict) or m.get("method") != "initialize" or not isinstance(m.get("params"), dict):
+            continue
+        for key in ("clientInfo", "capabilities"):
+            size = len(json.dumps(m["params"].get(key)).encode())
+            if size > MAX_CLIENT_DECLARED:
+                return (
+                    f"initialize's params.{key} is {size:,} bytes: at most {MAX_CLIENT_DECLARED:,} are accepted "
+                    "(the server keeps it for the session's life): send only the client's name, version, capabilities"
+                )
+    return None
+
+
+async def _refuse(send: Send, status: int, message: str, *, code: int = -32600) -> None:
     """A JSON-RPC error (no id), as the SDK answers its own refusals, with Retry-After."""
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

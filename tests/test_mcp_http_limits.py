@@ -611,3 +611,73 @@ def test_compare_processes_refuses_two_thousand_pids(db: Path):
     r, took = anyio.run(go)
     assert r.is_error and "2,000 pids is too many: pass at most 64" in r.content[0].text, r.content[0].text
     assert took < 2
+
+
+# -- issue 30: what a client declares at initialize is kept for the session's life: capped ---------------------
+def _init_with(client_info_bytes: int, capabilities_bytes: int = 0) -> dict[str, Any]:
+    m = {**INIT, "params": dict(INIT["params"])}  # type: ignore[arg-type]
+    m["params"]["clientInfo"] = {"name": "n" * client_info_bytes, "version": "1"}
+    m["params"]["capabilities"] = (
+        {"experimental": {"x": {"pad": "c" * capabilities_bytes}}} if capabilities_bytes else {}
+    )
+    return m
+
+
+def test_an_initialize_declaring_too_much_is_refused_before_the_sdk_keeps_it():
+    import json
+
+    from mcp_server.sessions import MAX_CLIENT_DECLARED
+
+    seen: list[bytes] = []
+
+    async def sdk(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"mcp-session-id", b"s1")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def post(body: bytes, chunks: int = 3) -> tuple[int, dict[str, Any]]:
+        scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("10.0.0.1", 1)}
+        step = max(1, len(body) // chunks)
+        parts = [body[i : i + step] for i in range(0, len(body), step)] or [b""]
+        got: dict[str, Any] = {}
+
+        async def receive() -> dict[str, Any]:
+            chunk = parts.pop(0)
+            return {"type": "http.request", "body": chunk, "more_body": bool(parts)}
+
+        async def send(m: dict[str, Any]) -> None:
+            if m["type"] == "http.response.start":
+                got["status"] = m["status"]
+            elif m.get("body"):
+                got["body"] = json.loads(m["body"])
+
+        await SessionLimits(sdk)(scope, receive, send)
+        return got["status"], got.get("body", {})
+
+    # a real client's declaration passes, its body whole (sent in three pieces, handed over in one)
+    ok = json.dumps(_init_with(MAX_CLIENT_DECLARED - 100)).encode()
+    assert run(post(ok))[0] == 200 and seen == [ok]
+    # a megabyte of clientInfo, or of capabilities, never reaches the SDK
+    for big in (_init_with(1 << 20), _init_with(10, 1 << 20), [_init_with(10, MAX_CLIENT_DECLARED + 1)]):
+        status, body = run(post(json.dumps(big).encode()))
+        assert status == 400 and "at most 16,384 are accepted" in body["error"]["message"], body
+    # an over-long body is refused unread past the cap
+    status, body = run(post(b"[" + b" " * (5 << 20) + b"]", chunks=64))
+    assert status == 413 and len(seen) == 1
+
+
+def test_sessions_with_large_declarations_cost_little(db: Path):
+    # GIVEN a served recording  WHEN clients open sessions declaring as much as they may, or a megabyte more
+    n = 40
+    with server(db) as (proc, base):
+        url = f"{base}/mcp"
+        anyio.run(liveness, url)
+        idle = rss(proc.pid)
+        with httpx.Client(timeout=30) as c:
+            big = [c.post(url, json=_init_with(1 << 20, 1 << 20), headers=ACCEPT) for _ in range(n)]
+            kept = [c.post(url, json=_init_with(15 << 10, 15 << 10), headers=ACCEPT) for _ in range(n)]
+        grown = rss(proc.pid) - idle
+        # THEN the megabyte ones are refused, the others kept, for well under the 3.6 MB a session cost before
+        assert {r.status_code for r in big} == {400} and {r.status_code for r in kept} == {200}
+        assert grown < n * (400 << 10), f"{grown / n / 1024:.0f} KB per session"
+        assert max(anyio.run(liveness, url).values()) < 2.0

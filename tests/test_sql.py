@@ -419,6 +419,11 @@ def test_ordinary_names_are_not_refused(db):
         ("SELECT list_transform([1, 2], x -> x + 1)", "lambda x: x + 1", "SET "),
         ("SELECT * FROM read_text('/etc/hostname')", "Table functions allowed: ", "Check table"),
         ("SELECT * FROM 'https://example.com/x.csv'", "file system operations are disabled", "Check table"),
+        # issue 30: a PIVOT whose IN list is a subquery has an IN list; the message says what it has
+        ("PIVOT cuda_calls ON op IN (SELECT DISTINCT op FROM cuda_calls) USING count(*)", "IN (subquery)", "without"),
+        ("PIVOT cuda_calls ON op IN /* c */ ((FROM cuda_calls SELECT op)) USING count(*)", "IN (subquery)", "without"),
+        ("PIVOT cuda_calls ON op USING count(*)", "PIVOT without an IN list", "subquery"),
+        ("PIVOT (FROM cuda_calls WHERE op IN (SELECT 1)) ON op USING count(*)", "without an IN list", "subquery"),
     ],
 )
 def test_errors_advise_what_run_sql_can_do(db, q, says, not_says):

@@ -406,3 +406,45 @@ def test_second_client_answers_while_one_saturates(pool, db):
         th.join(30)
     # AND a's queries ran one after the other
     assert len(done) == 2 and max(done.values()) - min(done.values()) > 1.5, done
+
+
+# -- issue 30: a caller that leaves stops its query ------------------------------------------------------------
+BURN = "SELECT count(*) FROM range(100000000000) t(x) WHERE hash(x) % 7 = 3"
+
+
+def test_a_cancelled_query_stops_its_worker_and_its_wait(pool, db):
+    from tracer.analysis.sql.pool import Cancel, QueryCancelled
+
+    # GIVEN a query that would run to its 60 s limit, and one of the same client waiting in line behind it
+    running, waiting = Cancel(), Cancel()
+    errors: dict[str, BaseException] = {}
+    assert pool.run(db, "SELECT 1").rows == [[1]]  # a worker started (a cancel during its start waits for it)
+
+    def run(name: str, cancel: Cancel) -> None:
+        try:
+            pool.run(db, BURN, timeout_s=60, client="c", cancel=cancel)
+        except BaseException as e:  # noqa: BLE001 - what it raised is the test's subject
+            errors[name] = e
+
+    ths = {n: threading.Thread(target=run, args=(n, c)) for n, c in (("running", running), ("waiting", waiting))}
+    ths["running"].start()
+    time.sleep(1.5)
+    ths["waiting"].start()
+    time.sleep(0.5)
+    busy = set(pool.worker_pids())
+    # WHEN both callers leave
+    t = time.monotonic()
+    waiting.cancel()
+    running.cancel()
+    for th in ths.values():
+        th.join(10)
+    # THEN both calls end at once, saying so, the running query's worker is gone and the pool answers
+    assert time.monotonic() - t < 5
+    assert {type(e) for e in errors.values()} == {QueryCancelled}, errors
+    assert any(not alive(p) for p in busy)
+    assert pool.run(db, "SELECT 42", client="c").rows == [[42]]
+    # AND a cancel before the call starts runs nothing
+    early = Cancel()
+    early.cancel()
+    with pytest.raises(QueryCancelled):
+        pool.run(db, BURN, client="d", cancel=early)

@@ -115,6 +115,13 @@ def _statement_type(stmt: duckdb.Statement) -> duckdb.StatementType | None:
 def _refuse(sql: str, t: duckdb.StatementType | None) -> SqlError:
     """The error for a statement of a refused type, named as its author wrote it."""
     name = statement_name(sql)
+    if t == duckdb.StatementType.MULTI and "PIVOT" in sql.upper() and _pivot_in_subquery(sql):
+        return SqlError(
+            "PIVOT … IN (subquery) is not allowed: DuckDB runs it as several statements (it first runs the "
+            "subquery to create a type holding the values it returns)",
+            "Name the values: PIVOT t ON col IN ('a', 'b') USING sum(x) (run the subquery first to list them), or "
+            "use GROUP BY with FILTER.",
+        )
     if t == duckdb.StatementType.MULTI and "PIVOT" in sql.upper():
         return SqlError(
             "PIVOT without an IN list is not allowed: DuckDB runs it as several statements (it first creates a "
@@ -126,6 +133,27 @@ def _refuse(sql: str, t: duckdb.StatementType | None) -> SqlError:
         f"Send {ALLOWED_TEXT}. Writes, COPY, EXPORT/IMPORT, ATTACH, SET/RESET, PRAGMA, CALL, PREPARE/EXECUTE, "
         "transactions, CHECKPOINT/VACUUM, INSTALL/LOAD and extension updates are refused.",
     )
+
+
+def _pivot_in_subquery(sql: str) -> bool:
+    """Whether the PIVOT ``sql`` has an IN list that is a subquery (``ON col IN (SELECT …)``), which DuckDB types
+    MULTI like a PIVOT with no IN list: an ``IN (`` followed by a query, after ``ON``, both outside parentheses
+    (DuckDB's tokens, comments skipped; a subquery in the PIVOT's source does not count)."""
+    try:
+        words = [text.upper() for _, _, text in _tokens(sql)]
+    except Exception:  # the message only; the statement is refused either way
+        return False
+    depth, seen_on = 0, False
+    for i, w in enumerate(words):
+        if w == "(":
+            depth += 1
+        elif w == ")":
+            depth -= 1
+        elif depth == 0 and w == "ON":
+            seen_on = True
+        elif depth == 0 and seen_on and w == "IN" and words[i + 1 : i + 2] == ["("]:
+            return words[i + 2 : i + 3] in (["SELECT"], ["WITH"], ["FROM"], ["VALUES"], ["("])
+    return False
 
 
 def _one(sql: str) -> tuple[duckdb.Statement, duckdb.StatementType | None]:

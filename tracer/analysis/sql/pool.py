@@ -46,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,6 +67,43 @@ CLIENT_WAITING = 4  # queries one client may have waiting for a worker; more are
 _ERRORS: dict[str, type[TracerError]] = {
     c.__name__: c for c in (SqlError, QueryTimeout, QueryOutOfMemory, StoreError, TracerError)
 }
+
+
+class QueryCancelled(SqlError):
+    """The caller gave up on the query (its client disconnected): it was stopped, or never started."""
+
+
+class Cancel:
+    """Lets another thread stop one :meth:`SqlPool.run` call (issue 30: a disconnected MCP client's query ran on
+    to its 10 s limit). :meth:`cancel` kills the worker running the query (the pool starts a replacement), or
+    ends the wait for one; the call then raises :class:`QueryCancelled`. Safe to call from an event loop: it
+    sends a signal and wakes the pool's waiters, nothing more.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self._worker: _Worker | None = None
+        self._wake: Callable[[], None] | None = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            w, wake = self._worker, self._wake
+        if w is not None:
+            w.signal_kill()  # the thread reading its answer sees the pipe close and discards it
+        if wake is not None:
+            wake()
+
+    def _hold(self, w: _Worker | None) -> bool:
+        """Note ``w`` as the call's worker; False if the call is already cancelled."""
+        with self._lock:
+            self._worker = w
+            return not self.cancelled
+
+
+def cancelled() -> QueryCancelled:
+    return QueryCancelled("the query was cancelled: its caller left", "Nothing to do; send it again if needed.")
 
 
 class _Gone(Exception):
@@ -184,6 +222,13 @@ class _Worker:
             return "still running"
         return signal.Signals(-rc).name if rc < 0 else f"exit {rc}"
 
+    def signal_kill(self) -> None:
+        """SIGKILL the process, from any thread; the thread using it reaps it (:meth:`kill`)."""
+        try:
+            self.proc.send_signal(signal.SIGKILL)
+        except OSError:
+            pass
+
     def kill(self) -> None:
         """Kill the process (if alive), reap it and close the pipes."""
         if self.proc.poll() is None:
@@ -253,21 +298,21 @@ class SqlPool:
             self._idle.append(w)
         self._cond.notify_all()
 
-    def _acquire(self, deadline: float, client: str) -> _Worker:
+    def _acquire(self, deadline: float, client: str, cancel: Cancel | None = None) -> _Worker:
         """A worker for one query of ``client``, counted in its share until :meth:`_done`."""
         try:
-            return self._acquire_once(deadline, client)
+            return self._acquire_once(deadline, client, cancel)
         except _StartFailed:  # one that died while starting (killed, or out of memory): one fresh try
             pass
         try:
-            return self._acquire_once(deadline, client)
+            return self._acquire_once(deadline, client, cancel)
         except _StartFailed as e:
             raise SqlError(
                 f"a query worker failed to start ({e.how})",
                 "Retry; if it persists, run `python -m tracer.analysis.sql.worker` to see why.",
             ) from None
 
-    def _acquire_once(self, deadline: float, client: str) -> _Worker:
+    def _acquire_once(self, deadline: float, client: str, cancel: Cancel | None = None) -> _Worker:
         with self._cond:
             if self._closed:
                 raise SqlError("the query pool is shut down", "The server is stopping; retry after restart.")
@@ -276,6 +321,8 @@ class SqlPool:
                 while True:
                     if self._closed:
                         raise SqlError("the query pool is shut down", "The server is stopping; retry after restart.")
+                    if cancel is not None and cancel.cancelled:  # its caller left while it waited in line
+                        raise cancelled()
                     if self._share.next_up() is ticket and (self._idle or len(self._all) < self.size):
                         if self._idle:
                             # a worker that is ready answers now; one still starting (a replacement) only if none is
@@ -311,6 +358,10 @@ class SqlPool:
             self._done(client)
             raise _StartFailed(how) from None
         return w
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _done(self, client: str) -> None:
         """A query of ``client`` no longer holds a worker: the next in line may take one."""
@@ -358,11 +409,13 @@ class SqlPool:
         *,
         reply_bytes: int | None = None,
         client: str | None = None,
+        cancel: Cancel | None = None,
     ) -> SqlResult:
         """Run one read-only statement on the trace DB at ``db`` in a worker; see :func:`tracer.analysis.sql.run_sql`.
 
         Args:
             client: who asks (an MCP session id): the fair queue's unit. None: this process's own caller.
+            cancel: lets another thread stop the call (:class:`Cancel`).
         Raises:
             SqlError: refused, DuckDB error, :class:`QueryTimeout` (interrupted or killed at the wall clock),
                 :class:`QueryOutOfMemory`, a worker that crashed, an answer over the reply cap, too many queries
@@ -381,11 +434,18 @@ class SqlPool:
         # ASCII JSON escapes a character in at most 12 bytes; anything bigger is a broken worker
         max_bytes = 12 * reply_bytes + (1 << 20)
         key = client or LOCAL_CLIENT
+        if cancel is not None:
+            cancel._wake = self._wake
         for attempt in range(2):
-            w = self._acquire(time.monotonic() + self.limits.queue_wait_s, key)
+            w = self._acquire(time.monotonic() + self.limits.queue_wait_s, key, cancel)
             try:
+                if cancel is not None and not cancel._hold(w):
+                    self._release(w)
+                    raise cancelled()
                 reply = self._ask(w, request, timeout_s, max_bytes)
             except _Gone as e:
+                if cancel is not None and cancel.cancelled:
+                    raise cancelled() from None
                 if e.before_request and attempt == 0:
                     continue  # it died while idle: the query never ran, give it to a fresh worker
                 raise QueryOutOfMemory(
@@ -394,6 +454,8 @@ class SqlPool:
                     "Aggregate or filter before building large values (lists, string_agg, repeat).",
                 ) from None
             finally:
+                if cancel is not None:
+                    cancel._hold(None)
                 self._done(key)
             if "result" in reply:
                 from tracer.analysis.sql.result import SqlResult
