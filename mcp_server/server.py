@@ -194,7 +194,8 @@ def build_server(
         Each chain has a category (cpu_contention, sync_stall, allocation_churn, process_churn, memory_pressure,
         dataloader_starvation, launch_bound, gpu_bound, straggler_rank, gil_contention, blocking_io, host_python,
         lock_contention, gc_pause: CPython's garbage collector, cpu_placement: the job waited for a CPU because of its
-        affinity, cpuset or cgroup quota), a severity from the share of the affected
+        affinity, cpuset or cgroup quota, hang: the job made no step for longer than its steps allow; which ranks wait
+        in a collective, which one is not and where it is stuck, from the thread snapshots), a severity from the share of the affected
         thread's time it cost (HIGH >= 20%, MEDIUM >= 5%; gpu_bound is informational), that share and its ms, the
         culprit (process, thread, comm, Python file:line where known, a peer rank; never the tracer), the time
         range (ns since start), pids, the op involved with its p50/p99 µs, typed evidence (kind = category) and

@@ -27,6 +27,7 @@ from tracer.analysis.chains import (
     gc_pause,
     gil_contention,
     gpu_bound,
+    hang,
     host_python,
     launch_bound,
     lock_contention,
@@ -48,6 +49,7 @@ from tracer.analysis.chains.model import (
     DataloaderStarvationEvidence,
     Evidence,
     GpuBoundEvidence,
+    HangEvidence,
     LaunchBoundEvidence,
     MemoryPressureEvidence,
     ProcessChurnEvidence,
@@ -89,6 +91,7 @@ __all__ = [
     "Detector",
     "Evidence",
     "GpuBoundEvidence",
+    "HangEvidence",
     "LaunchBoundEvidence",
     "MemoryPressureEvidence",
     "ProcessChurnEvidence",
@@ -117,6 +120,7 @@ DETECTORS: tuple[Detector, ...] = (
     lock_contention.detect,
     cpu_placement.detect,
     gc_pause.detect,
+    hang.detect,
 )
 
 
