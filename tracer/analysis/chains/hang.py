@@ -217,7 +217,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
             tid=affected.tid,
             thread_comm=affected.comm,
             share=round(min(stalled_ns / end_ns, 1.0), 4),
-            impact_ms=round(stalled_ns / MS, 1),
+            impact_ms=round(min(stalled_ns, end_ns) / MS, 1),  # the recording's part; stalled_ms: all of it
             basis=ctx.times.basis,
             culprit=Culprit(
                 kind="rank" if ranks_stuck else "thread",
