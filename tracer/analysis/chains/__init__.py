@@ -125,7 +125,7 @@ DETECTORS: tuple[Detector, ...] = (
 
 
 def detect_all(ctx: ChainContext) -> list[CausalChain]:
-    """Run every detector; return all chains worst first (severity, then share of the thread's time). A chain
+    """Run every detector; return all chains worst first (a hang, then severity, then share of the thread's time). A chain
     another one explains (a rank's waits for a straggler rank, the GIL waits behind a fault storm's thread) comes
     after every chain that is a cause."""
     with gc_paused():
@@ -134,7 +134,17 @@ def detect_all(ctx: ChainContext) -> list[CausalChain]:
     chains = gc_pause.explained_by_gc(chains)
     chains = cpu_placement.explains(chains)
     chains = [with_path(ctx, c) for c in chains]
-    chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
+    # a hung job's chain leads: whatever slowed its steps before, it now makes none
+    chains.sort(
+        key=lambda c: (
+            c.explained_by is not None,
+            c.category != hang.CATEGORY,
+            SEVERITIES.index(c.severity),
+            -c.share,
+            -c.impact_ms,
+            c.id,
+        )
+    )
     return chains
 
 

@@ -64,8 +64,14 @@ def collective_of(t: DumpThread) -> str | None:
 
 
 def _site(t: DumpThread) -> str | None:
-    # code_site's rule: frames outermost first, as ("python", module, function, file, line)
-    return site_of([("python", None, f.function, f.file, f.line) for f in reversed(t.frames)])
+    # code_site's rule: frames outermost first, as ("python", module, function, file, line); a thread waiting in
+    # a CUDA call enters CUDA, so its binding (a ctypes wrapper) is not its line but the wrapper's caller
+    frames = [("python", None, f.function, f.file, f.line) for f in reversed(t.frames)]
+    return site_of(frames + ([("cuda", None, None, None, None)] if _in_cuda_wait(t) else []))
+
+
+def _in_cuda_wait(t: DumpThread) -> bool:
+    return any(n in t.native for n in SYNC_NAMES) or any(n in f.function for f in t.frames for n in SYNC_NAMES)
 
 
 def _stack(t: DumpThread) -> list[str]:
@@ -78,8 +84,7 @@ def doing(t: DumpThread, coll: str | None) -> str:
         return f"waits in {coll}"
     if t.state == "running" or t.blocked_ms == 0:
         return "running on CPU"
-    funcs = {f.function for f in t.frames}
-    if any(n in t.native for n in SYNC_NAMES) or any(any(n in f for n in SYNC_NAMES) for f in funcs):
+    if _in_cuda_wait(t):
         return "waits for the GPU (a synchronize that does not return)"
     on = f" on {t.waits_on}" if t.waits_on else ""
     if t.syscall == "futex" and t.frames:
@@ -128,8 +133,10 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     stepped_any = False
     for pid in pids:
         p = ctx.info.procs.get(pid)
-        if p is not None and p.exit_ns is not None:
-            continue  # it finished (or died): not hung
+        if p is not None and p.exit_ns is not None and p.exit_code == 0:
+            continue  # it finished: not hung
+        # a process killed (by the recorder at --duration, a watchdog, a signal) was alive until then
+        until = min(p.exit_ns, end_ns) if p is not None and p.exit_ns is not None else end_ns
         t = ctx.times.rank_thread(pid) if pid in rank_of else next((d for d in ctx.times.drivers if d.pid == pid), None)
         tid = t.tid if t is not None and t.tid in by_pid[pid] else pid if pid in by_pid[pid] else None
         if tid is None:
@@ -140,11 +147,14 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
             stepped_any = True
             step = statistics.median([b - a for a, b in zip(ends, ends[1:], strict=False)]) if len(ends) > 1 else None
             threshold = max(FLOOR_NS, STEPS_FOR_HANG * step) if step else FLOOR_NS
-            gap = end_ns - ends[-1]
+            gap = until - ends[-1]
             judged.append((pid, snap, gap >= threshold, gap, step, threshold))
             continue
         blocked = (snap.blocked_ms or 0) * MS
-        threshold = max(FLOOR_NS, end_ns / 2)
+        # half of the thread's own time in the recording (a launched command starts seconds after it began)
+        tt = ctx.times.by_tid(tid)
+        life = until - max(tt.first_ns if tt is not None else 0, 0)
+        threshold = max(FLOOR_NS, life / 2)
         cpu = sum(x.total.get("cpu", 0) for x in ctx.threads_of(pid))
         idle = cpu < IDLE_CPU_SHARE * end_ns
         coll = collective_of(snap)
@@ -194,7 +204,10 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     threshold_ns = min(j[5] for j in judged if j[2])
     trigger = "steps_stopped" if stepped_any else "no_step"
     locks = [h for h in stuck if h.doing == "waits for a lock" and h.pid == top.pid]
+    gone = _exited_children(ctx, top.pid)
     summary = _summary(top, culprits, waiting, ranks_stuck, locks, stalled_ns, trigger)
+    if gone:
+        summary = summary[:-1] + f"; {gone}, and nothing replaced it."
     affected = waiting[0] if waiting and ranks_stuck else top
     path = [
         Hop(tid=affected.tid, pid=affected.pid, comm=affected.comm, role="rank" if affected.rank is not None else
@@ -247,6 +260,23 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     ]
 
 
+def _exited_children(ctx: ChainContext, pid: int) -> str:
+    """Return 'its child pid N (comm) exited at T s (code C)' for the children of ``pid`` that exited during the
+    recording (a data worker that died leaves its loop waiting for a batch), '' when none."""
+    kids = [
+        p
+        for p in ctx.info.procs.values()
+        if p.ppid == pid and p.exit_ns is not None and not ctx.info.is_tracer(p.pid)
+    ]
+    if not kids:
+        return ""
+    return "; ".join(
+        f"its child pid {p.pid} ({p.comm}) exited at {p.exit_ns / S:.1f} s"
+        + (f" (code {p.exit_code})" if p.exit_code is not None else "")
+        for p in kids[:3]
+    )
+
+
 def _who(h: HungThread) -> str:
     return (f"rank {h.rank} " if h.rank is not None else "") + f"thread {h.tid} ({h.comm}, pid {h.pid})"
 
@@ -293,7 +323,12 @@ def _advice(top: HungThread, locks: list[HungThread], ranks_stuck: list[int]) ->
             f"Fix rank {top.rank}'s wait{where} first: the other ranks wait in the collective for it and resume "
             "when it arrives."
         )
-    if top.waits_on.startswith("pipe:") or "pipe" in top.wchan or "fifo" in top.wchan:
+    if top.doing.startswith("waits for a batch"):
+        out.append(
+            "Its data workers stopped delivering: check whether one died (dmesg for an OOM kill) and give the "
+            "DataLoader a timeout= so the loop raises instead of waiting forever."
+        )
+    elif top.waits_on.startswith("pipe:") or "pipe" in top.wchan or "fifo" in top.wchan:
         out.append(
             f"It reads a pipe or FIFO{f' ({top.waits_on})' if top.waits_on else ''} whose writer never writes: "
             "find the writer (lsof on it) and whether it died; read with a timeout."
@@ -316,11 +351,6 @@ def _advice(top: HungThread, locks: list[HungThread], ranks_stuck: list[int]) ->
         out.append(
             "A kernel never finished: run with CUDA_LAUNCH_BLOCKING=1 to find it; check nvidia-smi for a GPU at "
             "100% or in error, and a collective kernel waiting for a peer."
-        )
-    if top.doing.startswith("waits for a batch"):
-        out.append(
-            "Its data workers stopped delivering: check whether one died (dmesg for an OOM kill) and give the "
-            "DataLoader a timeout= so the loop raises instead of waiting forever."
         )
     out.append(
         "Set a timeout on the process group (init_process_group(timeout=...)) and TORCH_NCCL_ASYNC_ERROR_HANDLING "
