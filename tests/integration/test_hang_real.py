@@ -40,7 +40,8 @@ SECONDS = "5"
 
 def marks(path: Path) -> dict[str, int]:
     """{MARK: line} of the ``# MARK`` comments in a fixture."""
-    return {m[1]: i for i, line in enumerate(path.read_text().splitlines(), 1) if (m := re.search(r"# ([A-Z_]+)$", line))}
+    lines = enumerate(path.read_text().splitlines(), 1)
+    return {m[1]: i for i, line in lines if (m := re.search(r"# ([A-Z_]+)$", line))}
 
 
 def chains(db: Path) -> list[dict]:
@@ -64,8 +65,7 @@ def _wait_lines(proc: subprocess.Popen, pattern: str, count: int, timeout: float
         line = proc.stdout.readline()
         if not line:
             break
-        if re.search(pattern, line):
-            got.append(line)
+        got += [m.group(0) for m in re.finditer(pattern, line)]  # the ranks' lines may interleave
     assert len(got) == count, f"{pattern!r}: {got}"
     return got
 

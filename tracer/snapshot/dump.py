@@ -36,7 +36,6 @@ class ThreadSnapshot:
     partial: bool = False
     waits_on: str = ""  # the file its blocking call waits on (kernel.waits_on), "" if none
 
-
     def as_json(self) -> dict:
         return dict(pid=self.pid, tid=self.tid, name=self.name, rank=self.rank, state=self.state,
                     syscall=self.syscall, wchan=self.wchan, idle_ns=self.idle_ns, native=self.native,

@@ -125,8 +125,8 @@ DETECTORS: tuple[Detector, ...] = (
 
 
 def detect_all(ctx: ChainContext) -> list[CausalChain]:
-    """Run every detector; return all chains worst first (a hang, then severity, then share of the thread's time). A chain
-    another one explains (a rank's waits for a straggler rank, the GIL waits behind a fault storm's thread) comes
+    """Run every detector; return all chains worst first (a hang, then severity, then share of the thread's time). A
+    chain another one explains (a rank's waits for a straggler rank, the GIL waits behind a fault storm's thread) comes
     after every chain that is a cause."""
     with gc_paused():
         chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])

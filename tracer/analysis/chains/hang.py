@@ -197,7 +197,9 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     if not culprits:  # every rank inside a collective: they disagree on which (or NCCL's own hang)
         culprits = waiting[:1]
     top = culprits[0]
-    ranks_stuck = sorted({h.rank for h in culprits if h.rank is not None and in_coll_pids and h.pid not in in_coll_pids})
+    ranks_stuck = sorted(
+        {h.rank for h in culprits if h.rank is not None and in_coll_pids and h.pid not in in_coll_pids}
+    )
     stalled_ns = max(j[3] for j in judged if j[2])
     steps = [j[4] for j in judged if j[4]]
     step_ns = statistics.median(steps) if steps else None
@@ -264,9 +266,7 @@ def _exited_children(ctx: ChainContext, pid: int) -> str:
     """Return 'its child pid N (comm) exited at T s (code C)' for the children of ``pid`` that exited during the
     recording (a data worker that died leaves its loop waiting for a batch), '' when none."""
     kids = [
-        p
-        for p in ctx.info.procs.values()
-        if p.ppid == pid and p.exit_ns is not None and not ctx.info.is_tracer(p.pid)
+        p for p in ctx.info.procs.values() if p.ppid == pid and p.exit_ns is not None and not ctx.info.is_tracer(p.pid)
     ]
     if not kids:
         return ""
@@ -304,8 +304,9 @@ def _summary(
         others = sorted({h.rank for h in waiting if h.rank is not None})
         coll = waiting[0].collective
         wsite = f" at {waiting[0].site}" if waiting[0].site else ""
+        many = len(others) > 1
         return (
-            f"{head}: rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} wait{'' if len(others) > 1 else 's'}"
+            f"{head}: rank{'s' if many else ''} {', '.join(map(str, others))} wait{'' if many else 's'}"
             f" in {coll}{wsite} for rank {', '.join(map(str, ranks_stuck))}, which is not inside a collective: "
             f"{_who(top)} {top.doing}{_since(top)}."
         )
