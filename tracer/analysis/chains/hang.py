@@ -103,6 +103,23 @@ def doing(t: DumpThread, coll: str | None) -> str:
     return f"{t.state}" + (f" in {t.wchan}" if t.wchan else "")
 
 
+def blocked_ns(ctx: ChainContext, t: DumpThread, until: int) -> float:
+    """How long thread ``t`` has been off CPU at ``until``. From its off-CPU intervals (sched: every one of 1 ms or
+    more) where it has any: it last ran when the last one ended (an interval still open at the end, closed there,
+    began when it stopped); else, blocked since before the recording, from its snapshot. The snapshot's since-when
+    alone compares two CPUs' scheduler clocks, which drift apart by seconds on a loaded VM (steal time)."""
+    snap_ns = (t.blocked_ms or 0) * MS
+    if not ctx.info.has("sched"):
+        return snap_ns
+    row = ctx.conn.execute(
+        "SELECT max(CASE WHEN ts_ns + dur_ns >= $end THEN ts_ns ELSE ts_ns + dur_ns END) FROM sched WHERE tid = $tid",
+        {"tid": t.tid, "end": until - 10 * MS},
+    ).fetchone()
+    if row is None or row[0] is None:
+        return max(snap_ns, float(until))  # no switch in the recording: blocked since before it began
+    return max(until - int(row[0]), 0)
+
+
 def detect(ctx: ChainContext) -> list[CausalChain]:
     """Return one hang chain for the job when it stopped making progress (see the module docstring)."""
     if not ctx.info.has("thread_snapshots"):
@@ -131,12 +148,14 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     judged: list[tuple[int, DumpThread, bool, float, float | None, float | None]] = []
     # (pid, its thread, stalled, no step for this long (ns), median step (ns), threshold (ns))
     stepped_any = False
+    until_of: dict[int, int] = {}
     for pid in pids:
         p = ctx.info.procs.get(pid)
         if p is not None and p.exit_ns is not None and p.exit_code == 0:
             continue  # it finished: not hung
         # a process killed (by the recorder at --duration, a watchdog, a signal) was alive until then
         until = min(p.exit_ns, end_ns) if p is not None and p.exit_ns is not None else end_ns
+        until_of[pid] = until
         t = ctx.times.rank_thread(pid) if pid in rank_of else next((d for d in ctx.times.drivers if d.pid == pid), None)
         tid = t.tid if t is not None and t.tid in by_pid[pid] else pid if pid in by_pid[pid] else None
         if tid is None:
@@ -150,7 +169,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
             gap = until - ends[-1]
             judged.append((pid, snap, gap >= threshold, gap, step, threshold))
             continue
-        blocked = (snap.blocked_ms or 0) * MS
+        blocked = blocked_ns(ctx, snap, until)
         # half of the thread's own time in the recording (a launched command starts seconds after it began)
         tt = ctx.times.by_tid(tid)
         life = until - max(tt.first_ns if tt is not None else 0, 0)
@@ -183,7 +202,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                 syscall=t.syscall,
                 wchan=t.wchan,
                 waits_on=t.waits_on,
-                blocked_ms=t.blocked_ms,
+                blocked_ms=round(blocked_ns(ctx, t, until_of[pid]) / MS, 1) if t.state != "running" else 0.0,
                 site=_site(t),
                 stack=_stack(t),
             )
