@@ -114,7 +114,7 @@ def test_hung_ranks_name_the_rank_outside_the_collective(tmp_path: Path) -> None
 def _attach(tmp_path: Path, mode: str) -> tuple[Path, int]:
     proc = subprocess.Popen([PY, str(HANG), mode], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        pid = int(re.search(r"pid=(\d+)", _wait_lines(proc, "stuck", 1, timeout=60)[0])[1])
+        pid = int(re.search(r"pid=(\d+)", _wait_lines(proc, r"pid=\d+ mode=\w+ stuck", 1, timeout=60)[0])[1])
         db = tmp_path / f"{mode}.duckdb"
         r = record(["--pid", str(pid), "--duration", SECONDS, "--db", str(db)], timeout=180)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -135,7 +135,7 @@ def test_deadlock_named(tmp_path: Path) -> None:
     assert c["pids"] == [pid]
 
 
-def _launched(tmp_path: Path, *args: str, duration: str = "6") -> Path:
+def _launched(tmp_path: Path, *args: str, duration: str = "8") -> Path:
     db = tmp_path / f"{args[0]}.duckdb"
     r = record(["--duration", duration, "--db", str(db), "--", PY, str(HANG), *args], timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -143,7 +143,7 @@ def _launched(tmp_path: Path, *args: str, duration: str = "6") -> Path:
 
 
 def test_sync_that_never_returns_named(tmp_path: Path) -> None:
-    db = _launched(tmp_path, "sync", "--steps", "100")
+    db = _launched(tmp_path, "sync", "--steps", "30")
     c = hang_of(db)
     ev = c["evidence"]
     assert ev["trigger"] == "steps_stopped" and ev["step_ms"] is not None
@@ -152,7 +152,7 @@ def test_sync_that_never_returns_named(tmp_path: Path) -> None:
 
 
 def test_dead_loader_worker_named(tmp_path: Path) -> None:
-    db = _launched(tmp_path, "loader", "--steps", "100")
+    db = _launched(tmp_path, "loader", "--steps", "20")
     c = hang_of(db)
     top = c["evidence"]["stuck"][0]
     assert c["culprit"]["code_site"].endswith(f"hang.py:{marks(HANG)['STUCK_GET']} loader")
