@@ -51,6 +51,13 @@ def chains(db: Path) -> list[dict]:
     return json.loads(r.stdout)["chains"]
 
 
+def _json(command: str, db: Path) -> dict:
+    r = subprocess.run([str(TRACER), command, "--db", str(db), "--json"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
 def hang_of(db: Path) -> dict:
     found = [c for c in chains(db) if c["category"] == "hang"]
     assert len(found) == 1, [c["summary"] for c in chains(db)]
@@ -109,6 +116,12 @@ def test_hung_ranks_name_the_rank_outside_the_collective(tmp_path: Path) -> None
         assert t["blocked_ms"] >= float(SECONDS) * 1000  # blocked since before the recording
     assert c["root"]["kind"] == "hung" and "rank 1" in c["summary"]
     assert any("shard-00042.bin" in x for x in c["recommendations"])
+    # the overview leads with the hang; each rank's worst stall is its stuck main thread's, not a gloo timer's
+    stats = _json("stats", db)
+    assert stats["top_chain"].startswith("The job made no step")
+    worst = {g["pid"]: g["worst_stall_ms"] for g in stats["process_groups"]}
+    assert all(worst[p] >= float(SECONDS) * 1000 for p in pids.values())
+    assert "never ran in the recording" in _json("ranks", db)["note"]
 
 
 def _attach(tmp_path: Path, mode: str) -> tuple[Path, int]:
