@@ -200,13 +200,14 @@ def build_server(
         Each chain has a category (cpu_contention, sync_stall, allocation_churn, process_churn, memory_pressure,
         dataloader_starvation, launch_bound, gpu_bound, straggler_rank, gil_contention, blocking_io, host_python,
         lock_contention, gc_pause: CPython's garbage collector, cpu_placement: the job waited for a CPU because of its
-        affinity, cpuset or cgroup quota), a severity from the share of the affected
-        thread's time it cost (HIGH >= 20%, MEDIUM >= 5%; gpu_bound is informational), that share and its ms, the
-        culprit (process, thread, comm, Python file:line where known, a peer rank; never the tracer), the time
-        range (ns since start), pids, the op involved with its p50/p99 µs, typed evidence (kind = category) and
-        recommendations written for this trace; explained_by names the chain whose cause a chain's time is (a
-        rank waiting for a straggler rank). coverage: each part of the training thread's time of at least 5% of its
-        steps, with the chain categories that explain it, or, unexplained, where it went; unexplained_share sums
+        affinity, cpuset or cgroup quota, hang: the job made no step for longer than its steps allow; which ranks wait
+        in a collective, which one is not and where it is stuck, from the thread snapshots), a severity from the share
+        of the affected thread's time it cost (HIGH >= 20%, MEDIUM >= 5%; gpu_bound is informational; a hang is listed
+        first), that share and its ms, the culprit (process, thread, comm, Python file:line where known, a peer rank;
+        never the tracer), the time range (ns since start), pids, the op involved with its p50/p99 µs, typed evidence
+        (kind = category) and recommendations written for this trace; explained_by names the chain whose cause a chain's
+        time is (a rank waiting for a straggler rank). coverage: each part of the training thread's time of at least 5%
+        of its steps, with the chain categories that explain it, or, unexplained, where it went; unexplained_share sums
         those (all chains count, whatever the filter). Next: get_time_breakdown for the thread's whole picture;
         get_stacks(op) for the chain's op; get_ranks for a distributed job's ranks; run_sql for the timeline around
         start_ns.

@@ -521,7 +521,7 @@ TABLES: tuple[Table, ...] = (
             "VARCHAR",
             "cpu_contention | sync_stall | allocation_churn | process_churn | memory_pressure | dataloader_starvation "
             "| launch_bound | gpu_bound | straggler_rank | gil_contention | blocking_io | host_python "
-            "| lock_contention | cpu_placement | gc_pause",
+            "| lock_contention | cpu_placement | gc_pause | hang",
         ),
         ("start_ns", "BIGINT", "start of the affected time range"),
         ("end_ns", "BIGINT", "end"),
@@ -570,6 +570,12 @@ TABLES: tuple[Table, ...] = (
         ("blocked_since_ns", "BIGINT", "ns since session start when it last ran (may be negative; NULL: unknown)"),
         ("native", "VARCHAR", "the native function its system call was made from"),
         ("frames", "VARCHAR", "Python frames innermost first, JSON [{function, file, line}]"),
+        (
+            "waits_on",
+            "VARCHAR",
+            "the file its blocking call waits on: what its fd names (a path, pipe:[N], socket:[N]) or the path it "
+            "is opening; '' none (absent from recordings made before it)",
+        ),
     ),
     _t(
         "dropped_rows",

@@ -198,7 +198,8 @@ PROCESS_FIGURES_SQL = """
     SELECT p.pid, p.ppid, coalesce(p.comm, '') AS comm, {rank} AS rank, p.first_ns, p.exit_ns, p.exit_code,
            par.parent_exit_ns,
            coalesce(o.calls, 0)::BIGINT AS calls, coalesce(s.sw, 0)::BIGINT AS sw, coalesce(s.pre, 0)::BIGINT AS pre,
-           coalesce(s.off, 0) AS off, coalesce(s.rq, 0) AS rq, coalesce(s.worst, 0) AS worst,
+           coalesce(s.off, 0) AS off, coalesce(s.rq, 0) AS rq,
+           greatest(coalesce(s.worst, 0), coalesce(b.worst, 0)) AS worst,
            row_number() OVER (ORDER BY (p.pid = $main) DESC, coalesce(o.calls, 0) DESC, coalesce(s.off, 0) DESC,
                               p.pid) AS rn
     FROM processes p
@@ -207,8 +208,23 @@ PROCESS_FIGURES_SQL = """
     LEFT JOIN (SELECT pid, sum(calls) AS calls FROM op_stats GROUP BY pid) o USING (pid)
     LEFT JOIN (SELECT pid, sum(switches) AS sw, sum(preemptions) AS pre, sum(off_cpu_ns) AS off,
                       sum(runq_ns) AS rq, max(max_off_cpu_ns) AS worst FROM sched_stats GROUP BY pid) s USING (pid)
+    LEFT JOIN ({blocked}) b USING (pid)
     WHERE ($pid IS NULL OR p.pid = $pid)
 """
+# A thread blocked since before the recording never switches out in it, so sched_stats has no interval of it: its
+# snapshots' since-when, clipped to the recording, is its stall (issue 29: a hung rank's worst stall was a gloo
+# thread's 13 ms timer wait, not its main thread's 10 s in a collective).
+SNAPSHOT_STALLS_SQL = (
+    "SELECT pid, max(ts_ns - greatest(blocked_since_ns, 0)) AS worst FROM thread_snapshots "
+    "WHERE state <> 'running' AND blocked_since_ns IS NOT NULL GROUP BY pid"
+)
+NO_STALLS_SQL = "SELECT NULL::INTEGER AS pid, NULL::BIGINT AS worst WHERE false"  # a recording before snapshots
+
+
+def process_figures_sql(info: RecordingInfo, rank: str) -> str:
+    """PROCESS_FIGURES_SQL for this recording (``rank``: the rank column's expression)."""
+    blocked = SNAPSHOT_STALLS_SQL if info.has("thread_snapshots") else NO_STALLS_SQL
+    return PROCESS_FIGURES_SQL.format(rank=rank, blocked=blocked)
 
 
 def grouped_processes(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> list[ProcessGroup]:
@@ -231,7 +247,7 @@ def grouped_processes(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> l
     rank = "p.rank" if info.has("processes", "rank") else "NULL"
     rows = conn.execute(
         f"""
-        WITH p AS ({PROCESS_FIGURES_SQL.format(rank=rank)})
+        WITH p AS ({process_figures_sql(info, rank)})
         SELECT arg_min(pid, rn), ppid, comm, count(*), sum(calls)::BIGINT, sum(sw)::BIGINT, sum(pre)::BIGINT,
                sum(off) / 1e9, sum(rq) / 1e9, max(worst) / 1e6, min(coalesce(first_ns, 0)) / 1e9, count(exit_ns),
                count(*) FILTER (WHERE {FAILED_SQL}),

@@ -24,13 +24,13 @@ from tracer.analysis.chains import ChainContext, compute_chains
 from tracer.analysis.db import RecordingState, recording_state, session_row, thinned_note
 from tracer.analysis.job import job_alignment
 from tracer.analysis.processes import (
-    PROCESS_FIGURES_SQL,
     TOP_BUSY_THREADS,
     BusyThread,
     ProcessGroup,
     busy_threads,
     group_processes,
     grouped_processes,
+    process_figures_sql,
     top_busy_threads,
 )
 from tracer.analysis.recording import DATALOADER_COMM, RecordingInfo, load_recording, main_pid
@@ -316,7 +316,7 @@ def process_rows(
     info = info or load_recording(conn)
     got = conn.execute(
         f"SELECT pid, ppid, comm, first_ns / 1e9, exit_ns / 1e9, exit_code, calls, sw, pre, off / 1e9, rq / 1e9, "
-        f"worst / 1e6 FROM ({PROCESS_FIGURES_SQL.format(rank='NULL')}) ORDER BY rn",
+        f"worst / 1e6 FROM ({process_figures_sql(info, 'NULL')}) ORDER BY rn",
         {"pid": pid, "main": info.main_pid},
     ).fetchall()
     role, procs = info.process_role, info.procs

@@ -31,6 +31,7 @@ class DumpThread(Record):
     at_ms: float  # when it was read, ms since the recording began
     native: str
     frames: list[DumpFrame]  # innermost first
+    waits_on: str = ""  # the file its blocking call waits on (a path, pipe:[N], socket:[N]); "" none or unknown
 
 
 class ThreadDump(Record):
@@ -40,7 +41,8 @@ class ThreadDump(Record):
 
 def thread_dump(conn: duckdb.DuckDBPyConnection, pid: int | None = None, at_ms: float | None = None) -> ThreadDump:
     """Each thread's latest snapshot (at or before ``at_ms`` when given), of process ``pid`` or all."""
-    if "thread_snapshots" not in table_columns(conn):
+    cols = table_columns(conn)
+    if "thread_snapshots" not in cols:
         return ThreadDump(threads=[], note="this recording has no thread snapshots (recorded before they existed)")
     where, params = ["1=1"], []
     if pid is not None:
@@ -49,8 +51,10 @@ def thread_dump(conn: duckdb.DuckDBPyConnection, pid: int | None = None, at_ms: 
     if at_ms is not None:
         where.append("ts_ns <= ?")
         params.append(int(at_ms * 1e6))
+    waits_on = "waits_on" if "waits_on" in cols["thread_snapshots"] else "''"  # absent before it was stored
     rows = conn.execute(
-        f"""SELECT pid, tid, comm, rank, state, syscall, wchan, ts_ns - blocked_since_ns, reason, ts_ns, native, frames
+        f"""SELECT pid, tid, comm, rank, state, syscall, wchan, ts_ns - blocked_since_ns, reason, ts_ns, native, frames,
+                   {waits_on}
             FROM thread_snapshots WHERE {" AND ".join(where)}
             QUALIFY row_number() OVER (PARTITION BY pid, tid ORDER BY ts_ns DESC) = 1
             ORDER BY pid, tid""",
@@ -70,6 +74,7 @@ def thread_dump(conn: duckdb.DuckDBPyConnection, pid: int | None = None, at_ms: 
             at_ms=round(r[9] / 1e6, 1),
             native=r[10] or "",
             frames=[DumpFrame(**f) for f in json.loads(r[11] or "[]")],
+            waits_on=r[12] or "",
         )  # fmt: skip
         for r in rows
     ]

@@ -872,13 +872,15 @@ class Recorder:
             self.sampler_events.stop()
         self.attacher.release_all()
         self.cycler.stop()
+        # before a launched command is ended: its threads as they are at the end (a hung loop, still blocked),
+        # not the exit the recorder's SIGTERM causes
+        self._snapshot("end")
         if self.command is not None:
             self.command.end(status, keep_running=self.opts.keep_command)
         if self.metrics is not None:
             self.metrics[1].stop()
         if self.live is not None:
             self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
-        self._snapshot("end")
         try:
             self.attacher.close()  # no CUDA call is traced from here on; the rings stay readable for the flush
             self._close_gc_probes()

@@ -34,11 +34,13 @@ class ThreadSnapshot:
     native: str
     frames: list[Frame] = field(default_factory=list)
     partial: bool = False
+    waits_on: str = ""  # the file its blocking call waits on (kernel.waits_on), "" if none
 
     def as_json(self) -> dict:
         return dict(pid=self.pid, tid=self.tid, name=self.name, rank=self.rank, state=self.state,
                     syscall=self.syscall, wchan=self.wchan, idle_ns=self.idle_ns, native=self.native,
-                    frames=[f.__dict__ for f in self.frames], partial=self.partial)  # fmt: skip
+                    frames=[f.__dict__ for f in self.frames], partial=self.partial,
+                    waits_on=self.waits_on)  # fmt: skip
 
 
 class Dumper:
@@ -71,7 +73,8 @@ class Dumper:
             p = py.get(tid)
             frames = [Frame(f.qualname, f.filename, f.line) for f in (p.frames if p else []) if f.resolved]
             out.append(ThreadSnapshot(pid, tid, k.comm, rank, k.state, k.syscall, k.wchan, k.idle_ns, native,
-                                      frames, bool(p and p.partial)))  # fmt: skip
+                                      frames, bool(p and p.partial),
+                                      kernel.waits_on(pid, k.syscall, k.syscall_args)))  # fmt: skip
         return out
 
     def tree(self, pid: int) -> list[ThreadSnapshot]:
@@ -100,4 +103,5 @@ def snapshot_columns(threads: list[ThreadSnapshot], ts_ns: int, reason: str) -> 
         "blocked_since_ns": [None if t.idle_ns is None else ts_ns - t.idle_ns for t in threads],
         "native": [t.native for t in threads],
         "frames": [json.dumps([f.__dict__ for f in t.frames]) for t in threads],
+        "waits_on": [t.waits_on for t in threads],
     }

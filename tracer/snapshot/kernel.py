@@ -106,6 +106,38 @@ def read_thread(pid: int, tid: int, now_ns: int | None) -> KernelThread | None:
                         args, pc, "" if wchan == "0" else wchan, idle)  # fmt: skip
 
 
+# the calls whose first argument is the file descriptor the thread waits on
+FD_CALLS = frozenset({"read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "fsync",
+                      "fdatasync", "recvfrom", "recvmsg", "sendto", "sendmsg", "accept", "accept4", "connect",
+                      "ioctl"})  # fmt: skip
+# the calls whose path argument (a pointer into the thread's memory) is the file it waits to open
+PATH_CALLS = {"openat": 1, "open": 0, "stat": 0, "newfstatat": 1}
+MAX_PATH = 512
+
+
+def waits_on(pid: int, syscall: str | None, args: tuple[int, ...]) -> str:
+    """What a thread blocked in ``syscall`` waits on: the file its fd names (/proc/PID/fd, e.g. a path, a
+    ``pipe:[N]`` or ``socket:[N]``), or the path it is opening, read from its memory without stopping it (a
+    FIFO nobody writes blocks its opener). "" when the call has none or it is unreadable (the process exited)."""
+    if not syscall or not args:
+        return ""
+    if syscall in FD_CALLS:
+        try:
+            return os.readlink(f"/proc/{pid}/fd/{args[0]}")
+        except OSError:
+            return ""
+    i = PATH_CALLS.get(syscall)
+    if i is None or i >= len(args) or not args[i]:
+        return ""
+    try:
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as f:
+            f.seek(args[i])
+            raw = f.read(MAX_PATH)
+    except (OSError, OverflowError, ValueError):
+        return ""
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
 def tids(pid: int) -> list[int]:
     """The threads of ``pid`` (empty once it is gone)."""
     try:

@@ -27,6 +27,7 @@ from tracer.analysis.chains import (
     gc_pause,
     gil_contention,
     gpu_bound,
+    hang,
     host_python,
     launch_bound,
     lock_contention,
@@ -49,6 +50,7 @@ from tracer.analysis.chains.model import (
     DataloaderStarvationEvidence,
     Evidence,
     GpuBoundEvidence,
+    HangEvidence,
     LaunchBoundEvidence,
     MemoryPressureEvidence,
     ProcessChurnEvidence,
@@ -90,6 +92,7 @@ __all__ = [
     "Detector",
     "Evidence",
     "GpuBoundEvidence",
+    "HangEvidence",
     "LaunchBoundEvidence",
     "MemoryPressureEvidence",
     "ProcessChurnEvidence",
@@ -118,21 +121,31 @@ DETECTORS: tuple[Detector, ...] = (
     lock_contention.detect,
     cpu_placement.detect,
     gc_pause.detect,
+    hang.detect,
 )
 
 
 def detect_all(ctx: ChainContext) -> list[CausalChain]:
-    """Run every detector; return all chains worst first (severity, then share of the thread's time). A chain
-    another one explains (a rank's waits for a straggler rank, the GIL waits behind a fault storm's thread, a
-    symptom whose wait path ends at another chain's root: :mod:`yielding`) comes after every chain that is a
-    cause."""
+    """Run every detector; return all chains worst first (a hang, then severity, then share of the thread's time). A
+    chain another one explains (a rank's waits for a straggler rank, the GIL waits behind a fault storm's thread, a
+    symptom whose wait path ends at another chain's root: :mod:`yielding`) comes after every chain that is a cause."""
     with gc_paused():
         chains = straggler_rank.mark_explained(ctx, [c for d in DETECTORS for c in d(ctx)])
     chains = memory_pressure.explained_by_storms(chains)
     chains = gc_pause.explained_by_gc(chains)
     chains = cpu_placement.explains(chains)
     chains = yielding.yield_to_roots([with_path(ctx, c) for c in chains])
-    chains.sort(key=lambda c: (c.explained_by is not None, SEVERITIES.index(c.severity), -c.share, -c.impact_ms, c.id))
+    # a hung job's chain leads: whatever slowed its steps before, it now makes none
+    chains.sort(
+        key=lambda c: (
+            c.explained_by is not None,
+            c.category != hang.CATEGORY,
+            SEVERITIES.index(c.severity),
+            -c.share,
+            -c.impact_ms,
+            c.id,
+        )
+    )
     return chains
 
 

@@ -30,6 +30,7 @@ CATEGORIES = (
     "lock_contention",
     "cpu_placement",
     "gc_pause",
+    "hang",
 )
 
 
@@ -469,6 +470,49 @@ class GcPauseEvidence(Record):
     ]
 
 
+class HungThread(Record):
+    """A thread of a hung job as its latest snapshot (thread_snapshots) found it."""
+
+    rank: Annotated[int | None, Field(description="its process's rank, null outside a distributed job")]
+    pid: int
+    tid: int
+    comm: str
+    in_collective: Annotated[bool, Field(description="inside a collective (torch.distributed or NCCL) on its stack")]
+    collective: Annotated[str | None, Field(description="which one (all_reduce, barrier, ...), when inside one")]
+    doing: Annotated[str, Field(description="what it is stuck in, in a few words")]
+    state: Annotated[str, Field(description="kernel state: running | sleeping | disk ...")]
+    syscall: Annotated[str | None, Field(description="the system call it sits in")]
+    wchan: Annotated[str, Field(description="the kernel function it waits in")]
+    waits_on: Annotated[str, Field(description="the file its call waits on (path, pipe:[N], socket:[N]); '' none")]
+    blocked_ms: Annotated[float | None, Field(description="off CPU for this long at its last snapshot, ms")]
+    site: Annotated[str | None, Field(description="'file:line function' of its innermost frame in the job's code")]
+    stack: Annotated[list[str], Field(description="its Python stack, innermost first, a few frames")]
+
+
+class HangEvidence(Record):
+    """The job stopped making progress: no step for longer than its steps allow, its threads blocked."""
+
+    kind: Literal["hang"] = "hang"
+    trigger: Annotated[
+        str,
+        Field(
+            description="steps_stopped (it stepped, then made no step for stalled_ms) | no_step (no step in the "
+            "whole recording, its threads blocked in their snapshots)"
+        ),
+    ]
+    stalled_ms: Annotated[float, Field(description="time without a step at the recording's end, ms")]
+    threshold_ms: Annotated[float, Field(description="no step for this long is a hang: its step time x N, floored")]
+    step_ms: Annotated[float | None, Field(description="its median step before it stopped, ms; null: no step seen")]
+    waiting: Annotated[
+        list[HungThread], Field(description="threads inside a collective: they wait for the ones in stuck")
+    ]
+    stuck: Annotated[
+        list[HungThread],
+        Field(description="threads not inside a collective: the ones the others wait for, or the job's stuck loop"),
+    ]
+    ranks_stuck: Annotated[list[int], Field(description="ranks not inside a collective while others are")]
+
+
 Evidence = Annotated[
     CpuContentionEvidence
     | SyncStallEvidence
@@ -484,7 +528,8 @@ Evidence = Annotated[
     | HostPythonEvidence
     | LockContentionEvidence
     | CpuPlacementEvidence
-    | GcPauseEvidence,
+    | GcPauseEvidence
+    | HangEvidence,
     Field(discriminator="kind"),
 ]
 
@@ -508,7 +553,8 @@ class Hop(Record):
         Field(
             description="how the previous hop waited on this one: start (the affected thread) | woken_by (blocked "
             "until this thread woke it: futex, pipe, socket, lock, GIL) | cpu_held_by (runnable while this held "
-            "its CPU) | gpu (waited in a CUDA call for queued GPU work)"
+            "its CPU) | gpu (waited in a CUDA call for queued GPU work) | collective (waited in a collective for "
+            "this rank, which is not inside it)"
         ),
     ]
     state: Annotated[str, Field(description="what this hop was doing: on_cpu | blocked | io | runq | gpu")]

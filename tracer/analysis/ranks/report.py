@@ -97,11 +97,19 @@ def ranks_report(conn: duckdb.DuckDBPyConnection) -> RanksResult:
     table = table_of(ctx)
     if table is None:
         n = len(info.rank_pids)
+        # the ranks whose thread ran or woke in the recording: a thread blocked since before it has no time rows
+        timed = sum(1 for p in info.rank_pids if (t := ctx.times.rank_thread(p)) is not None and t.wall > 0)
         why = (
             "no process of this recording has a rank in its environment (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, "
             "SLURM_PROCID)"
             if n == 0
-            else f"{n} rank process{'es' if n != 1 else ''} with accounted time: a table needs two"
+            else f"{n} rank process{'es' if n != 1 else ''}, {timed} with accounted time: a table needs two"
+            + (
+                "; the others' threads never ran in the recording (blocked since before it: a hung job? see the "
+                "hang chain and their thread snapshots, get_thread_dump)"
+                if timed < n
+                else ""
+            )
         )
         if not info.has("processes", "rank"):
             why = "this recording predates rank identity (schema v3): no ranks recorded"
