@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ FIXTURE = ROOT / "fixtures" / "workloads" / "stuck_threads.py"
 TRACER = [sys.executable, "-m", "tracer.commands.cli"]
 MOVING = {"in_spin", "heartbeat"}
 MAX_GAP_NS = 50_000_000  # the heartbeat beats every 5 ms; a stop of the process shows as a gap of its length
+BASELINE_S = 1.0  # the heartbeat's gaps measured this long before the dump
 
 
 def marks() -> dict[str, int]:
@@ -65,12 +67,43 @@ def _start(python: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, P
     return proc, beat
 
 
+class StopWatch(threading.Thread):
+    """Polls the state of every thread of ``pid`` (/proc/PID/task/*/stat) until stopped, and keeps each state it
+    saw: a process stopped by a signal reads 'T', one stopped by ptrace 't' (what py-spy without --nonblocking does).
+    The direct check that the dump never stops it, whatever else runs on the machine."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.states, self.polls = pid, set(), 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        task = Path(f"/proc/{self.pid}/task")
+        while not self._done.is_set():
+            for t in task.iterdir():
+                try:
+                    self.states.add((t / "stat").read_text().rsplit(")", 1)[1].split()[0])
+                except (OSError, IndexError):
+                    pass
+            self.polls += 1
+            time.sleep(0.001)
+
+    def stop(self) -> set[str]:
+        self._done.set()
+        self.join()
+        return self.states
+
+
 def _dump(pid: int) -> tuple[list[dict], int, int]:
+    watch = StopWatch(pid)
+    watch.start()
     t0 = time.monotonic_ns()
     out = subprocess.run([*TRACER, "dump", "--pid", str(pid), "--json"], capture_output=True, text=True, timeout=60,
                          cwd=ROOT)  # fmt: skip
     t1 = time.monotonic_ns()
+    states = watch.stop()
     assert out.returncode == 0, out.stderr
+    assert watch.polls > 0 and not states & {"T", "t"}, f"a thread of the process was stopped: {sorted(states)}"
     return json.loads(out.stdout), t0, t1
 
 
@@ -82,6 +115,7 @@ def test_dump_matches_py_spy_and_never_stops(which: str, tmp_path: Path) -> None
     need(spy is not None, "py-spy missing (pip install py-spy)")
     proc, beat = _start(python, tmp_path)
     try:
+        time.sleep(BASELINE_S)  # the heartbeat's own gaps on this machine now, before the dump
         ours, t0, t1 = _dump(proc.pid)
         theirs = json.loads(subprocess.run([spy, "dump", "--json", "--nonblocking", "--pid", str(proc.pid)],
                                            capture_output=True, text=True, timeout=60, check=True).stdout)  # fmt: skip
@@ -118,7 +152,14 @@ def test_dump_matches_py_spy_and_never_stops(which: str, tmp_path: Path) -> None
     last = next((i for i, b in enumerate(beats) if b >= t1), len(beats) - 1)  # and the first after it ended
     window = beats[first : last + 1]
     gaps = [y - x for x, y in zip(window, window[1:], strict=False)]
-    assert len(window) >= 2 and max(gaps) <= MAX_GAP_NS, f"heartbeat gap {max(gaps, default=0) / 1e6:.0f} ms"
+    before = [b for b in beats if t0 - BASELINE_S * 1e9 <= b <= t0]
+    jitter = max((y - x for x, y in zip(before, before[1:], strict=False)), default=0)
+    # a loaded machine delays a 5 ms sleeper's wakeups by tens of ms with or without a dump (52-55 ms seen at load
+    # 16): the bound is the larger of MAX_GAP_NS and twice the gaps it had just before
+    bound = max(MAX_GAP_NS, 2 * jitter)
+    assert len(window) >= 2 and max(gaps) <= bound, (
+        f"heartbeat gap {max(gaps, default=0) / 1e6:.0f} ms against {bound / 1e6:.0f} ms (jitter {jitter / 1e6:.0f} ms)"
+    )
 
 
 def test_deadlock_both_threads_in_acquire(tmp_path: Path) -> None:

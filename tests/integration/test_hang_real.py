@@ -77,6 +77,29 @@ def _wait_lines(proc: subprocess.Popen, pattern: str, count: int, timeout: float
     return got
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it. torchrun starts each rank in a session of its own, so killing the
+    agent's process group left the hung ranks running, orphaned, after the test."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    todo, tree = [pid], []
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _torch_missing() -> str | None:
     r = subprocess.run([str(VENV_PY), "-c", "import torch.distributed.run"], capture_output=True, text=True)
     return None if r.returncode == 0 else "torch is not installed in .venv: run ./setup.sh"
@@ -96,7 +119,7 @@ def test_hung_ranks_name_the_rank_outside_the_collective(tmp_path: Path) -> None
         r = record(["--pid", str(job.pid), "--duration", SECONDS, "--db", str(db)], timeout=240)
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
+        _kill_tree(job.pid)
         job.wait()
     c = hang_of(db)
     line = marks(RANKS)
