@@ -318,9 +318,13 @@ def test_bad_input_is_one_error_line(args, code: int, tmp_path: Path) -> None:
     assert not (tmp_path / "x.duckdb").exists()
 
 
-def test_neither_pid_nor_command_is_a_usage_error(tmp_path: Path) -> None:
-    proc = record(["--db", str(tmp_path / "x.duckdb")])
-    _assert_clean_error(proc, 2)
+def test_neither_pid_nor_command_is_the_node_agent(tmp_path: Path) -> None:
+    # no --pid and no command traces every CUDA process of the host (issue 32); --duration ends it like a recording
+    db = tmp_path / "x.duckdb"
+    proc = record(["--db", str(db), "--duration", "2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "tracing every CUDA process" in proc.stderr
+    assert query(db, "SELECT target, status FROM session") == [("every CUDA process", "complete")]
 
 
 def _as_nobody(args: list[str]) -> subprocess.CompletedProcess[str]:
