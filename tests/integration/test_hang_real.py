@@ -29,6 +29,7 @@ import pytest
 from conftest import PY, ROOT, TRACER, record, workload
 
 from tests.support.need import need_nothing_missing
+from tracer.snapshot import kernel
 
 pytestmark = pytest.mark.bpf
 
@@ -80,20 +81,7 @@ def _wait_lines(proc: subprocess.Popen, pattern: str, count: int, timeout: float
 def _kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process below it. torchrun starts each rank in a session of its own, so killing the
     agent's process group left the hung ranks running, orphaned, after the test."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    todo, tree = [pid], []
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo += children.get(p, [])
-    for p in tree:
+    for p in kernel.tree(pid):
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:

@@ -136,15 +136,7 @@ def test_prometheus_scrapes_the_exact_sync_count(tmp_path):
         assert rec.returncode == 0, err
     finally:
         stop.touch()
-        if rec.poll() is None:
-            rec.kill()
-            rec.wait()
-        prom.terminate()
-        try:
-            prom.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            prom.kill()
-            prom.wait()
+        _end_agent(rec, [], prom)
 
 
 def test_node_agent_traces_jobs_started_after_it(tmp_path):

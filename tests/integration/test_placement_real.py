@@ -15,13 +15,13 @@ import contextlib
 import os
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _helpers import Recording, assert_root_found, cached, ensure_fixtures, skip_without_bpf, workload
 
+from tests.support.cgroups import remove_cgroup
 from tests.support.need import need
 from tracer.analysis.chains import CausalChain, compute_chains
 from tracer.analysis.db import open_trace
@@ -137,12 +137,7 @@ def cpu_quota(quota_us: int, period_us: int) -> Iterator[Path]:
     try:
         yield d / "cgroup.procs"
     finally:
-        for _ in range(50):  # its last processes may still be exiting
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(d)
 
 
 def test_throttled_by_a_cgroup_quota(ready, tmp_path_factory):

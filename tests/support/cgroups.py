@@ -40,9 +40,14 @@ def container_cgroup() -> Iterator[Box]:
         yield Box(leaf / "cgroup.procs", cid, uid)
     finally:
         for d in (leaf, leaf.parent, leaf.parent.parent, top):
-            for _ in range(50):  # its last processes may still be exiting
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            remove_cgroup(d)
+
+
+def remove_cgroup(d: Path) -> None:
+    """rmdir a test's cgroup, retrying for 5 s while its last processes are still exiting."""
+    for _ in range(50):
+        try:
+            d.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)

@@ -98,6 +98,15 @@ def _function(site: str) -> tuple[str, str]:
     return where.rsplit(":", 1)[0], function
 
 
+def _cpu_stacks(ctx: ChainContext, s: Subject) -> list:
+    """The thread's sampled stacks outside calls within its steps, read once: the CPU part's sites and its share
+    under the chains' code both use them."""
+    key = ("coverage_cpu_stacks", s.tid, s.start_ns, s.end_ns)
+    if key not in ctx.memo:
+        ctx.memo[key] = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s, "cpu"), outside_calls=True).get(s.tid, [])
+    return ctx.memo[key]
+
+
 def _cpu_at_sites(ctx: ChainContext, s: Subject, mine: Sequence[CausalChain]) -> tuple[list[str], float]:
     """Return the categories of the chains under whose code site's function at least AT_SITE of the thread's
     sampled CPU outside calls runs (a frame of the sample's stack is in that function: the line that makes the
@@ -118,7 +127,7 @@ def _cpu_at_sites(ctx: ChainContext, s: Subject, mine: Sequence[CausalChain]) ->
         sited.update({_function(site): c.category for site in sites})
     if not sited or not ctx.info.has("cpu_samples"):
         return [], 0.0
-    stacks = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s, "cpu"), outside_calls=True).get(s.tid, [])
+    stacks = _cpu_stacks(ctx, s)
     total = sum(x.ns for x in stacks)
     under: dict[str, float] = {}
     anywhere = 0.0
@@ -136,7 +145,7 @@ def _cpu_at_sites(ctx: ChainContext, s: Subject, mine: Sequence[CausalChain]) ->
 def _sites(ctx: ChainContext, s: Subject, part: str) -> list[str]:
     """Return where the thread spent ``part``: 'site (ms)' of its heaviest code sites or holders."""
     if part == "cpu" and ctx.info.has("cpu_samples"):
-        stacks = sampled_stacks(ctx.conn, [s.tid], ctx.in_steps(s, "cpu"), outside_calls=True).get(s.tid, [])
+        stacks = _cpu_stacks(ctx, s)
         return [f"{x.site or '(no Python frame)'} ({x.ns / MS:,.0f} ms sampled)" for x in top_lines(stacks, SITES)]
     if part == "blocked" and ctx.info.has("offcpu_stacks"):
         stacks = [b for b in blocked_stacks(ctx.conn, s.tid, ctx.in_steps(s, "blocked")) if not b.in_call]
