@@ -268,7 +268,7 @@ def test_rows_over_the_memory_limit_spill_beside_the_file_and_the_spill_is_gone_
         assert c.execute("SELECT count(*), count(DISTINCT ts_ns) FROM cuda_calls").fetchone() == (n, n)
 
 
-def test_summary_rows_wait_longer_than_calls_and_flushed_ns_stops_before_them(
+def test_summary_rows_wait_longer_than_calls_and_only_their_own_horizon_stops_before_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import time
@@ -278,7 +278,9 @@ def test_summary_rows_wait_longer_than_calls_and_flushed_ns_stops_before_them(
     monkeypatch.setattr("tracer.recorder.store.SUMMARY_FLUSH_S", 60.0)
     start = time.monotonic_ns() - 5_000_000_000
     s = Store(tmp_path / "t.duckdb", start_mono_ns=start)
-    s.execute("INSERT INTO session (session_id, status, flushed_ns) VALUES (1, 'recording', 1)")
+    s.execute(
+        "INSERT INTO session (session_id, status, flushed_ns, summaries_flushed_ns) VALUES (1, 'recording', 1, 1)"
+    )
     s.sync()
     held_at = time.monotonic_ns() - start
     s.put("host_samples", {"ts_ns": [1], "load1": [0.5]})
@@ -291,11 +293,12 @@ def test_summary_rows_wait_longer_than_calls_and_flushed_ns_stops_before_them(
     # THEN the calls went in on their own, the summary row is still held back (one insert less per flush)
     assert s.rows_written.get("cuda_calls") == 10
     assert "host_samples" not in s.rows_written
-    # AND flushed_ns (read by the writer's own connection, which sees its commits) stops at the held row:
-    # a reader of a killed recording is not told that the summary row is in the file
-    flushed = s.conn.execute("SELECT flushed_ns FROM session").fetchone()[0]
-    # (without the hold it would be calls_at, 0.3 s later)
-    assert held_at <= flushed < calls_at
+    # AND (read by the writer's own connection, which sees its commits) the calls' horizon reached the calls: a
+    # killed recording claims every call it holds (before, it stopped at the held summary row, 0.3 s earlier)...
+    flushed, summaries = s.conn.execute("SELECT flushed_ns, summaries_flushed_ns FROM session").fetchone()
+    assert flushed >= calls_at
+    # ...while the summaries' horizon stops at the held row: a reader is not told that it is in the file
+    assert held_at <= summaries < calls_at
     # WHEN a sync comes (a live snapshot, the end) THEN the held rows are written too
     s.sync()
     assert s.rows_written.get("host_samples") == 1

@@ -130,7 +130,17 @@ TABLES: tuple[Table, ...] = (
             "VARCHAR",
             "for a launched command: exited | stopped (SIGTERM/SIGKILL at the end) | left running | interrupted",
         ),
-        ("flushed_ns", "BIGINT", "ts_ns up to which rows have been written (advances while recording)"),
+        (
+            "flushed_ns",
+            "BIGINT",
+            "ts_ns up to which the detail rows (calls, off-CPU intervals, stacks) have been written (advances while "
+            "recording)",
+        ),
+        (
+            "summaries_flushed_ns",
+            "BIGINT",
+            "ts_ns up to which the per-second summary tables have been written (written every 10 s while recording)",
+        ),
         ("sample_hz", "INTEGER", "on-CPU samples per second of each target thread's CPU time (cpu_samples); 0: off"),
         ("offcpu_stacks", "BOOLEAN", "true when blocked stacks were captured (offcpu_stacks)"),
         (

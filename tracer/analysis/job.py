@@ -80,7 +80,7 @@ STACK_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 # instants in ns since the session start (shifted by whole seconds); every other *_ns column is an amount of time
 TIME_NS_COLUMNS: dict[str, tuple[str, ...]] = {
-    "session": ("flushed_ns",),
+    "session": ("flushed_ns", "summaries_flushed_ns"),
     "processes": ("first_ns", "exit_ns"),
     "threads": ("first_ns", "end_ns"),
     "cuda_calls": ("ts_ns",),
@@ -148,6 +148,7 @@ SESSION_RULES: dict[str, str] = {
     "held_ms": _SUM,
     "command_fate": _DISTINCT,
     "flushed_ns": "min({c})",  # every recording's rows are written up to here (shifted)
+    "summaries_flushed_ns": "min({c})",
     "sample_hz": _MAX,
     "offcpu_stacks": "bool_or({c})",
     "max_db_bytes": _MAX,

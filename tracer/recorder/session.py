@@ -1068,7 +1068,8 @@ class Recorder:
             "holds": self.attacher.holds.count if hasattr(self, "attacher") else 0,
             "held_ms": round(self.attacher.holds.held_ms, 3) if hasattr(self, "attacher") else 0.0,
             "command_fate": self.command_fate,
-            "flushed_ns": time.monotonic_ns() - self.start_mono,
+            "flushed_ns": time.monotonic_ns() - self.start_mono,  # written after a sync: every row is in
+            "summaries_flushed_ns": time.monotonic_ns() - self.start_mono,
             "sample_hz": self.sampler_events.hz if hasattr(self, "sampler_events") else 0,
             "offcpu_stacks": self.opts.offcpu_stacks,
             "max_db_bytes": self.opts.max_db_bytes,

@@ -40,8 +40,9 @@ FLUSH_S = 2.0
 # wait up to SUMMARY_FLUSH_S. An insert costs ~1-2 ms of CPU however few its rows (DuckDB's planning, not the
 # rows), and with a dozen summary tables beside cuda_calls and sched a 2 s flush cost ~50 ms of CPU, 2.5% of a
 # core on train.py (issue 33: the tables added since, not the rows, made the recorder's cost creep up). Nothing
-# references a summary row, so holding them back leaves no dangling reference in a killed recorder's file; the
-# session's flushed_ns stops at the oldest row held back, so it still says truly how far the file goes. A
+# references a summary row, so holding them back leaves no dangling reference in a killed recorder's file. The
+# session row keeps two horizons, each true of its own tables: flushed_ns for the detail rows (calls, off-CPU
+# intervals, stacks: a killed recorder keeps all the calls it wrote) and summaries_flushed_ns for these. A
 # statement, a marker (sync, a live snapshot) and the end write them with the rest.
 SUMMARY_FLUSH_S = 10.0
 SUMMARY_TABLES = frozenset(
@@ -309,14 +310,16 @@ class Store:
         newest: dict[str, float],
         tables: list[str],
     ) -> None:
-        """Write the pending rows of ``tables`` in one transaction and drop them from the three dicts; the session's
-        flushed_ns moves to the newest of them, or to the oldest row still held back if that is earlier."""
+        """Write the pending rows of ``tables`` in one transaction and drop them from the three dicts. Each of the
+        session's two horizons (detail rows, summaries) moves to the newest batch written, or to the oldest batch of
+        its own kind still held back if that is earlier: a summary held back does not hold back the calls'."""
         if tables and not self._error:
-            held = [since[t] for t in pending if t not in tables]
             upto = max(newest[t] for t in tables)
-            if held:
-                upto = min(upto, min(held))
-            self._guard(("insert", {t: pending[t] for t in tables}, upto))
+            horizons = []
+            for summary in (False, True):
+                held = [since[t] for t in pending if t not in tables and (t in SUMMARY_TABLES) == summary]
+                horizons.append(min([upto, *held]))
+            self._guard(("insert", {t: pending[t] for t in tables}, (horizons[0], horizons[1])))
             if self.thinner is not None and not self._error:
                 self._guard(("call", lambda: self.thinner.after_write(self.conn), None))
         for t in tables:
@@ -383,19 +386,23 @@ class Store:
             )
         return StoreError(f"writing {self.path} failed: {first}", keep)
 
-    def _insert_all(self, pending: dict[str, list[pa.Table]], queued_until: float | None = None) -> None:
+    def _insert_all(
+        self, pending: dict[str, list[pa.Table]], queued_until: tuple[float, float] | None = None
+    ) -> None:
         """Append each table's batches, all in one transaction: a commit costs more CPU than a small insert. With
-        ``queued_until`` (monotonic s, when the newest batch was queued) the session row's flushed_ns moves there
-        in the same transaction."""
+        ``queued_until`` (monotonic s: up to when the detail rows, and the summaries, were all queued) the session
+        row's flushed_ns and summaries_flushed_ns move there in the same transaction."""
         written = {}
         self.conn.begin()
         try:
             for table, parts in pending.items():
                 written[table] = self._insert(table, parts)
             if queued_until is not None and self._start_mono_ns is not None:
+                detail, summaries = (int(t * 1e9) - self._start_mono_ns for t in queued_until)
                 self.conn.execute(
-                    "UPDATE session SET flushed_ns = greatest(coalesce(flushed_ns, 0), ?)",
-                    [int(queued_until * 1e9) - self._start_mono_ns],
+                    "UPDATE session SET flushed_ns = greatest(coalesce(flushed_ns, 0), ?), "
+                    "summaries_flushed_ns = greatest(coalesce(summaries_flushed_ns, 0), ?)",
+                    [detail, summaries],
                 )
             self.conn.commit()
         except BaseException:

@@ -30,9 +30,13 @@ class RecordingState(Record):
     ]
     ended: Annotated[str, Field(description="how the recording ended, in one sentence")]
     recorder_pid: Annotated[int | None, Field(description="pid of the recorder, when recorded")] = None
-    flushed_ns: Annotated[int | None, Field(description="ts_ns up to which rows were written (session.flushed_ns)")] = (
-        None
-    )
+    flushed_ns: Annotated[
+        int | None, Field(description="ts_ns up to which the detail rows were written (session.flushed_ns)")
+    ] = None
+    summaries_flushed_ns: Annotated[
+        int | None,
+        Field(description="ts_ns up to which the per-second summaries were written (session.summaries_flushed_ns)"),
+    ] = None
 
 
 _ENDED = {
@@ -87,7 +91,7 @@ def session_row(
     return {name: have.get(name) for name in (*columns, *(expressions or {}))}
 
 
-_STATE_COLUMNS = ("status", "recorder_pid", "recorder_start_ticks", "boot_id", "flushed_ns")
+_STATE_COLUMNS = ("status", "recorder_pid", "recorder_start_ticks", "boot_id", "flushed_ns", "summaries_flushed_ns")
 
 
 def thinned_note(conn: duckdb.DuckDBPyConnection) -> str | None:
@@ -124,7 +128,7 @@ def recording_state(conn: duckdb.DuckDBPyConnection) -> RecordingState:
             "Record again: sudo tracer record -- python train.py",
         )
     status = str(s.get("status") or "")
-    pid, flushed = s.get("recorder_pid"), s.get("flushed_ns")
+    pid, flushed, summaries = s.get("recorder_pid"), s.get("flushed_ns"), s.get("summaries_flushed_ns")
     if status != "recording":
         ended = _ENDED.get(status, f"the recording ended with status {status!r}")
         return RecordingState(
@@ -134,6 +138,7 @@ def recording_state(conn: duckdb.DuckDBPyConnection) -> RecordingState:
             ended=ended,
             recorder_pid=pid,
             flushed_ns=flushed,
+            summaries_flushed_ns=summaries,
         )
     if recorder_alive(pid, s.get("recorder_start_ticks"), s.get("boot_id")):
         return RecordingState(
@@ -145,6 +150,11 @@ def recording_state(conn: duckdb.DuckDBPyConnection) -> RecordingState:
         if flushed is not None
         else "the data it had written is here"
     )
+    if flushed is not None and summaries is not None and summaries < flushed:
+        upto += (
+            f"; the per-second summaries (written every 10 s) up to {summaries / 1e9:.1f} s "
+            "(session.summaries_flushed_ns)"
+        )
     return RecordingState(
         status=status,
         live=False,
@@ -152,6 +162,7 @@ def recording_state(conn: duckdb.DuckDBPyConnection) -> RecordingState:
         ended=f"{who} is gone: killed or crashed; {upto}",
         recorder_pid=pid,
         flushed_ns=flushed,
+        summaries_flushed_ns=summaries,
     )
 
 
