@@ -15,7 +15,7 @@ from typing import Any
 _PUBLIC = {
     "Recorder": "session",
     "RecordOptions": "session",
-    "RecordSummary": "session",
+    "RecordSummary": "finalize",
     "Check": "preflight",
     "checks": "preflight",
     "check_environment": "preflight",

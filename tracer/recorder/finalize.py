@@ -8,19 +8,33 @@ previous call (a live snapshot) wrote and nothing else (:class:`Rewritable`).
 
 The computations are pure functions over dumped map contents (testable without BPF); the ``write_*`` and
 ``close_*`` functions read the maps and hand the rows to the store.
+
+:class:`Ending` is the recording's end, in order: stop every hold, detach, drain, write these rows and the session
+row, close the DB. session.py's :class:`~tracer.recorder.session.Recorder` runs the recording and inherits it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import resource
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from probes.catalog import CATALOG, OpClass
-from tracer.recorder import bpfmaps, columns, events
+from tracer import __version__, procfs
+from tracer.recorder import bpfmaps, columns, events, targets
 from tracer.recorder.budget import DUTY_CYCLED, DUTY_CYCLED_IDS, Activity, DutyCycler, Window, launch_scales
+from tracer.recorder.links import close_together
 from tracer.recorder.proctree import ProcessTree, ProcInfo, Retired, ThreadInfo
+from tracer.recorder.program import tracepoint_fds
 from tracer.recorder.store import Store
+from tracer.recorder.sysinfo import environment
+
+log = logging.getLogger(__name__)
 
 S = 1_000_000_000
 
@@ -217,3 +231,302 @@ def write_totals(
     written.procs = {_proc_key(p) for p in procs}
     written.threads = {_thread_key(t) for t in threads if t.end_ns is not None}
     return summary
+
+
+# --- the end of a recording ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RecordSummary:
+    db: Path
+    status: str
+    duration_s: float
+    events_traced: int
+    events_stored: int
+    events_lost: int
+    processes: int
+    libraries: list[str]
+    ops: list[columns.OpSummary]
+    notes: list[str]
+    startup_s: float = 0.0
+    first_event_s: float | None = None
+    flush_s: float = 0.0
+    recording_cpu_pct: float | None = None  # the recorder's CPU while recording, % of a core (start-up, finish apart)
+    recorder_cpu_s: float = 0.0
+    recorder_peak_rss_bytes: int = 0
+    holds: int = 0
+    held_ms: float = 0.0
+    command_fate: str | None = None
+
+
+def cpu_s() -> float:
+    """This process's CPU seconds so far (user + system)."""
+    t = os.times()
+    return t.user + t.system
+
+
+class Ending:
+    """The end of a recording and its session row: the part of the :class:`~tracer.recorder.session.Recorder` that
+    runs once the recording stops (and, for the row, at its start and at each live snapshot).
+
+    It reads the recorder's state, set by session.py (declared here for the reader), and calls back into its drain
+    (``_drain``, ``_drain_aggregates``), its hold switch (``_set_gate``), its snapshots and its lost counters.
+    """
+
+    opts: Any  # session.RecordOptions
+    store: Store
+    bpf: Any
+    tree: ProcessTree
+    cycler: DutyCycler
+    start_mono: int
+    notes: list[str]
+    phases: dict[str, float]
+    command: Any  # command.LaunchedCommand | None
+    attacher: Any  # attach.Attacher
+    guardian: Any  # guardian.Guardian
+    metrics: Any
+    live: Any
+    gc_probes: Any
+    pyrt: Any
+    py_version: str | None
+    first_event_ns: int | None
+    _calls_by_tid: dict[int, int]
+    _rewritable: Rewritable
+    _session_written: bool
+
+    @property
+    def command_fate(self) -> str | None:
+        """What became of a launched command (tracer/recorder/command.py), None for --pid."""
+        return self.command.fate if self.command is not None else None
+
+    def finish(self, status: str) -> RecordSummary:
+        """Stop holds and duty cycling, end a launched command, drain, write the exact aggregates, processes and
+        the session row, close the DB; return the summary.
+
+        Whatever fails on the way (a full disk: the store then refuses every write), nobody is left stopped, the
+        probes are detached and the guardian dismissed before the error goes up.
+
+        Raises:
+            StoreError: a write failed; what was written before it stays readable.
+        """
+        t_flush = time.monotonic()
+        self._recording_cpu_pct = self._cpu_pct_since_live(t_flush)
+        if hasattr(self, "placement"):  # before a launched command is ended: a changed placement, read once more
+            self.placement.recheck(
+                self.tree.alive(),
+                time.monotonic_ns() - self.start_mono,
+                lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
+            )
+        if self.command is not None:
+            self.command.release()
+        self._set_gate(False)  # from now on nobody is stopped
+        if hasattr(self, "sampler_events"):
+            self.sampler_events.stop()
+        self.attacher.release_all()
+        self.cycler.stop()
+        # before a launched command is ended: its threads as they are at the end (a hung loop, still blocked),
+        # not the exit the recorder's SIGTERM causes
+        self._snapshot("end")
+        if self.command is not None:
+            self.command.end(status, keep_running=self.opts.keep_command)
+        if self.metrics is not None:
+            self.metrics[1].stop()
+        if self.live is not None:
+            self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
+        try:
+            self.attacher.close()  # no CUDA call is traced from here on; the rings stay readable for the flush
+            self._close_gc_probes()
+            summary = self._flush(status, t_flush)
+        finally:
+            self.store.close()
+            self.attacher.close()
+            self._close_gc_probes()
+            self._drop_tracepoints()
+            self.guardian.finish()
+        return summary
+
+    def _close_gc_probes(self) -> None:
+        """Detach the collector's probes (idempotent): their semaphores drop back in every process."""
+        if self.gc_probes is not None:
+            close_together(self.gc_probes.closers())
+
+    def _cpu_pct_since_live(self, now: float) -> float | None:
+        """Return the recorder's CPU from the probes being live to ``now`` as % of one core (None before that):
+        the steady recording's cost, apart from the start-up's compile and the finish's writes (issue 21)."""
+        since = getattr(self, "_live_since", None)
+        if since is None or now <= since[0]:
+            return None
+        return round(100 * (cpu_s() - since[1]) / (now - since[0]), 2)
+
+    def _drop_tracepoints(self) -> None:
+        """Empty the target list, so the tracepoint programs do nothing more for the job, and close this process's
+        fds of the tracepoints: the guardian holds them too, so their detach (0.8 s of grace periods, one after
+        another) happens at its exit, after this process has returned the terminal (guardian.py)."""
+        try:
+            self.bpf["targets"].clear()
+        except Exception as e:  # the detach below matters more
+            log.debug("emptying the target list failed: %s", e)
+        for fd in tracepoint_fds(self.bpf):
+            os.close(fd)
+
+    def _flush(self, status: str, t_flush: float) -> RecordSummary:
+        """The final drain and the rows only the end can write."""
+        self._status("finishing: draining the last events and writing the exact aggregates…")
+        self._drain()
+        end_ns = time.monotonic_ns()
+        close_open_segments(self.bpf, self.tree, self.start_mono, end_ns)
+        self._drain_aggregates(before_sec=None)
+        for p in self.tree.targets():
+            if p.exit_ns is None and not targets.is_alive(p.pid) and status != "interrupted":
+                p.exit_ns = end_ns - self.start_mono
+        self._write_placement(end_ns - self.start_mono)
+        summary_ops = self._write_totals(end_ns, live=False)
+        self.store.sync()
+        traced = sum(o.calls for o in summary_ops)
+        stored = self.store.rows_written.get("cuda_calls", 0)
+        lost = self._lost(events.C.LOST_CALLS)  # session.events_lost counts call events, the unit of traced/stored
+        for kind, what in (
+            (events.C.LOST_CALLS, "call events"),
+            (events.C.LOST_STACKS, "stacks"),
+            (events.C.LOST_SCHED, "off-CPU intervals"),
+            (events.C.LOST_PROC, "lifecycle events"),
+            (events.C.LOST_CODES, "Python code objects (read again at their next stack)"),
+            (events.C.LOST_MAPS, "file mappings"),
+            (events.C.LOST_AGGS, "per-second aggregate entries (a map was full)"),
+            (events.C.LOST_GC, "garbage collections"),
+        ):
+            n = self._lost(kind)
+            if n:
+                self.notes.append(
+                    f"{n} {what} lost to a full buffer (a burst faster than the recorder drains); counts in op_stats "
+                    "are still exact, only rows are missing"
+                )
+        if self.store.thinner is not None and (thinned := self.store.thinner.note()):
+            self.notes.append(thinned)
+        if self.cycler.cycled:
+            self.notes.append(
+                f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
+                "counts are scaled per process (op_stats.sampled_fraction, error_pct)"
+            )
+        self.duration = (end_ns - self.start_mono) / 1e9
+        self.flush_s = time.monotonic() - t_flush
+        self._write_session_row(status, traced, stored, lost)
+        self.store.sync()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return RecordSummary(
+            self.opts.db,
+            status,
+            self.duration,
+            traced,
+            stored,
+            lost,
+            self.tree.target_count(),
+            [lib.path for lib in self.attacher.attached.values()],
+            summary_ops,
+            self.notes,
+            startup_s=self.phases.get("startup_s", 0.0),
+            first_event_s=self._first_event_s(),
+            flush_s=self.flush_s,
+            recording_cpu_pct=getattr(self, "_recording_cpu_pct", None),
+            recorder_cpu_s=cpu_s(),
+            recorder_peak_rss_bytes=usage.ru_maxrss * 1024,
+            holds=self.attacher.holds.count,
+            held_ms=self.attacher.holds.held_ms,
+            command_fate=self.command_fate,
+        )
+
+    def _write_totals(self, end_ns: int, live: bool) -> list[columns.OpSummary]:
+        """op_stats, processes and threads as of ``end_ns`` (finalize.write_totals); return the per-op summary."""
+        return write_totals(
+            self.store,
+            self.bpf,
+            self.tree,
+            self.cycler,
+            self._calls_by_tid,
+            self.start_mono,
+            end_ns,
+            live,
+            self._rewritable,
+        )
+
+    def _first_event_s(self) -> float | None:
+        """Seconds from the start of `tracer record` to the first recorded CUDA call."""
+        if self.first_event_ns is None:
+            return None
+        return self._since_start0 + (self.first_event_ns / 1e9 - self._mono0)
+
+    def _write_session_row(self, status: str, traced: int = 0, stored: int = 0, lost: int = 0) -> None:
+        env = environment() if not hasattr(self, "_env") else self._env
+        self._env = env
+        if self.pyrt is not None and self.pyrt.versions:
+            self.py_version = ".".join(map(str, max(self.pyrt.versions, key=self.pyrt.versions.__getitem__)))
+        target = (
+            "every CUDA process"
+            if self.all_cuda
+            else f"pid {self.opts.pid}"
+            if self.opts.pid is not None
+            else " ".join(self.opts.command or [])
+        )
+        libs = ", ".join(lib.path for lib in self.attacher.attached.values()) if hasattr(self, "attacher") else ""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        live = status == "recording"
+        first = self._first_event_s()
+        values: dict[str, Any] = {
+            "session_id": 1,
+            "started_at": self.started_at,
+            "start_mono_ns": self.start_mono,
+            "realtime_at_start_ns": self.realtime_at_start_ns,
+            "clock_read_ns": self.clock_read_ns,
+            "duration_s": getattr(self, "duration", 0.0),
+            "status": status,
+            "host": env.host,
+            "kernel": env.kernel,
+            "cpu_model": env.cpu_model,
+            "cpu_cores": env.cpu_cores,
+            "mem_bytes": env.mem_bytes,
+            "gpus": env.gpus,
+            "driver": env.driver,
+            "python_version": self.py_version or "",
+            "tracer_version": __version__,
+            "target": target,
+            "libraries": libs,
+            "events_traced": traced,
+            "events_stored": stored,
+            "events_lost": lost,
+            "overhead_pct": None if live else self.estimator.mean_pct if hasattr(self, "estimator") else None,
+            "notes": "\n".join(self.notes),
+            "recorder_pid": os.getpid(),
+            "recorder_start_ticks": procfs.process_start_ticks(os.getpid()),
+            "boot_id": procfs.boot_id(),
+            "recorder_cpu_s": None if live else round(cpu_s(), 3),
+            "recorder_peak_rss_bytes": None if live else usage.ru_maxrss * 1024,
+            "startup_s": self.phases.get("startup_s"),
+            "compile_s": self.phases.get("compile_s"),
+            "attach_s": self.phases.get("attach_s"),
+            "startup_cpu_s": self.phases.get("startup_cpu_s"),
+            "first_event_s": round(first, 3) if first is not None else None,
+            "flush_s": None if live else round(getattr(self, "flush_s", 0.0), 3),
+            "recording_cpu_pct": (
+                self._cpu_pct_since_live(time.monotonic()) if live else getattr(self, "_recording_cpu_pct", None)
+            ),
+            "holds": self.attacher.holds.count if hasattr(self, "attacher") else 0,
+            "held_ms": round(self.attacher.holds.held_ms, 3) if hasattr(self, "attacher") else 0.0,
+            "command_fate": self.command_fate,
+            "flushed_ns": time.monotonic_ns() - self.start_mono,  # written after a sync: every row is in
+            "summaries_flushed_ns": time.monotonic_ns() - self.start_mono,
+            "sample_hz": self.sampler_events.hz if hasattr(self, "sampler_events") else 0,
+            "offcpu_stacks": self.opts.offcpu_stacks,
+            "max_db_bytes": self.opts.max_db_bytes,
+        }
+        names = list(values)
+        if not self._session_written:
+            self.store.execute(
+                f"INSERT INTO session ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                [values[n] for n in names],
+            )
+            self._session_written = True
+        else:  # one statement: a full disk cannot leave the file without its session row
+            self.store.execute(
+                f"UPDATE session SET {', '.join(f'{n} = ?' for n in names)} WHERE session_id = 1",
+                [values[n] for n in names],
+            )
