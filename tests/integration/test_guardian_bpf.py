@@ -76,3 +76,46 @@ def test_sigkill_of_the_recorder_releases_a_held_target(tmp_path: Path) -> None:
     with duckdb.connect(str(db), read_only=True) as c:
         ((status, recorder_pid),) = c.execute("SELECT status, recorder_pid FROM session").fetchall()
     assert status == "recording" and recorder_pid == rec.pid
+
+
+def test_a_killed_recording_claims_every_call_it_wrote_and_its_summaries_their_own_horizon(tmp_path: Path) -> None:
+    # GIVEN a training job being recorded (calls written every 2 s, per-second summaries every 10 s)
+    db = tmp_path / "k.duckdb"
+    rec = subprocess.Popen(
+        [str(TRACER), "record", "--db", str(db), "--"]
+        + [PY, workload("train.py"), "--duration", "30", "--workers", "1", "--steps", "20"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    job: list[int] = []
+    try:
+        # WHEN the recorder is killed outright 9 s after it starts recording: calls are written every 2 s by then,
+        # the summaries not yet (10 s)
+        assert rec.stderr is not None
+        first = rec.stderr.readline().decode()
+        assert first.startswith("recording into"), first
+        time.sleep(9)
+        job = _children(rec.pid)
+        os.kill(rec.pid, signal.SIGKILL)
+        rec.wait()
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+        for pid in job:  # the launched job runs on after a SIGKILL (by design): end it here
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    # THEN the file opens, and its detail horizon covers every call it holds (it had stopped at the oldest summary
+    # row held back: 0.49 s against calls over ~6 s)...
+    with duckdb.connect(str(db), read_only=True) as c:
+        last_call = c.execute("SELECT max(ts_ns) FROM cuda_calls").fetchone()[0]
+        flushed, summaries = c.execute("SELECT flushed_ns, summaries_flushed_ns FROM session").fetchone()
+        last_second = c.execute("SELECT max(sec) FROM thread_breakdown").fetchone()[0]
+    assert last_call is not None and flushed >= last_call, (flushed, last_call)
+    # ...and the summaries' own horizon says how far they go: no summary row past it
+    assert summaries <= flushed
+    assert last_second is None or (last_second + 1) * 1e9 <= summaries + 1e9

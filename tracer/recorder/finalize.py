@@ -471,6 +471,7 @@ class Ending:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         live = status == "recording"
         first = self._first_event_s()
+        now_ns = time.monotonic_ns() - self.start_mono
         values: dict[str, Any] = {
             "session_id": 1,
             "started_at": self.started_at,
@@ -512,8 +513,8 @@ class Ending:
             "holds": self.attacher.holds.count if hasattr(self, "attacher") else 0,
             "held_ms": round(self.attacher.holds.held_ms, 3) if hasattr(self, "attacher") else 0.0,
             "command_fate": self.command_fate,
-            "flushed_ns": time.monotonic_ns() - self.start_mono,  # written after a sync: every row is in
-            "summaries_flushed_ns": time.monotonic_ns() - self.start_mono,
+            "flushed_ns": now_ns,  # written after a sync: every row is in
+            "summaries_flushed_ns": now_ns,
             "sample_hz": self.sampler_events.hz if hasattr(self, "sampler_events") else 0,
             "offcpu_stacks": self.opts.offcpu_stacks,
             "max_db_bytes": self.opts.max_db_bytes,
