@@ -26,13 +26,23 @@ def commands(cmd: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     return out
 
 
-def help_text(path: tuple[str, ...]) -> str:
+def run(args: list[str]) -> str:
+    """What `tracer ARGS` prints, rendered as on every machine (fixed width, no colour); docs/make_examples.py
+    runs its examples through this too.
+
+    Raises:
+        RuntimeError: the command failed.
+    """
     from tracer.commands.cli import app
 
-    r = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"})
+    r = CliRunner().invoke(app, args, env={"COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"})
     if r.exit_code != 0:
-        raise RuntimeError(f"tracer {' '.join(path)} --help exited {r.exit_code}: {r.output}")
-    return "\n".join(line.rstrip() for line in r.output.strip("\n").splitlines())
+        raise RuntimeError(f"tracer {' '.join(args)} exited {r.exit_code}: {r.output}")
+    return r.output
+
+
+def help_text(path: tuple[str, ...]) -> str:
+    return "\n".join(line.rstrip() for line in run([*path, "--help"]).strip("\n").splitlines())
 
 
 def render() -> str:
