@@ -27,7 +27,6 @@ from tracer.vocabulary import waker_name
 EDGES_MS: tuple[float, ...] = (0.01, 0.1, 1.0, 5.0, 10.0, 100.0, 1000.0)
 LABELS: tuple[str, ...] = ("<10us", "10-100us", "0.1-1ms", "1-5ms", "5-10ms", "10-100ms", "0.1-1s", ">=1s")
 MAX_WAKERS = 10
-STORED_ALL_NS = 1_000_000  # sched keeps every interval at least this long (tracer/recorder/session.py)
 
 
 class WakerWaits(Record):
