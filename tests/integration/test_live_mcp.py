@@ -35,6 +35,32 @@ def _wait_port(port: int, timeout_s: float) -> bool:
     return False
 
 
+def _end_job(recorder: int) -> None:
+    """SIGTERM the recorded job (train.py, the recorder's child, and its workers; not the live server or the
+    guardian): the recording then ends as the target exits."""
+    import os
+    import signal
+
+    from tracer import procfs
+
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    todo, job = [p for p in procfs.children(recorder) if b"train.py" in cmdline(p)], []
+    while todo:
+        pid = todo.pop()
+        job.append(pid)
+        todo += procfs.children(pid)
+    for pid in job:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass  # gone already
+
+
 def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> None:
     # GIVEN a 25 s training job recorded with --mcp-http
     port = _free_port()
@@ -51,7 +77,7 @@ def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> N
             PY,
             workload("train.py"),
             "--duration",
-            "25",
+            "120",  # ended by the test once it has asked (a loaded machine's start-up alone can take 20 s)
             "--workers",
             "1",
             "--persistent-workers",
@@ -63,13 +89,29 @@ def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> N
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def calls(r) -> int:
+        return sum(o["calls"] for o in r.structured_content["ops"])
+
     try:
         assert _wait_port(port, 90), "the live MCP server never listened"
         url = f"http://127.0.0.1:{port}/mcp"
-        # WHEN get_trace_stats is asked twice, a few seconds apart, while the job runs
-        first, _ = anyio.run(call, url, "get_trace_stats", {})
-        time.sleep(4)
-        second, _ = anyio.run(call, url, "get_trace_stats", {})
+        # WHEN get_trace_stats is asked twice, a few seconds apart, while the job runs (the first time once the
+        # probes are live: the server listens before they attach, which a loaded machine can take 20 s to do)
+        deadline = time.monotonic() + 90
+        while True:
+            first, _ = anyio.run(call, url, "get_trace_stats", {})
+            assert not first.is_error, first.content
+            if calls(first) > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        # (a snapshot slower than the server's FRESH_WAIT_S on a loaded machine is served at the next call)
+        deadline = time.monotonic() + 60
+        while True:
+            time.sleep(4)
+            second, _ = anyio.run(call, url, "get_trace_stats", {})
+            if second.is_error or calls(second) > calls(first) or time.monotonic() > deadline:
+                break
         sql, _ = anyio.run(call, url, "run_sql", {"query": "SELECT status, flushed_ns FROM session"})
         # THEN each answers, from a snapshot of the recording in progress that grows between the two
         assert not first.is_error and not second.is_error, (first.content, second.content)
@@ -77,14 +119,12 @@ def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> N
         ((status, flushed_ns),) = sql.structured_content["rows"]
         assert status == "snapshot" and flushed_ns > 0
 
-        def calls(r) -> int:
-            return sum(o["calls"] for o in r.structured_content["ops"])
-
         assert calls(second) > calls(first) > 0
         # AND the thread snapshots (taken at attach) are served live too
         dump, _ = anyio.run(call, url, "get_thread_dump", {})
         assert not dump.is_error and dump.structured_content["threads"], dump.content
     finally:
+        _end_job(rec.pid)
         out, err = rec.communicate(timeout=120)
     # AND the recording itself ends normally, with its DB and no server left behind
     assert rec.returncode == 0, err

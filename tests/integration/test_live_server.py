@@ -55,7 +55,7 @@ def test_the_live_server_dies_with_a_killed_recorder(tmp_path: Path) -> None:
     port = _free_port()
     rec = subprocess.Popen(
         [str(TRACER), "record", "--db", str(tmp_path / "t.duckdb"), "--mcp-http", f"127.0.0.1:{port}", "--"]
-        + [PY, workload("train.py"), "--duration", "30", "--workers", "1", "--steps", "20"],
+        + [PY, workload("train.py"), "--duration", "120", "--workers", "1", "--steps", "20"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
