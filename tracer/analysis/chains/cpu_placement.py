@@ -58,7 +58,7 @@ class PlacementCost:
     placement: Placement
     online: frozenset[int]
     runq_ns: float  # its waits for a CPU in its steps (all of R)
-    own_runq_ns: float  # of which behind its own threads and workers (the in-call part by the holders' shares)
+    own_runq_ns: float  # of which behind its own threads and workers (the in-call part: ChainContext.in_call_runq)
     confined_ns: float  # of the waits behind its own threads, what the idle CPUs outside its set could have run
     throttled_ns: float  # of all its waits, those while its cgroup was throttled
     throttled_own_ns: float  # of which behind its own threads
@@ -136,9 +136,10 @@ def _placement_of(ctx: ChainContext, s: Subject) -> PlacementCost | None:
     if not outside and not throttled:
         return None
     job = _job_runq_by_sec(ctx)
-    holders, _ = ctx.holders(s)
-    w_all = sum(h.runq_ms for h in holders if h.holder != "tracer")
-    w_own = sum(h.runq_ms for h in holders if h.holder in ("self", "tree")) / w_all if w_all else 0.0
+    # the own threads' part of the in-call run queue, as cpu_contention splits it (ChainContext.in_call_runq)
+    ic = ctx.in_call_runq(s)
+    w_all = ic["self"] + ic["tree"] + ic["other"]
+    w_own = (ic["self"] + ic["tree"]) / w_all if w_all else 0.0
     acc = dict.fromkeys(("runq", "own", "confined", "thr", "thr_own", "demand"), 0.0)
     idle_w: dict[int, float] = {}
     for sec, row in s.time.by_sec.items():

@@ -11,7 +11,8 @@ collector runs one whenever the objects that survived since the last reach a qua
 
 The time is the thread's own CPU, so other chains see it as something else: host_python names the allocating line,
 sync_stall the host work its syncs do not overlap, memory_pressure the pages a growing heap faults in.
-:func:`explained_by_gc` marks those explained by this chain when the collector's time is most of theirs.
+:func:`explained_by_gc` gives the collector's part of their time to this chain: each keeps the rest, graded on
+it, and yields when nothing gradable is left.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
-from tracer.analysis.chains.model import CausalChain, Culprit, GcPauseEvidence, Hop, LineTime, Root
+from tracer.analysis.chains.model import SEVERITIES, CausalChain, Culprit, GcPauseEvidence, Hop, LineTime, Root
 from tracer.analysis.code_site import is_library
 
 CATEGORY = "gc_pause"
@@ -28,9 +29,8 @@ MEDIUM = MEDIUM_SHARE
 LOW = LOW_SHARE
 MS = 1_000_000
 MIN_COLLECTIONS = 1
-# a chain of these categories about the same thread yields to gc_pause when the collector's time is at least this
-# share of the time it claims (its cost, or for host_python / sync_stall the host work it blames)
-YIELD_SHARE = 0.5
+# chains of these categories about the same thread give the collector's part of the time they blame to gc_pause
+# (explained_by_gc)
 YIELDS = ("memory_pressure", "sync_stall", "host_python")
 STACK_FRAMES = 4  # frames of the root's stack shown
 
@@ -225,9 +225,15 @@ def _claimed_ns(c: CausalChain) -> float:
 
 
 def explained_by_gc(chains: list[CausalChain]) -> list[CausalChain]:
-    """Mark memory_pressure (the thread's own fault storm), sync_stall and host_python chains of a thread explained
-    by its gc_pause chain when the collector's time is at least YIELD_SHARE of the time they blame (see the module
-    docstring)."""
+    """Give the collector's part of memory_pressure (the thread's own fault storm), sync_stall and host_python chains
+    of a thread to its gc_pause chain, following the graph rather than a cut on a share (issue 28).
+
+    The collector runs on the thread's CPU, inside the host work those chains blame (:func:`_claimed_ns`): of that
+    time, the gc_pause chain's is the part whose root is the collector. Each such chain keeps only the rest, its cost
+    scaled by the rest's part of what it blames, and is graded again on it (never up). A chain with nothing
+    gradable left is explained by the gc_pause chain; one with a gradable rest stays, with what it lost said. Before,
+    a chain yielded whole when the collector's time was half of what it blamed, and stood whole (HIGH beside
+    gc_pause) when it was 49%."""
     gcs = {c.tid: c for c in chains if c.category == CATEGORY and c.explained_by is None}
     if not gcs:
         return chains
@@ -236,13 +242,29 @@ def explained_by_gc(chains: list[CausalChain]) -> list[CausalChain]:
         g = gcs.get(c.tid)
         # a storm of another thread (a cache filling up) is not the collector's: its GIL and CPU are that thread's
         own = c.category != "memory_pressure" or (c.culprit is not None and c.culprit.tid == c.tid)
-        if g is not None and c.category in YIELDS and c.explained_by is None and own:
-            claimed = _claimed_ns(c)
-            if claimed > 0 and g.impact_ms * MS >= YIELD_SHARE * claimed:
+        claimed = _claimed_ns(c) if g is not None else 0.0
+        if g is not None and c.category in YIELDS and c.explained_by is None and own and claimed > 0:
+            gc_ns = min(g.impact_ms * MS, claimed)
+            rest = (claimed - gc_ns) / claimed
+            share = c.share * rest
+            sev = grade(share, HIGH, MEDIUM, LOW)
+            if sev is None:
                 c = c.explained(
                     g,
-                    f"Most of that time ({g.impact_ms:,.0f} ms) is CPython's garbage collector walking the heap "
-                    f"(chain {g.id}): fix that first.",
+                    f"That time is CPython's garbage collector walking the heap ({gc_ns / MS:,.0f} ms of "
+                    f"{claimed / MS:,.0f} ms; chain {g.id}): fix that first.",
+                )
+            else:
+                worst = max(SEVERITIES.index(sev), SEVERITIES.index(c.severity))
+                c = c.model_copy(
+                    update={
+                        "severity": SEVERITIES[worst],
+                        "share": round(share, 4),
+                        "impact_ms": round(c.impact_ms * rest, 1),
+                        "summary": f"{c.summary} Of the {claimed / MS:,.0f} ms of host work it blames, "
+                        f"{gc_ns / MS:,.0f} ms is CPython's garbage collector (chain {g.id}), counted there: this "
+                        f"chain's cost is the rest.",
+                    }
                 )
         out.append(c)
     return out
