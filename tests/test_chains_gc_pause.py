@@ -228,3 +228,50 @@ def test_a_chain_whose_time_is_all_the_collectors_yields(tmp_path):
     for c in explained_by_gc([*symptoms, g]):
         if c.category != "gc_pause":
             assert c.explained_by == g.id, (c.category, c.share, c.summary)
+
+
+GC_NATIVE = ("native", "libpython3.13.so.1.0", "gc_collect_main", None, None)
+
+
+def sampled_gc_loop(b: TraceBuilder, collector_frames: bool = True) -> int:
+    """gc_loop with its collections not probed (an interpreter with neither USDT probes nor the collector's symbol)
+    but sampled at 99 Hz: each second's CPU outside calls as samples, the collector's part of it in a stack whose
+    leaf is gc_collect_main under train.py:57. Return the collector's time inside the steps, ns (the truth)."""
+    gc_loop(b)
+    rows = [r for r in b.breakdown_rows() if r["tid"] == MAIN_PID]
+    in_gc: dict[int, int] = {}
+    for g in b.gc_collections:
+        in_gc[g["ts_ns"] // S] = in_gc.get(g["ts_ns"] // S, 0) + g["dur_ns"]
+    gc_stack = b.stack([*LOG_STACK, GC_NATIVE] if collector_frames else LOG_STACK)
+    plain = b.stack(TRAIN_STACK)
+    for r in rows:
+        total = round(99 * r["cpu_ns"] / S)
+        mine = round(99 * in_gc.get(r["sec"], 0) / S)
+        b.samples(r["sec"], gc_stack, mine)
+        b.samples(r["sec"], plain, total - mine)
+    truth = sum(g["dur_ns"] for g in b.gc_collections)
+    b.gc_collections.clear()
+    return truth
+
+
+def test_without_probed_collections_the_samples_in_the_collector_give_it(tmp_path):
+    # GIVEN the collector's time only in the on-CPU samples (issue 28: an interpreter without USDT probes or the
+    # collector's symbol got no gc_pause at all)
+    b = TraceBuilder()
+    truth = sampled_gc_loop(b)
+    res = chains_of(tmp_path, b)
+    (ch,) = [c for c in res.chains if c.category == "gc_pause"]
+    cpu = sum(r["cpu_ns"] for r in b.breakdown_rows() if r["tid"] == MAIN_PID)
+    # THEN gc_pause comes from them: about the collector's time (the samples round each second to 1/99 of its CPU),
+    # at the allocating line, with no count or generation claimed
+    assert ch.evidence.source == "samples" and ch.severity == "MEDIUM"
+    assert ch.impact_ms * MS == pytest.approx(truth, rel=0.05), (ch.impact_ms, truth / MS, cpu / MS)
+    assert ch.root.kind == "interpreter" and ch.root.site == "train.py:57 log_step"
+    assert ch.evidence.collections == 0 and ch.evidence.by_generation == {} and "no count or generation" in ch.summary
+    assert "gc.freeze()" in ch.recommendations[0]
+
+
+def test_samples_outside_the_collector_are_no_gc_pause(tmp_path):
+    b = TraceBuilder()
+    sampled_gc_loop(b, collector_frames=False)
+    assert not [c for c in chains_of(tmp_path, b).chains if c.category == "gc_pause"]

@@ -468,6 +468,14 @@ class GcPauseEvidence(Record):
         list[LineTime],
         Field(description="the lines whose allocations started the collections, by collection time, heaviest first"),
     ]
+    source: Annotated[
+        str,
+        Field(
+            description="probes (each collection, from USDT gc__start/gc__done or the collector's function) | samples "
+            "(an interpreter with neither: the on-CPU samples inside the collector's functions; no count, duration or "
+            "generation of the collections)"
+        ),
+    ] = "probes"
 
 
 class HungThread(Record):
