@@ -112,6 +112,24 @@ def test_holders_are_per_waiting_thread(dbs):
     assert t.in_call_runq_ms == pytest.approx(sum(r["runq_ns"] for r in b.cuda_calls) / MS, abs=1e-3)
 
 
+def test_the_wait_for_a_cpu_inside_syncs_is_shown_as_one(dbs):
+    # GIVEN the hog holding the CPU in the Python work and at the end of syncs (issue 28: the breakdown showed
+    # 0.3% waiting for a CPU, the rest of the wait inside "sync")
+    path, b = dbs["cpu_contention"]
+    t = breakdown_of(path).threads[0]
+    mine = [s for s in b.sched if s["tid"] == MAIN_PID and s["preempted_by_pid"] is not None]
+    by = {c: sum(s["runq_ns"] for s in mine if b.holder_class(MAIN_PID, s["preempted_by_pid"]) == c) / MS
+          for c in ("other", "tree")}  # fmt: skip
+    in_calls = sum(r["runq_ns"] for r in b.cuda_calls) / MS
+    # THEN the whole wait is one figure, the part inside calls included, each ms under its holder's class
+    w = t.cpu_wait
+    assert w.in_calls_ms == pytest.approx(in_calls, abs=1e-3) and in_calls > 0
+    assert w.ms == pytest.approx(sum(by.values()), abs=1e-2)
+    assert w.by_holder_ms["other"] == pytest.approx(by["other"], abs=1e-2)
+    assert w.by_holder_ms["tree"] == pytest.approx(by["tree"], abs=1e-2)
+    assert w.share == pytest.approx(w.ms / t.wall_ms, abs=1e-4)
+
+
 def test_wakers_name_the_workers(dbs):
     path, b = dbs["dataloader_starvation"]
     t = breakdown_of(path).threads[0]

@@ -3,8 +3,10 @@ the tracer never counted; severity scales with the share of the thread's time.""
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from tracedb import HOG_PID, MAIN_PID, MS, TRACER_PID, add_tracer, builder
+from tracedb import HOG_PID, MAIN_PID, MS, TRACER_PID, US, Step, TraceBuilder, _base, add_tracer, builder
 
 from tracer.analysis.chains import compute_chains
 from tracer.analysis.chains.cpu_contention import CATEGORY, HIGH, MEDIUM
@@ -98,3 +100,37 @@ def test_workers_are_counted_as_alive_at_once(tmp_path):
         # THEN num_workers is 4: the fix names the loader's setting, not the processes it went through
         workers = [p for p in ctx.info.procs.values() if p.comm == "pt_data_worker"]
         assert most_alive_at_once(workers, ctx.info.duration_ns) == 4
+
+
+OWN_IN_SYNC_MS = 22  # a worker holds the CPU at the end of every sync (the wakeup waits for it)
+HOG_OUTSIDE_MS = 15  # another tenant holds it in every step's Python work
+
+
+def in_sync_and_outside() -> TraceBuilder:
+    """Each 100 ms step: a hog takes 15 ms of the Python work (outside calls), the job's own worker 22 ms at the
+    end of the sync (inside the call). Untraced truth, by construction: 22% of the steps lost behind the job's own
+    worker, 15% behind the hog."""
+    b = TraceBuilder()
+
+    def gap(st: Step, a: int, end: int) -> None:
+        b.off_cpu(a + 2 * MS, HOG_OUTSIDE_MS * MS, reason="preempted", runq_ns=HOG_OUTSIDE_MS * MS, by_pid=HOG_PID,
+                  by_comm="stress-ng")  # fmt: skip
+
+    def sync(st: Step, ts: int, wait: int) -> tuple[int, int, int, int | None]:
+        return wait, wait - 60 * US, OWN_IN_SYNC_MS * MS, MAIN_PID + 1
+
+    _base(b, random.Random(5), python_gap=gap, sync=sync)
+    return b
+
+
+def test_a_wait_inside_syncs_goes_to_the_class_that_caused_it(tmp_path):
+    # GIVEN the worker holding the CPU only inside syncs and the hog only outside them (issue 28: split by the
+    # holders' whole waits, the worker's in-sync wait went half to the hog, and own_workers4 read 0.198 under the
+    # 0.20 HIGH cut)
+    chains = {c.evidence.holder_class: c for c in contention(tmp_path, in_sync_and_outside())}
+    own, other = chains["own"], chains["other"]
+    # THEN each chain carries its own class's wait: the worker's 22%, HIGH; the hog's 15%, MEDIUM
+    assert own.evidence.runq_inside_calls_ms == pytest.approx(own.evidence.runq_ms, rel=1e-3)
+    assert own.share == pytest.approx(OWN_IN_SYNC_MS / 100, abs=0.005) and own.severity == "HIGH"
+    assert other.evidence.runq_inside_calls_ms == pytest.approx(0, abs=1)
+    assert other.share == pytest.approx(HOG_OUTSIDE_MS / 100, abs=0.005) and other.severity == "MEDIUM"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import random
 
 import duckdb
+import pytest
 
 from tests.support.builder import MAIN_PID, MIB, MS, US, S, TraceBuilder
 from tests.support.scenarios import TRAIN_STACK, Step, _base
 from tracer.analysis.chains import ChainContext, compute_chains
-from tracer.analysis.chains.context import MEDIUM_SHARE
-from tracer.analysis.chains.gc_pause import gc_ns_by_sec
+from tracer.analysis.chains.context import MEDIUM_SHARE, grade
+from tracer.analysis.chains.gc_pause import explained_by_gc, gc_ns_by_sec
 from tracer.analysis.db import open_trace
 
 # the allocating line: a step's log kept in a growing list (the innermost frame of the collections' stacks)
@@ -169,3 +170,108 @@ def test_a_collection_crossing_seconds_is_spread_over_them(tmp_path):
     with open_trace(tmp_path / "t.duckdb") as c:
         got = gc_ns_by_sec(ChainContext.load(c, None), MAIN_PID)
     assert got == {20: 100 * MS, 21: 300 * MS, 22: 250 * MS, 23: 500 * MS, 24: 250 * MS}
+
+
+def host_bound_gc(b: TraceBuilder, gc_ms: int) -> None:
+    """A host-bound 100 ms loop: 2 ms of Python, a sync until the GPU is done 10 ms in, then ~90 ms of host work
+    until the next step's launches (the builder's CPU time between calls), in which a ``gc_ms`` full collection
+    runs at train.py:57: what host_python and sync_stall blame is that host work."""
+    site = b.stack(LOG_STACK)
+
+    def shape(st: Step) -> None:
+        st.python_ns, st.gpu_end_ns = 2 * MS, 10 * MS
+
+    def gap(st: Step, a: int, end: int) -> None:
+        b.gc(st.t0 + 12 * MS, gc_ms * MS, 2, site)
+
+    b.duration_s = 30
+    _base(b, random.Random(3), shape=shape, python_gap=gap)
+
+
+def _detected(tmp_path, b: TraceBuilder) -> tuple[list, object]:
+    """host_python and sync_stall chains as detected, before any ranking rule, and the gc_pause chain."""
+    from tracer.analysis.chains import gc_pause, host_python, sync_stall
+
+    b.write(tmp_path / "t.duckdb")
+    with open_trace(tmp_path / "t.duckdb") as c:
+        ctx = ChainContext.load(c)
+        (g,) = gc_pause.detect(ctx)
+        return [*host_python.detect(ctx), *sync_stall.detect(ctx)], g
+
+
+@pytest.mark.parametrize("gc_ms", [40, 80])
+def test_a_chain_keeps_only_the_part_of_its_time_that_is_not_the_collector(tmp_path, gc_ms):
+    # GIVEN ~92 ms of host work a step, 40 or 80 ms of it the collector (issue 28: the 0.5 rule left host_python
+    # whole and HIGH beside gc_pause at 44%, and hid all of it at 87%, a MEDIUM's worth of Python besides)
+    b = TraceBuilder()
+    host_bound_gc(b, gc_ms)
+    symptoms, g = _detected(tmp_path, b)
+    (hp,) = [c for c in symptoms if c.category == "host_python"]
+    gc_truth = sum(x["dur_ns"] for x in b.gc_collections if x["ts_ns"] < g.end_ns)  # the last one is past the steps
+    assert g.impact_ms * MS == gc_truth
+    rest = 1 - gc_truth / (hp.evidence.cpu_ms * MS)
+    (after,) = [c for c in explained_by_gc([hp, g]) if c.category == "host_python"]
+    # THEN it keeps the rest of its time, graded on it, and says where the collector's part went
+    assert after.explained_by is None and after.impact_ms == pytest.approx(hp.impact_ms * rest, abs=0.5)
+    assert after.share == pytest.approx(hp.share * rest, abs=1e-3)
+    assert after.severity == grade(hp.share * rest) == ("HIGH" if gc_ms == 40 else "MEDIUM")
+    assert g.id in after.summary
+
+
+def test_a_chain_whose_time_is_all_the_collectors_yields(tmp_path):
+    # GIVEN 90 of the ~92 ms of host work a step the collector's
+    b = TraceBuilder()
+    host_bound_gc(b, 90)
+    symptoms, g = _detected(tmp_path, b)
+    assert {c.category for c in symptoms} >= {"host_python"}
+    # THEN every one of them yields to gc_pause: nothing gradable is left of it
+    for c in explained_by_gc([*symptoms, g]):
+        if c.category != "gc_pause":
+            assert c.explained_by == g.id, (c.category, c.share, c.summary)
+
+
+GC_NATIVE = ("native", "libpython3.13.so.1.0", "gc_collect_main", None, None)
+
+
+def sampled_gc_loop(b: TraceBuilder, collector_frames: bool = True) -> int:
+    """gc_loop with its collections not probed (an interpreter with neither USDT probes nor the collector's symbol)
+    but sampled at 99 Hz: each second's CPU outside calls as samples, the collector's part of it in a stack whose
+    leaf is gc_collect_main under train.py:57. Return the collector's time inside the steps, ns (the truth)."""
+    gc_loop(b)
+    rows = [r for r in b.breakdown_rows() if r["tid"] == MAIN_PID]
+    in_gc: dict[int, int] = {}
+    for g in b.gc_collections:
+        in_gc[g["ts_ns"] // S] = in_gc.get(g["ts_ns"] // S, 0) + g["dur_ns"]
+    gc_stack = b.stack([*LOG_STACK, GC_NATIVE] if collector_frames else LOG_STACK)
+    plain = b.stack(TRAIN_STACK)
+    for r in rows:
+        total = round(99 * r["cpu_ns"] / S)
+        mine = round(99 * in_gc.get(r["sec"], 0) / S)
+        b.samples(r["sec"], gc_stack, mine)
+        b.samples(r["sec"], plain, total - mine)
+    truth = sum(g["dur_ns"] for g in b.gc_collections)
+    b.gc_collections.clear()
+    return truth
+
+
+def test_without_probed_collections_the_samples_in_the_collector_give_it(tmp_path):
+    # GIVEN the collector's time only in the on-CPU samples (issue 28: an interpreter without USDT probes or the
+    # collector's symbol got no gc_pause at all)
+    b = TraceBuilder()
+    truth = sampled_gc_loop(b)
+    res = chains_of(tmp_path, b)
+    (ch,) = [c for c in res.chains if c.category == "gc_pause"]
+    cpu = sum(r["cpu_ns"] for r in b.breakdown_rows() if r["tid"] == MAIN_PID)
+    # THEN gc_pause comes from them: about the collector's time (the samples round each second to 1/99 of its CPU),
+    # at the allocating line, with no count or generation claimed
+    assert ch.evidence.source == "samples" and ch.severity == "MEDIUM"
+    assert ch.impact_ms * MS == pytest.approx(truth, rel=0.05), (ch.impact_ms, truth / MS, cpu / MS)
+    assert ch.root.kind == "interpreter" and ch.root.site == "train.py:57 log_step"
+    assert ch.evidence.collections == 0 and ch.evidence.by_generation == {} and "no count or generation" in ch.summary
+    assert "gc.freeze()" in ch.recommendations[0]
+
+
+def test_samples_outside_the_collector_are_no_gc_pause(tmp_path):
+    b = TraceBuilder()
+    sampled_gc_loop(b, collector_frames=False)
+    assert not [c for c in chains_of(tmp_path, b).chains if c.category == "gc_pause"]

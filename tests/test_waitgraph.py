@@ -211,3 +211,32 @@ def test_write_chains_stores_the_path_and_root_in_the_evidence(tmp_path):
             "WHERE category = 'lock_contention'"
         ).fetchone()
     assert (kind, hops) == ("external_wait", 2)
+
+
+def test_a_fork_carries_its_competing_branches_with_their_shares(tmp_path):
+    # GIVEN 4 ms of lock waits a step ended by HOLDER and 0.5 ms of batch waits ended by the two workers in turn
+    # (issue 28: a path showed one branch when several competed)
+    with open_trace(recording(tmp_path, lock_ms=4)) as c:
+        ctx = ChainContext.load(c)
+        t = trace(ctx, ctx.training, "blocked")
+    # THEN the path follows the lock (4 of 4.5 ms) and the workers are the other branch, as one, with theirs
+    assert t.path[1].tid == HOLDER and t.path[1].share == pytest.approx(4 / 4.5, abs=0.01)
+    (w,) = t.branches
+    assert (w.role, w.edge, w.tid) == ("worker", "woken_by", None) and w.share == pytest.approx(0.5 / 4.5, abs=0.01)
+    # as `tracer chains` shows them: one line under the first hop
+    from tracer.views.render.chains import path_lines
+
+    lines = [str(x) for x in path_lines(t.path, t.root, t.branches)]
+    assert len(lines) == 4 and lines[2].strip().startswith("(also --woken_by 11%--> pt_data_worker")
+
+
+def test_a_sync_mostly_waiting_for_a_cpu_keeps_the_gpu_as_a_branch(tmp_path):
+    p = recording(tmp_path)
+    with duckdb.connect(str(p)) as con:
+        con.execute("UPDATE cuda_calls SET runq_ns = dur_ns * 8 // 10 WHERE op = 'cudaStreamSynchronize'")
+    with open_trace(p) as c:
+        ctx = ChainContext.load(c)
+        t = trace(ctx, ctx.training, "sync")
+    assert t.root.kind == "cpu_capacity"
+    assert [(b.role, b.edge) for b in t.branches] == [("gpu", "gpu")]
+    assert t.branches[0].share == pytest.approx(0.2, abs=0.01)

@@ -88,3 +88,21 @@ def test_gc_pause_is_the_cause_with_the_allocating_line(recorded):
         (i for i, c in enumerate(ranked) if c.category in ("memory_pressure", "sync_stall", "host_python")),
         default=len(ranked),
     ), [(c.category, c.severity, c.share, c.explained_by) for c in chains]
+
+
+def test_python_313_without_usdt_names_the_collector_and_says_its_generation_is_unknown(tmp_path_factory):
+    """pyenv's CPython 3.13 has no USDT probes; its gc_collect_main is probed, but an automatic collection enters it
+    with generation -1 and picks the generation inside (Python/gc.c, GENERATION_AUTO): the chain must not call those
+    collections 'not full', and its cost still follows the loop's own clock."""
+    exe = pyenv_python("3.13")
+    need(exe is not None, "a pyenv build of CPython 3.13")
+    r = cached(
+        "gc-pyenv313", tmp_path_factory, [str(exe), str(WORKLOADS / "gc_heap.py"), "--steps", "300"], timeout=300
+    )
+    found = [c for c in chains_of(r) if c.category == "gc_pause" and c.pids == [r.pid]]
+    assert found, r.output
+    gc = found[0]
+    truth = printed(r, "gc_own_cpu_share")
+    assert gc.severity in ("HIGH", "MEDIUM") and BAND[0] * truth <= gc.share <= BAND[1] * truth, (gc.share, truth)
+    assert gc.evidence.by_generation.get("unknown", 0) > 0, gc.evidence
+    assert "unknown generation" in gc.summary and "0 of them full" not in gc.summary

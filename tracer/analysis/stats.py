@@ -153,6 +153,13 @@ class TrainingTime(Record):
         list[PartTime],
         Field(description="parts of at least 0.1% of its wall time, largest first (get_time_breakdown: every part)"),
     ]
+    cpu_wait_share: Annotated[
+        float,
+        Field(
+            description="its whole wait for a CPU, 0..1 of its wall time: the runq parts plus the wait inside CUDA "
+            "calls, which the parts count in the call's part (a sync's wakeup behind the CPU's holder)"
+        ),
+    ] = 0.0
 
 
 class TraceStats(Record):
@@ -402,7 +409,15 @@ def training_time(
     # of the 4 KB an overview may have
     parts = sorted((p for p in parts_of(t) if p.ms > 0 and p.share >= MIN_PART_SHARE), key=lambda p: -p.ms)
     return (
-        TrainingTime(pid=t.pid, tid=t.tid, comm=t.comm, basis=times.basis, wall_ms=round(t.wall / 1e6, 3), parts=parts),
+        TrainingTime(
+            pid=t.pid,
+            tid=t.tid,
+            comm=t.comm,
+            basis=times.basis,
+            wall_ms=round(t.wall / 1e6, 3),
+            parts=parts,
+            cpu_wait_share=round(t.share(t.runq_ns + t.ns("call_runq")), 4),
+        ),
         cost,
     )
 

@@ -56,6 +56,10 @@ REACH_NODES = 256
 # a team's state is that of its heaviest TEAM_MIX threads (the rest, a long job's earliest workers, are alike)
 TEAM_MIX = 32
 STACK_FRAMES = 4  # frames of a root's stack kept, innermost first
+# the other ways a path's first fork leads, shown beside the path's own (a few lines, not a dump); one under
+# MIN_BRANCH of the lost time is not a competing branch
+MAX_BRANCHES = 2
+MIN_BRANCH = 0.05
 
 # an interrupt waker -> what the thread waited for
 EXTERNAL = {BLOCK_WAKER: "disk", NET_WAKER: "network", TIMER_WAKER: "timer"}
@@ -303,33 +307,74 @@ def _external_root(ctx, b: _Branch, comm: str, tid: int) -> tuple[str | None, st
     return site, state, Root(kind="external_wait", detail=detail, site=site, stack=_stack(frames))
 
 
-def _holders_root(ctx, subject, share: float, lost_ns: float) -> tuple[list[Hop], Root]:
-    """Runnable: the tasks that held the subject's CPU (preemptors); the root is CPU capacity."""
+def _holders_root(ctx, subject, share: float, lost_ns: float) -> tuple[list[Hop], Root, list[Hop]]:
+    """Runnable: the tasks that held the subject's CPU (preemptors); the root is CPU capacity. Also returns the
+    next holders as the fork's other branches (:data:`MAX_BRANCHES`)."""
     holders, _ = ctx.holders(subject)
     holders = [h for h in holders if h.holder != "tracer"] or holders
     total = sum(h.runq_ms for h in holders)
     hops: list[Hop] = []
     if holders and total > 0:
-        h = holders[0]
-        k = share * h.runq_ms / total
-        role = _role(ctx, subject, h.pid, None) if h.holder != "self" else JOB_THREAD
-        hops.append(
-            Hop(
-                tid=None,
-                pid=h.pid,
-                comm=h.comm,
-                role=role,
-                edge="cpu_held_by",
-                state="on_cpu",
-                share=round(k, 4),
-                ms=round(k * lost_ns / MS, 1),
-                site=None,
+        # a DataLoader's workers of one name are one branch, as on the blocked side (_pick): they hold the CPU in turn
+        groups: dict[tuple, list] = {}
+        for h in holders:
+            role = _role(ctx, subject, h.pid, None) if h.holder != "self" else JOB_THREAD
+            groups.setdefault(("team", h.comm) if role == WORKER else ("pid", h.pid), [role]).append(h)
+        ranked = sorted(groups.values(), key=lambda g: -sum(h.runq_ms for h in g[1:]))
+        for role, *hs in ranked[: 1 + MAX_BRANCHES]:
+            k = share * sum(h.runq_ms for h in hs) / total
+            if hops and k < MIN_BRANCH:
+                break
+            hops.append(
+                Hop(
+                    tid=None,
+                    pid=hs[0].pid if len(hs) == 1 else None,
+                    comm=hs[0].comm if len(hs) == 1 else f"{hs[0].comm} ({len(hs)} processes)",
+                    role=role,
+                    edge="cpu_held_by",
+                    state="on_cpu",
+                    share=round(k, 4),
+                    ms=round(k * lost_ns / MS, 1),
+                    site=None,
+                )
             )
-        )
     who = ", ".join(f"{h.comm} {h.pid} [{h.holder}] {h.runq_ms:,.0f} ms" for h in holders[:3])
-    return hops, Root(
-        kind="cpu_capacity", detail="every CPU the thread could use was busy" + (f": {who}" if who else "")
-    )
+    root = Root(kind="cpu_capacity", detail="every CPU the thread could use was busy" + (f": {who}" if who else ""))
+    return hops[:1], root, hops[1:]
+
+
+def _other_branches(
+    ctx, subject, branches: list[_Branch], team: list[_Branch], total_ns: float, share: float, lost_ns: float
+) -> list[Hop]:
+    """The blocked time's other ways at the first fork, besides the path's (``team``): a DataLoader's workers of one
+    name as one, heaviest first, each under MIN_BRANCH of the lost time left out."""
+    taken = {id(b) for b in team}
+    groups: dict[tuple, list[_Branch]] = {}
+    for b in branches:
+        if id(b) in taken or b.key == TRACER_KEY:
+            continue
+        role = _role(ctx, subject, b.key[1], b.key[2]) if b.key[0] == "thread" else None
+        g = ("team", _comm(ctx, b.key[1], b.key[2])) if role == WORKER else b.key
+        groups.setdefault(g, []).append(b)
+    out = []
+    for _g, bs in sorted(groups.items(), key=lambda kv: -sum(x.ns for x in kv[1])):
+        k = share * sum(x.ns for x in bs) / total_ns if total_ns else 0.0
+        if k < MIN_BRANCH or len(out) >= MAX_BRANCHES:
+            break
+        b = bs[0]
+        if b.key[0] == "thread":
+            _, wpid, wtid = b.key
+            comm = _comm(ctx, wpid, wtid, next((r.waker_comm for r in b.rows if r.waker_comm), None))
+            hop = dict(tid=wtid if len(bs) == 1 else None, pid=wpid if len({x.key[1] for x in bs}) == 1 else None,
+                       comm=comm, role=_role(ctx, subject, wpid, wtid), edge="woken_by", state="blocked")  # fmt: skip
+        elif b.key[0] == "io":
+            hop = dict(tid=None, pid=None, comm="disk I/O", role=KERNEL, edge="woken_by", state="io")
+        elif b.key[0] == "gpu":
+            hop = dict(tid=None, pid=None, comm="GPU", role=GPU, edge="gpu", state="gpu")
+        else:  # an external waker ('ext', what, stack) or one not followed ('unknown', name)
+            hop = dict(tid=None, pid=None, comm=str(b.key[1]), role=KERNEL, edge="woken_by", state="blocked")
+        out.append(Hop(**hop, share=round(k, 4), ms=round(k * lost_ns / MS, 1), site=None))
+    return out
 
 
 def _sync_runq_share(ctx, subject) -> float:
@@ -498,6 +543,8 @@ class Traced:
     # the share of it that the tracer's own process ended (0..1): the recorder releasing the job it started, a
     # dump reading it; the tracer's cost, as its CPU (runq_tracer) is, not the job's lost time
     tracer: float = 0.0
+    # the other ways the lost time went at the path's first fork (MAX_BRANCHES), heaviest first
+    branches: list[Hop] = field(default_factory=list)
 
 
 def trace_path(
@@ -545,16 +592,22 @@ def trace(ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None 
         )
 
     if group == "runq":
-        hops, root = _holders_root(ctx, subject, share, lost)
-        return Traced([start("runq"), *hops], root, share, lost)
+        hops, root, more = _holders_root(ctx, subject, share, lost)
+        return Traced([start("runq"), *hops], root, share, lost, branches=more)
     if group == "gpu":
         runq = sync_runq_share(ctx, subject)
         if runq >= RUNQ_IN_SYNC:
-            hops, root = _holders_root(ctx, subject, share * runq, lost)
+            hops, root, more = _holders_root(ctx, subject, share * runq, lost)
             root = root.model_copy(
                 update={"detail": f"inside its waits for the GPU, {runq:.0%} runnable: " + root.detail}
             )
-            return Traced([start("runq"), *hops], root, share, lost)
+            # the rest of the waits, the GPU's own work, competes with the CPU's holders
+            gpu_k = share * (1 - runq)
+            if gpu_k >= MIN_BRANCH:
+                gpu_hop = Hop(tid=None, pid=None, comm="GPU", role=GPU, edge="gpu", state="gpu",
+                              share=round(gpu_k, 4), ms=round(gpu_k * lost / MS, 1), site=None)  # fmt: skip
+                more = sorted([*more, gpu_hop], key=lambda h: -h.share)[:MAX_BRANCHES]
+            return Traced([start("runq"), *hops], root, share, lost, branches=more)
         k = share * (1 - runq)
         gpu = Hop(
             tid=None,
@@ -572,8 +625,13 @@ def trace(ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None 
         root = Root(
             kind="gpu", detail="the GPU's queued work" + (f" ({op.op} at {site})" if op and site else ""), site=site
         )
-        # the rest of the waits, runnable, is CPU capacity's: a root too
-        return Traced([start("gpu", site), gpu], root, share, lost)
+        # the rest of the waits, runnable, is CPU capacity's: a root too, and a branch beside the GPU
+        more: list[Hop] = []
+        if share * runq >= MIN_BRANCH:
+            held, _, _ = _holders_root(ctx, subject, share * runq, lost)
+            more = [h.model_copy(update={"share": round(share * runq, 4), "ms": round(share * runq * lost / MS, 1)})
+                    for h in held[:1]]  # fmt: skip
+        return Traced([start("gpu", site), gpu], root, share, lost, branches=more)
     if group == "cpu":
         mass = {sec: float(sum(r.get(p, 0) for p in groups["cpu"])) for sec, r in t.by_sec.items()}
         site, root = _on_cpu_root(ctx, subject.tid, mass)
@@ -588,4 +646,8 @@ def trace(ctx, subject, parts: str | Iterable[str], kinds: Iterable[str] | None 
     found = _reach(ctx, branches, total, share, {subject.tid}, 0, [REACH_NODES])
     state = "io" if branches and branches[0].key[0] == "io" else "blocked"
     mine = share * sum(b.ns for b in branches if b.key == TRACER_KEY) / total if total else 0.0
-    return Traced([start(state, site, first), *hops], root, min(found, share), lost, mine)
+    more: list[Hop] = []
+    if branches and total > 0:
+        _, team = _pick(ctx, subject, branches, {subject.tid})
+        more = _other_branches(ctx, subject, branches, team, total, share, lost)
+    return Traced([start(state, site, first), *hops], root, min(found, share), lost, mine, more)

@@ -54,6 +54,19 @@ NAME = (
 )
 
 
+class CpuWait(Record):
+    """The thread's whole wait for a CPU: outside CUDA calls (the runq parts) and inside them (in the call
+    parts, mostly ``sync``: a sync's wakeup that waited for the CPU's holder), by whose the CPU was."""
+
+    ms: Annotated[float, Field(description="waiting for a CPU in all, ms: the runq parts plus in_calls_ms")]
+    share: Annotated[float, Field(description="of the thread's accounted wall time, 0..1")]
+    in_calls_ms: Annotated[float, Field(description="of ms, inside CUDA calls (counted in their parts, e.g. sync)")]
+    by_holder_ms: Annotated[
+        dict[str, float],
+        Field(description="holder class -> ms, inside calls and outside (the in-call part split by preemptors)"),
+    ]
+
+
 class ThreadSummary(Record):
     """One thread of the process, in brief: the culprit of a fault storm is often a thread with no CUDA call."""
 
@@ -97,6 +110,7 @@ class ThreadBreakdown(Record):
         float, Field(description="of the time inside calls, off CPU (already in the call parts)")
     ]
     in_call_runq_ms: Annotated[float, Field(description="of that, waiting for a CPU")]
+    cpu_wait: Annotated[CpuWait, Field(description="waiting for a CPU in all, inside calls too")]
     io_ms: Annotated[float, Field(description="of blocked, uninterruptible: disk I/O, page-fault I/O, mmap lock")]
     faults: int
     page_alloc_bytes: int

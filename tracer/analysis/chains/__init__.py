@@ -158,8 +158,8 @@ def with_path(ctx: ChainContext, c: CausalChain) -> CausalChain:
     parts = PATH_PARTS.get(c.category) or [p for p, cats in EXPLAINS.items() if c.category in cats]
     if s is None or not parts:
         return c
-    path, root = waitgraph.trace_path(ctx, s, parts, WAIT_KINDS.get(c.category))
-    return c.model_copy(update={"path": path, "root": root}) if path else c
+    t = waitgraph.trace(ctx, s, parts, WAIT_KINDS.get(c.category))
+    return c.model_copy(update={"path": t.path, "root": t.root, "branches": t.branches}) if t.path else c
 
 
 def compute_chains(
@@ -212,6 +212,7 @@ def write_chains(rw_conn: duckdb.DuckDBPyConnection, chains: Sequence[CausalChai
             "explained_by": c.explained_by,
             "path": [h.model_dump() for h in c.path],
             "root": c.root.model_dump() if c.root else None,
+            "branches": [h.model_dump() for h in c.branches],
             **c.evidence.model_dump(),
         }
         rw_conn.execute(

@@ -17,7 +17,14 @@ from typing import Any
 
 import duckdb
 
-from tracer.analysis.breakdown.holders import Holder, Waker, holder_class, holders_of, wakers_of
+from tracer.analysis.breakdown.holders import (
+    Holder,
+    Waker,
+    holder_class,
+    holders_of,
+    in_call_runq_by_class,
+    wakers_of,
+)
 from tracer.analysis.breakdown.load import load_thread_times
 from tracer.analysis.breakdown.thread_time import FIELDS, SecondRows, ThreadTime, ThreadTimes, window_shares
 from tracer.analysis.chains.model import CausalChain, Culprit, Evidence
@@ -229,6 +236,16 @@ class ChainContext:
     def holders(self, s: Subject) -> tuple[list[Holder], str]:
         """Return who held the CPU while the subject waited, within its steps."""
         return holders_of(self.conn, self.info, s.time, limit=20, scale=self._in_steps(s, RUNQ_WAIT))
+
+    def in_call_runq(self, s: Subject) -> dict[str, float]:
+        """Return the subject's run-queue wait inside CUDA calls, within its steps, per holder class (ns): each
+        class's holders' whole wait less its wait outside calls (:func:`in_call_runq_by_class`). Read once per
+        subject: cpu_contention and cpu_placement ask."""
+        key = ("in_call_runq", s.tid, s.start_ns, s.end_ns)
+        if key not in self.memo:
+            every, _ = holders_of(self.conn, self.info, s.time, limit=None, scale=self._in_steps(s, RUNQ_WAIT))
+            self.memo[key] = in_call_runq_by_class(s.time, every)
+        return dict(self.memo[key])
 
     def other_holders(self, threads: list[ThreadTime]) -> list[Holder]:
         """Return the other tenants' processes that held the CPU while any of ``threads`` waited, each thread

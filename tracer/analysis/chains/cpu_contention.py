@@ -1,7 +1,8 @@
 """cpu_contention: the thread was runnable and waited for a CPU that another task held.
 
 Cost: the thread's run-queue time, outside calls (``runq_self/tree/other``, exact) and inside them
-(``call_runq_ns``, split between holder classes by ``preemptors``' shares), as a share of its steps' time. Two
+(``call_runq_ns``, split between holder classes by what each class's holders in ``preemptors`` caused beyond
+its exact wait outside calls: :func:`in_call_runq_by_class`), as a share of its steps' time. Two
 chains at most per thread: *other* (other tenants' processes: the fix is on the host) and *own* (its own threads
 and workers: the fix is in the job). The tracer's share is never counted: it is reported as the tracer's cost.
 Run-queue time behind a thread of the job that is faulting in memory is left to memory_pressure. The *other*
@@ -46,19 +47,16 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         # the job's own threads that are faulting in memory: their CPU is memory_pressure's to claim
         self_ns = t.ns("runq_self") * (1 - _storm_cpu_share(ctx, s, storms))
         outside = {"other": t.ns("runq_other"), "own": self_ns + t.ns("runq_tree")}
-        in_call = t.ns("call_runq")
-        weights = {
-            "other": sum(h.runq_ms for h in holders if h.holder == "other"),
-            "own": sum(h.runq_ms for h in holders if h.holder in ("self", "tree")),
-        }
-        total_w = sum(weights.values())
+        # inside calls (a sync's wakeup behind the CPU's holder): each class's own part, from the data
+        ic = ctx.in_call_runq(s)
+        in_call = {"other": ic["other"], "own": ic["self"] + ic["tree"]}
         lw = loader_wait(ctx, s)
         # the waits the job's placement explains (CPUs it may not use sat idle, or its quota ran out) are
         # cpu_placement's: fewer workers is not their fix
         pc = placement_of(ctx, s)
         for cls in ("other", "own"):
             keep = pc.keep(own=cls == "own") if pc else 1.0
-            inside = in_call * weights[cls] / total_w * keep if total_w else 0.0
+            inside = in_call[cls] * keep
             via = lw.foreign_ns if cls == "other" else 0.0
             cost = outside[cls] * keep + inside + via
             sev = grade(s.share(cost), HIGH, MEDIUM, LOW)

@@ -58,7 +58,7 @@ class PlacementCost:
     placement: Placement
     online: frozenset[int]
     runq_ns: float  # its waits for a CPU in its steps (all of R)
-    own_runq_ns: float  # of which behind its own threads and workers (the in-call part by the holders' shares)
+    own_runq_ns: float  # of which behind its own threads and workers (the in-call part: ChainContext.in_call_runq)
     confined_ns: float  # of the waits behind its own threads, what the idle CPUs outside its set could have run
     throttled_ns: float  # of all its waits, those while its cgroup was throttled
     throttled_own_ns: float  # of which behind its own threads
@@ -136,9 +136,10 @@ def _placement_of(ctx: ChainContext, s: Subject) -> PlacementCost | None:
     if not outside and not throttled:
         return None
     job = _job_runq_by_sec(ctx)
-    holders, _ = ctx.holders(s)
-    w_all = sum(h.runq_ms for h in holders if h.holder != "tracer")
-    w_own = sum(h.runq_ms for h in holders if h.holder in ("self", "tree")) / w_all if w_all else 0.0
+    # the own threads' part of the in-call run queue, as cpu_contention splits it (ChainContext.in_call_runq)
+    ic = ctx.in_call_runq(s)
+    w_all = ic["self"] + ic["tree"] + ic["other"]
+    w_own = (ic["self"] + ic["tree"]) / w_all if w_all else 0.0
     acc = dict.fromkeys(("runq", "own", "confined", "thr", "thr_own", "demand"), 0.0)
     idle_w: dict[int, float] = {}
     for sec, row in s.time.by_sec.items():
@@ -370,25 +371,30 @@ def _chain(ctx: ChainContext, s: Subject, pc: PlacementCost, sev: str) -> Causal
     # confined: the waits it counts are those behind the job's own threads, so are the hops
     via = holders if trigger != "confined" else [h for h in holders if h.holder in ("self", "tree")]
     held = sum(h.runq_ms for h in via) or 1.0
-    for h in via[:3]:
-        role = (
-            "worker"
-            if h.holder == "tree" and h.comm == DATALOADER_COMM
-            else {"self": "job_thread", "tree": "helper"}.get(h.holder, "other_process")
-        )
-        path.append(
+    # the heaviest holder is the path's hop, the next two its competing branches (a DataLoader's workers as one,
+    # as the wait-for graph groups them): they held the CPU side by side, not one behind the other
+    groups: dict[tuple, list] = {}
+    for h in via:
+        is_worker = h.holder == "tree" and h.comm == DATALOADER_COMM
+        role = "worker" if is_worker else {"self": "job_thread", "tree": "helper"}.get(h.holder, "other_process")
+        groups.setdefault(("team", h.comm) if is_worker else ("pid", h.pid), [role]).append(h)
+    hops = []
+    for role, *hs in sorted(groups.values(), key=lambda g: -sum(h.runq_ms for h in g[1:]))[:3]:
+        k = sum(h.runq_ms for h in hs) / held
+        hops.append(
             Hop(
                 tid=None,
-                pid=h.pid or None,
-                comm=h.comm,
+                pid=(hs[0].pid or None) if len(hs) == 1 else None,
+                comm=hs[0].comm if len(hs) == 1 else f"{hs[0].comm} ({len(hs)} processes)",
                 role=role,
                 edge="cpu_held_by",
                 state="on_cpu",
-                share=round(h.runq_ms / held, 4),
-                ms=round(cost / MS * h.runq_ms / held, 1),
+                share=round(k, 4),
+                ms=round(cost / MS * k, 1),
                 site=None,
             )
         )
+    path += hops[:1]
     recs = _advice(pc, how, who, s, len(workers), quota, trigger)
     summary = (
         f"Thread {s.tid} ({s.time.comm}, pid {s.pid}) waited {cost / MS:,.0f} ms for a CPU ({share:.0%} of its "
@@ -433,7 +439,7 @@ def _chain(ctx: ChainContext, s: Subject, pc: PlacementCost, sev: str) -> Causal
             holders=holders[:5],
         ),
         recommendations=recs,
-    ).model_copy(update={"path": path, "root": Root(kind="placement", detail=detail)})
+    ).model_copy(update={"path": path, "root": Root(kind="placement", detail=detail), "branches": hops[1:]})
 
 
 def _advice(

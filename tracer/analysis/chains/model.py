@@ -468,6 +468,14 @@ class GcPauseEvidence(Record):
         list[LineTime],
         Field(description="the lines whose allocations started the collections, by collection time, heaviest first"),
     ]
+    source: Annotated[
+        str,
+        Field(
+            description="probes (each collection, from USDT gc__start/gc__done or the collector's function) | samples "
+            "(an interpreter with neither: the on-CPU samples inside the collector's functions; no count, duration or "
+            "generation of the collections)"
+        ),
+    ] = "probes"
 
 
 class HungThread(Record):
@@ -607,6 +615,13 @@ class CausalChain(Record):
         Field(description="the waits followed from the affected thread to the root, one hop each (issue 28)"),
     ] = []
     root: Annotated[Root | None, Field(description="where the path ends: the cause to act on")] = None
+    branches: Annotated[
+        list[Hop],
+        Field(
+            description="where the rest of the lost time went at the path's first fork, when several ways compete: "
+            "up to 2 more first hops besides the path's own (path[1]), heaviest first, each with its share"
+        ),
+    ] = []
     explained_by: Annotated[
         str | None,
         Field(

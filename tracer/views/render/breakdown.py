@@ -48,6 +48,13 @@ def _thread_view(t: ThreadBreakdown, basis: str) -> list[RenderableType]:
         )
     out: list[RenderableType] = [head, Padding(parts, (0, 0, 0, 2), expand=False)]
     extra = Text()
+    w = t.cpu_wait
+    if w.ms:
+        # the whole wait for a CPU, the part inside calls too (a sync's wakeup behind the CPU's holder is in "sync")
+        extra.append(f"  waiting for a CPU in all: {w.ms:,.1f} ms ({w.share:.1%})", "bold")
+        if w.in_calls_ms:
+            extra.append(f", {w.in_calls_ms:,.1f} ms of it inside CUDA calls (in their parts)")
+        extra.append(": " + ", ".join(f"{c} {v:,.1f} ms" for c, v in w.by_holder_ms.items() if v) + "\n")
     if t.in_call_off_cpu_ms:
         extra.append(
             f"  inside calls: {t.in_call_off_cpu_ms:,.1f} ms off CPU, {t.in_call_runq_ms:,.1f} ms of it waiting "

@@ -68,12 +68,17 @@ def _hop(h: Hop) -> str:
     return f"{who} [{h.role}, {h.state}]" + (f" at {h.site}" if h.site else "")
 
 
-def path_lines(path: Sequence[Hop], root: Root | None) -> list[Text]:
-    """A chain's wait path in a few lines: the affected thread, each hop with its edge and share, the root."""
+def path_lines(path: Sequence[Hop], root: Root | None, branches: Sequence[Hop] = ()) -> list[Text]:
+    """A chain's wait path in a few lines: the affected thread, each hop with its edge and share, the root; the
+    other branches of the first fork on one line under the first hop."""
     if not path:
         return []
     lines = [Text(f"path: {_hop(path[0])}")]
-    lines += [Text(f"  --{h.edge} {h.share:.0%}--> {_hop(h)}") for h in path[1:]]
+    for i, h in enumerate(path[1:]):
+        lines.append(Text(f"  --{h.edge} {h.share:.0%}--> {_hop(h)}"))
+        if i == 0 and branches:
+            also = "; ".join(f"--{b.edge} {b.share:.0%}--> {_hop(b)}" for b in branches)
+            lines.append(Text(f"     (also {also})", "dim"))
     if root is not None:
         lines.append(Text(f"  => root {root.kind}: {root.detail}", "bold"))
     else:
@@ -125,7 +130,7 @@ def render_chains(res: ChainsResult) -> RenderableType:
                 "dim",
             ),
             _cost_line(c),
-            *path_lines(c.path, c.root),
+            *path_lines(c.path, c.root, c.branches),
             Text("evidence", "bold"),
         ]
         # a typed evidence record (pydantic) or a plain dict: the same key/value view

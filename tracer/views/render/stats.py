@@ -81,6 +81,9 @@ def _training_line(st: TraceStats) -> Text:
         t.append(f"Training thread {tr.tid} ({tr.comm}, pid {tr.pid})", "bold")
         t.append(f" {tr.wall_ms / 1e3:,.1f} s" + (f" ({tr.basis})" if tr.basis != "exact" else "") + ": ")
         t.append(", ".join(f"{p.part} {p.share:.0%}" for p in tr.parts if p.share >= 0.005))
+        in_calls = tr.cpu_wait_share - sum(p.share for p in tr.parts if p.part.startswith("runq_"))
+        if in_calls >= 0.005:  # the wait for a CPU hidden in the call parts (a sync's wakeup): said in one figure
+            t.append(f"; waiting for a CPU {tr.cpu_wait_share:.0%} in all, inside calls too")
         t.append("   (tracer breakdown --db …)", "dim")
     t.append(f"\nTracer: {st.tracer.summary}", "dim")
     return t
