@@ -893,6 +893,7 @@ class Recorder:
             self.attacher.close()  # no CUDA call is traced from here on; the rings stay readable for the flush
             self._close_gc_probes()
             summary = self._flush(status, t_flush)
+            self.resolver.save_caches()  # for the next recording: off this one's clock
         finally:
             self.store.close()
             self.attacher.close()
