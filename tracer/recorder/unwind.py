@@ -20,7 +20,6 @@ from __future__ import annotations
 import bisect
 import io
 import logging
-import os
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -193,13 +192,9 @@ class UnwindTables:
         self.elves = elves or ElfCache()
         self._unsaved: list[tuple[EhFrameTable, str]] = []  # parsed here, not read from the ELF cache (elves.disk)
 
-    @staticmethod
-    def _key(path: str) -> Any:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return ("missing", path)
-        return st.st_dev, st.st_ino, st.st_mtime_ns
+    def _key(self, path: str) -> Any:
+        key = self.elves.file_key(path)
+        return ("missing", path) if key is None else key
 
     def table(self, path: str) -> EhFrameTable | None:
         key = self._key(path)
