@@ -168,3 +168,10 @@ def test_strings_round_trip_and_bad_offsets_raise() -> None:
         elfcache.unpack_strings(blob, ends + 1)
     with pytest.raises(ValueError):
         elfcache.unpack_strings(blob, ends[::-1].copy())
+
+
+def test_an_entry_too_large_is_not_written(disk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(elfcache, "MAX_ENTRY_BYTES", 1000)
+    assert not elfcache.store(disk, "sym-x", {"a": np.zeros(200, dtype=np.int64)})
+    assert elfcache.store(disk, "sym-y", {"a": np.zeros(100, dtype=np.int64)})
+    assert [p.name for p in disk.iterdir()] == ["sym-y.npz"]

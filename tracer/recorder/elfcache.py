@@ -32,7 +32,10 @@ log = logging.getLogger(__name__)
 FORMAT = 1  # bump when what an entry holds changes: old entries then miss
 DEFAULT_DIR = Path("/var/cache/cuda-host-tracer/elf")
 ENV_DIR = "TRACER_ELF_CACHE"  # another directory (tests, bench cold runs); "off": no cache
-KEEP = 4096  # entries kept, newest first (a few KB to a few MB each: libtorch's symbols are the large ones)
+KEEP = 1024  # entries kept, newest first (a few KB to a few MB each: libtorch's symbols are the large ones)
+# An entry past this is not written: writing it would lengthen the recording's finish by about as long as the
+# parse it saves, and KEEP of them would fill a disk (libtorch_cuda's millions of symbol names alone are ~100 MB).
+MAX_ENTRY_BYTES = 64 * 2**20
 
 Arrays = dict[str, np.ndarray]
 
@@ -83,7 +86,9 @@ def load(d: Path | None, key: str | None) -> Arrays | None:
 
 def store(d: Path | None, key: str | None, arrays: Arrays) -> bool:
     """Write ``arrays`` as entry ``key`` (atomically, mode 0600); False where there is no usable directory."""
-    if d is None or key is None or not _ensure_dir(d):
+    if d is None or key is None or sum(a.nbytes for a in arrays.values()) > MAX_ENTRY_BYTES:
+        return False
+    if not _ensure_dir(d):
         return False
     try:
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".npz")  # mode 0600
