@@ -345,7 +345,8 @@ class ElfCache:
         n = 0
         for elf, key, held in self._entries.values():
             now = elf.cached_state()
-            if held != now:
+            # ~40 bytes a symbol (start, end, name offset, a name): an entry sure to pass the bound is not even packed
+            if held != now and len(elf._names) * 40 <= elfcache.MAX_ENTRY_BYTES:
                 if elfcache.store(self.disk, key, elf.to_arrays()):
                     n += 1
                     self._entries[id(elf)] = (elf, key, now)
