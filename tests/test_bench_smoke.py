@@ -7,6 +7,7 @@ are covered by running the benchmarks themselves.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import duckdb
@@ -15,6 +16,7 @@ import pytest
 from bench import (
     churn_memory,
     common,
+    elf_cache,
     fork_heavy,
     ingest,
     overhead,
@@ -261,3 +263,10 @@ def test_overhead_cpu_per_1k_events_is_the_recording_cpu_over_the_traced_calls()
     # an older session row without the figure, or a run that traced nothing: no figure, not a division by zero
     assert overhead.ms_per_1k_events({**r, "recording_cpu_pct": None}) is None
     assert overhead.ms_per_1k_events({**r, "events_traced": 0}) is None
+
+
+def test_elf_cache_bench_parses_this_process_files() -> None:
+    files = [f for f in elf_cache.mapped_files(os.getpid()) if "python" in f or "libc" in f][:3]
+    assert files
+    parse_ms, save_ms = elf_cache.parse_all(files, None)
+    assert parse_ms > 0 and save_ms == 0

@@ -283,6 +283,7 @@ class Ending:
     phases: dict[str, float]
     command: Any  # command.LaunchedCommand | None
     attacher: Any  # attach.Attacher
+    resolver: Any  # stack_resolver.StackResolver
     guardian: Any  # guardian.Guardian
     metrics: Any
     live: Any
@@ -337,6 +338,7 @@ class Ending:
             self.attacher.close()  # no CUDA call is traced from here on; the rings stay readable for the flush
             self._close_gc_probes()
             summary = self._flush(status, t_flush)
+            self.resolver.save_caches()  # for the next recording: off this one's clock
         finally:
             self.store.close()
             self.attacher.close()

@@ -14,6 +14,7 @@ Line numbers are the executing line, decoded from ``co_linetable`` at the record
 from __future__ import annotations
 
 import ctypes as ct
+import functools
 import logging
 import os
 import re
@@ -30,6 +31,11 @@ from tracer.recorder.cpython.memory import CodeInfo, read_code
 from tracer.recorder.cpython.pycfg import NOT_PYTHON, build_cfg
 from tracer.recorder.events import C, cstr1
 from tracer.recorder.procmaps import read_maps
+
+# A re-forked DataLoader worker sends the same code objects again (each process's are its own, by address), and
+# decoding their line tables in Python was ~14% of resolving its stacks (cProfile, issue 33): the decode is a pure
+# function of the table, so one decode serves every process. 4096 tables of a few hundred bytes: ~1-2 MiB at most.
+_decode_line = functools.lru_cache(maxsize=4096)(decode_line)
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +243,7 @@ class PyRuntimeManager:
                 continue
             hit = info.lines.get(lasti)
             if hit is None:
-                line = decode_line(t.version, info.linetable, info.firstlineno, lasti)
+                line = _decode_line(t.version, info.linetable, info.firstlineno, lasti)
                 # an instruction the table does not cover (cut table) or marks lineless: say the def line, flagged
                 hit = (line, False) if line is not None else (info.firstlineno, True)
                 info.lines[lasti] = hit

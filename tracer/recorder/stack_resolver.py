@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 
 from probes.catalog import CATALOG
-from tracer.recorder import events
+from tracer.recorder import elfcache, events
 from tracer.recorder.columns import IS_LAUNCH, Frame
 from tracer.recorder.procmaps import MapCache, Mapping
-from tracer.recorder.symbolize import Symbolizer, demangle
+from tracer.recorder.symbolize import ElfCache, Symbolizer, demangle
 from tracer.recorder.unwind import UnwindTables, unwind_record
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,9 @@ class StackResolver:
         self.native_walk = native_walk
         self.put_stack = put_stack
         self.parent_of = parent_of
-        self.symbolizer = Symbolizer(maps)
+        # the parsed ELF files are kept between recordings (elfcache.py): parsing them was most of a short
+        # recording's CPU (issue 33)
+        self.symbolizer = Symbolizer(maps, ElfCache(disk=elfcache.cache_dir()))
         self.unwind_tables = UnwindTables(self.symbolizer.elves)
         self._ustacks: dict[int, tuple[int, events.UstackRecord]] = {}  # hash -> (drain no., copy)
         self._drains = 0
@@ -86,6 +88,17 @@ class StackResolver:
         self.handle_names: dict[int, dict[int, str]] = {}  # pid -> CUfunction/CUkernel -> name, from probes
         self._kernels: dict[int, dict[int, tuple[str | None, str | None]]] = {}  # pid -> launch target -> name
         self.resolved = 0  # distinct stacks resolved
+
+    def save_caches(self) -> int:
+        """Write what was parsed from ELF files to the cache kept between recordings; return the entries written.
+        Never raises: the cache only saves the next recording time."""
+        try:
+            n = self.symbolizer.elves.save() + self.unwind_tables.save()
+            elfcache.prune(self.symbolizer.elves.disk)
+            return n
+        except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs the next run time, nothing else
+            log.warning("elf cache: not written: %s", e)
+            return 0
 
     # --- stacks ------------------------------------------------------------------------------------------------
 

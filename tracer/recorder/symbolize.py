@@ -24,14 +24,17 @@ import functools
 import logging
 import os
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from tracer.recorder import elfcache
 from tracer.recorder.procmaps import MapCache, Mapping
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,9 @@ class NativeFrame:
 
 # ---------------------------------------------------------------------------------------------------------
 # ELF files
+
+
+STAT_TTL_S = 1.0
 
 
 def _file_key(path: str) -> tuple[int, int, int] | None:
@@ -118,6 +124,64 @@ class ElfSymbols:
                     self.text = (seg["p_offset"], seg["p_vaddr"])
             dl = elf.get_section_by_name(".debug_line")
             self._has_debug_line = dl is not None and dl["sh_size"] <= MAX_DEBUG_LINE_BYTES
+
+    # --- kept between recordings (tracer/recorder/elfcache.py) ---------------------------------------------------
+
+    def cached_state(self) -> tuple[bool, bool]:
+        """What has been parsed so far: (symbols, line table); an entry is worth (re)writing when it grew."""
+        return self._symbols_loaded, self._lines is not None
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Everything parsed so far, as arrays for the ELF cache."""
+        out = {
+            "loads": np.array(self.loads, dtype=np.int64).reshape(-1, 3),
+            "text": np.array(self.text if self.text is not None else (), dtype=np.int64),
+            "build_id": np.frombuffer((self.build_id or "").encode(), dtype=np.uint8).copy(),
+            "flags": np.array([self._has_debug_line, self._symbols_loaded, self._lines is not None], dtype=bool),
+        }
+        if self._symbols_loaded:
+            out["starts"], out["ends"] = self._starts, self._ends
+            out["names"], out["name_ends"] = elfcache.pack_strings(self._names)
+        if self._lines is not None:
+            addrs, rows = self._lines
+            files = sorted({f for f, _ in rows})
+            index = {f: i for i, f in enumerate(files)}
+            out["line_addrs"] = addrs
+            out["line_nos"] = np.array([n for _, n in rows], dtype=np.int64)
+            out["line_files"] = np.array([index[f] for f, _ in rows], dtype=np.int64)
+            out["files"], out["file_ends"] = elfcache.pack_strings(files)
+        return out
+
+    @classmethod
+    def from_arrays(cls, path: str, a: dict[str, np.ndarray]) -> ElfSymbols:
+        """The parsed file from an ELF cache entry.
+
+        Raises:
+            ValueError, KeyError: the entry lacks an array or has one of the wrong shape.
+        """
+        self = cls.__new__(cls)
+        self.path = path
+        loads, text, flags = a["loads"], a["text"], a["flags"]
+        if loads.ndim != 2 or loads.shape[1] != 3 or len(text) not in (0, 2) or len(flags) != 3:
+            raise ValueError("ELF cache entry of the wrong shape")
+        self.loads = [tuple(r) for r in loads.tolist()]
+        self.text = (int(text[0]), int(text[1])) if len(text) else None
+        self.build_id = a["build_id"].tobytes().decode() or None
+        self._has_debug_line, self._symbols_loaded, lines = (bool(f) for f in flags)
+        self._starts, self._ends, self._names = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64), []
+        if self._symbols_loaded:
+            self._starts, self._ends = a["starts"].astype(np.uint64), a["ends"].astype(np.uint64)
+            self._names = elfcache.unpack_strings(a["names"], a["name_ends"])
+            if not (len(self._starts) == len(self._ends) == len(self._names)):
+                raise ValueError("ELF cache entry: symbol arrays differ in length")
+        self._lines = None
+        if lines:
+            files = elfcache.unpack_strings(a["files"], a["file_ends"])
+            addrs, nos, idx = a["line_addrs"].astype(np.uint64), a["line_nos"], a["line_files"]
+            if not (len(addrs) == len(nos) == len(idx)) or (len(idx) and (idx.min() < 0 or idx.max() >= len(files))):
+                raise ValueError("ELF cache entry: line arrays differ in length")
+            self._lines = (addrs, [(files[i], n) for i, n in zip(idx.tolist(), nos.tolist(), strict=True)])
+        return self
 
     def _ensure_symbols(self) -> None:
         if self._symbols_loaded:
@@ -239,22 +303,66 @@ class ElfSymbols:
 class ElfCache:
     """Parsed ELF files, keyed by (device, inode, mtime) and by build-id."""
 
-    def __init__(self) -> None:
+    def __init__(self, disk: Path | None = None) -> None:
+        """``disk``: the directory of the ELF cache kept between recordings (tracer/recorder/elfcache.py), or None."""
         self._by_key: dict[tuple[int, int, int], ElfSymbols | None] = {}
         self._by_build_id: dict[str, ElfSymbols] = {}
         self._by_path: dict[str, ElfSymbols] = {}
+        self.disk = disk
+        self._stats: dict[str, tuple[tuple[int, int, int] | None, float]] = {}  # path -> (file_key, when)
+        # per parsed file: its entry name and what that entry held when read (or nothing): written by save() if more
+        self._entries: dict[int, tuple[ElfSymbols, str, tuple[bool, bool] | None]] = {}
+
+    def file_key(self, path: str) -> tuple[int, int, int] | None:
+        """The file's (device, inode, mtime), stat'ed at most once a STAT_TTL_S per path: every frame of every new
+        stack asks (twice: its symbols and its unwind table), and the stat calls were 13% of resolving the stacks
+        of re-forked workers (issue 33). A file replaced in place is seen within the TTL."""
+        now = time.monotonic()
+        got = self._stats.get(path)
+        if got is not None and now - got[1] < STAT_TTL_S:
+            return got[0]
+        key = _file_key(path)
+        self._stats[path] = (key, now)
+        return key
+
+    def _parse(self, path: str) -> ElfSymbols:
+        key = elfcache.file_key(path, "sym") if self.disk is not None else None
+        arrays = elfcache.load(self.disk, key)
+        elf = None
+        if arrays is not None:
+            try:
+                elf = ElfSymbols.from_arrays(path, arrays)
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+                log.warning("elf cache: entry %s for %s is corrupt (%s): parsed again", key, path, e)
+        if elf is None:
+            elf = ElfSymbols(path)
+        if key is not None:
+            self._entries[id(elf)] = (elf, key, elf.cached_state() if arrays is not None else None)
+        return elf
+
+    def save(self) -> int:
+        """Write the entry of every file parsed further than its entry held; return how many were written."""
+        n = 0
+        for elf, key, held in self._entries.values():
+            now = elf.cached_state()
+            # ~40 bytes a symbol (start, end, name offset, a name): an entry sure to pass the bound is not even packed
+            if held != now and len(elf._names) * 40 <= elfcache.MAX_ENTRY_BYTES:
+                if elfcache.store(self.disk, key, elf.to_arrays()):
+                    n += 1
+                    self._entries[id(elf)] = (elf, key, now)
+        return n
 
     def get(self, path: str, build_id: str | None = None) -> ElfSymbols | None:
         """The parsed file: by build-id when known, else by path (must still exist). None if unreadable."""
         if build_id and build_id in self._by_build_id:
             return self._by_build_id[build_id]
-        key = _file_key(path)
+        key = self.file_key(path)
         if key is None:
             elf = self._by_path.get(path)
             return elf if elf is not None and (build_id is None or elf.build_id == build_id) else None
         if key not in self._by_key:
             try:
-                self._by_key[key] = ElfSymbols(path)
+                self._by_key[key] = self._parse(path)
             except (ELFError, OSError, struct.error, ValueError) as e:
                 log.debug("cannot read ELF %s: %s", path, e)
                 self._by_key[key] = None

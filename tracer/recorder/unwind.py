@@ -20,7 +20,6 @@ from __future__ import annotations
 import bisect
 import io
 import logging
-import os
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from elftools.dwarf.dwarf_expr import DWARFExprParser
 from elftools.dwarf.structs import DWARFStructs
 from elftools.elf.elffile import ELFFile
 
+from tracer.recorder import elfcache
 from tracer.recorder.events import UstackRecord
 from tracer.recorder.procmaps import Mapping, ProcessMap
 from tracer.recorder.symbolize import ElfCache, read_build_id
@@ -75,8 +75,17 @@ class _Row:
 class EhFrameTable:
     """The .eh_frame of one ELF file, indexed through .eh_frame_hdr and decoded one FDE at a time."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, cached: dict[str, np.ndarray] | None = None) -> None:
+        """``cached``: an ELF cache entry of this file (:meth:`to_arrays`): the section is read at its file offset,
+        the index taken as it is, without parsing the ELF headers again.
+
+        Raises:
+            ELFError: no .eh_frame. ValueError, KeyError: a cached entry of the wrong shape.
+        """
         self.path = path
+        if cached is not None:
+            self._from_arrays(cached)
+            return
         with open(path, "rb") as f:
             elf = ELFFile(f)
             self.build_id = read_build_id(elf)
@@ -85,16 +94,11 @@ class EhFrameTable:
             if eh is None:
                 raise ELFError(f"{path}: no .eh_frame")
             self._eh_addr: int = eh["sh_addr"]
+            self._eh_file: tuple[int, int] = (eh["sh_offset"], eh["sh_size"])
             eh_data = eh.data()
             hdr_data = hdr.data() if hdr is not None else None
             hdr_addr = hdr["sh_addr"] if hdr is not None else 0
-        self._cfi = CallFrameInfo(
-            stream=io.BytesIO(eh_data),
-            size=len(eh_data),
-            address=self._eh_addr,
-            base_structs=_STRUCTS,
-            for_eh_frame=True,
-        )
+        self._set_cfi(eh_data)
         self._rows: dict[int, tuple[int, int, list[int], list[_Row]]] = {}  # fde offset -> decoded
         self._pcs: np.ndarray
         self._offsets: np.ndarray
@@ -106,6 +110,39 @@ class EhFrameTable:
                 self._offsets = table[1::2] + hdr_addr - self._eh_addr
                 return
         self._index_by_full_parse()
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The index and where the section lies in the file, for the ELF cache (tracer/recorder/elfcache.py)."""
+        return {
+            "eh": np.array([self._eh_addr, *self._eh_file], dtype=np.int64),
+            "pcs": self._pcs.astype(np.int64),
+            "offsets": self._offsets.astype(np.int64),
+            "build_id": np.frombuffer((self.build_id or "").encode(), dtype=np.uint8).copy(),
+        }
+
+    def _from_arrays(self, a: dict[str, np.ndarray]) -> None:
+        eh, pcs, offsets = a["eh"], a["pcs"], a["offsets"]
+        if eh.shape != (3,) or pcs.ndim != 1 or pcs.shape != offsets.shape:
+            raise ValueError("ELF cache entry of the wrong shape")
+        self._eh_addr, self._eh_file = int(eh[0]), (int(eh[1]), int(eh[2]))
+        self.build_id = a["build_id"].tobytes().decode() or None
+        with open(self.path, "rb") as f:
+            f.seek(self._eh_file[0])
+            eh_data = f.read(self._eh_file[1])
+        if len(eh_data) != self._eh_file[1]:
+            raise ValueError("ELF cache entry: .eh_frame past the file's end")
+        self._set_cfi(eh_data)
+        self._rows = {}
+        self._pcs, self._offsets = pcs.astype(np.int64), offsets.astype(np.int64)
+
+    def _set_cfi(self, eh_data: bytes) -> None:
+        self._cfi = CallFrameInfo(
+            stream=io.BytesIO(eh_data),
+            size=len(eh_data),
+            address=self._eh_addr,
+            base_structs=_STRUCTS,
+            for_eh_frame=True,
+        )
 
     def _index_by_full_parse(self) -> None:
         # No usable .eh_frame_hdr (rare: some hand-linked objects): parse every entry once.
@@ -153,24 +190,41 @@ class UnwindTables:
     def __init__(self, elves: ElfCache | None = None) -> None:
         self._tables: dict[Any, EhFrameTable | None] = {}
         self.elves = elves or ElfCache()
+        self._unsaved: list[tuple[EhFrameTable, str]] = []  # parsed here, not read from the ELF cache (elves.disk)
 
-    @staticmethod
-    def _key(path: str) -> Any:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return ("missing", path)
-        return st.st_dev, st.st_ino, st.st_mtime_ns
+    def _key(self, path: str) -> Any:
+        key = self.elves.file_key(path)
+        return ("missing", path) if key is None else key
 
     def table(self, path: str) -> EhFrameTable | None:
         key = self._key(path)
         if key not in self._tables:
-            try:
-                self._tables[key] = EhFrameTable(path)
-            except (ELFError, DWARFError, OSError, struct.error, ValueError) as e:
-                log.debug("no unwind table for %s: %s", path, e)
-                self._tables[key] = None
+            self._tables[key] = self._parse(path)
         return self._tables[key]
+
+    def _parse(self, path: str) -> EhFrameTable | None:
+        disk = self.elves.disk
+        entry = elfcache.file_key(path, "eh") if disk is not None else None
+        arrays = elfcache.load(disk, entry)
+        if arrays is not None:
+            try:
+                return EhFrameTable(path, cached=arrays)
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError) as e:
+                log.warning("elf cache: entry %s for %s is corrupt (%s): parsed again", entry, path, e)
+        try:
+            table = EhFrameTable(path)
+        except (ELFError, DWARFError, OSError, struct.error, ValueError) as e:
+            log.debug("no unwind table for %s: %s", path, e)
+            return None
+        if entry is not None:
+            self._unsaved.append((table, entry))
+        return table
+
+    def save(self) -> int:
+        """Write the ELF cache entries of the tables parsed since the last save; return how many were written."""
+        done = sum(elfcache.store(self.elves.disk, entry, t.to_arrays()) for t, entry in self._unsaved)
+        self._unsaved = []
+        return done
 
     def vaddr(self, entry: Mapping, addr: int) -> int | None:
         elf = self.elves.get(entry.host_path) if entry.host_path else None
