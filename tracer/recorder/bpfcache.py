@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tracer.recorder.rootcache import dir_ok, ensure_dir, safe_owner
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when what an entry holds changes: old entries then miss
@@ -104,36 +106,9 @@ def cache_key(text: str, flags: list[str], kernel: str | None = None, bcc: str |
 # --- the directory and its entries ------------------------------------------------------------------------------
 
 
-def _safe_owner(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid() == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _dir_ok(d: Path) -> bool:
-    """Whether ``d`` is a directory we may load code from: root's, no symlink, writable by root alone, in a parent
-    of the same kind (else another user could put a directory of their making in its place)."""
-    try:
-        st, parent = os.lstat(d), os.stat(d.absolute().parent)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and _safe_owner(st) and _safe_owner(parent)
-
-
-def _ensure_dir(d: Path) -> bool:
-    if not d.exists():
-        try:
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        except OSError as e:
-            log.debug("bpf cache: cannot create %s: %s", d, e)
-            return False
-    ok = _dir_ok(d)
-    if not ok:
-        log.warning("bpf cache: %s is not a root-owned directory writable by root alone: not used", d)
-    return ok
-
-
 def load(d: Path, key: str) -> dict[str, Any] | None:
     """Return the entry ``key`` of the cache in ``d``, or None: absent, unsafe (see the module's doc) or corrupt."""
-    if os.geteuid() != 0 or not _dir_ok(d):
+    if os.geteuid() != 0 or not dir_ok(d):
         return None
     try:
         fd = os.open(d / f"{key}.json", os.O_RDONLY | os.O_NOFOLLOW)
@@ -141,7 +116,7 @@ def load(d: Path, key: str) -> dict[str, Any] | None:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not _safe_owner(st):
+        if not stat.S_ISREG(st.st_mode) or not safe_owner(st):
             log.warning("bpf cache: %s/%s.json is not a root-owned file writable by root alone: ignored", d, key)
             return None
         with os.fdopen(fd, "rb") as f:
@@ -187,7 +162,7 @@ def _check_entry(entry: dict[str, Any]) -> None:
 
 def store(d: Path, key: str, entry: dict[str, Any]) -> bool:
     """Write ``entry`` under ``key`` (atomically, mode 0600); False where the directory is not usable."""
-    if os.geteuid() != 0 or not _ensure_dir(d):
+    if os.geteuid() != 0 or not ensure_dir(d, "bpf cache"):
         return False
     body = json.dumps({**entry, "key": key}, separators=(",", ":"))
     outer = json.dumps({"format": FORMAT, "sha256": hashlib.sha256(body.encode()).hexdigest(), "body": body})

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracer.recorder.bpfcache import _dir_ok, _ensure_dir, _safe_owner
+from tracer.recorder.rootcache import dir_ok, ensure_dir, safe_owner
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def file_key(path: str, kind: str) -> str | None:
 
 def load(d: Path | None, key: str | None) -> Arrays | None:
     """The arrays of entry ``key``, or None: no cache, absent, unsafe or corrupt."""
-    if d is None or key is None or not _dir_ok(d):
+    if d is None or key is None or not dir_ok(d):
         return None
     try:
         fd = os.open(d / f"{key}.npz", os.O_RDONLY | os.O_NOFOLLOW)
@@ -69,7 +69,7 @@ def load(d: Path | None, key: str | None) -> Arrays | None:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not _safe_owner(st):
+        if not stat.S_ISREG(st.st_mode) or not safe_owner(st):
             log.warning("elf cache: %s/%s.npz is not a root-owned file writable by root alone: ignored", d, key)
             return None
         with os.fdopen(fd, "rb") as f:
@@ -88,7 +88,7 @@ def store(d: Path | None, key: str | None, arrays: Arrays) -> bool:
     """Write ``arrays`` as entry ``key`` (atomically, mode 0600); False where there is no usable directory."""
     if d is None or key is None or sum(a.nbytes for a in arrays.values()) > MAX_ENTRY_BYTES:
         return False
-    if not _ensure_dir(d):
+    if not ensure_dir(d, "elf cache"):
         return False
     try:
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".npz")  # mode 0600
@@ -103,7 +103,7 @@ def store(d: Path | None, key: str | None, arrays: Arrays) -> bool:
 
 def prune(d: Path | None, keep: int = KEEP) -> None:
     """Drop all but the ``keep`` newest entries (files replaced or removed leave entries nobody reads)."""
-    if d is None or not _dir_ok(d):
+    if d is None or not dir_ok(d):
         return
     try:
         entries = sorted(d.glob("*.npz"), key=lambda p: p.stat().st_mtime, reverse=True)

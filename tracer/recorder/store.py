@@ -386,9 +386,7 @@ class Store:
             )
         return StoreError(f"writing {self.path} failed: {first}", keep)
 
-    def _insert_all(
-        self, pending: dict[str, list[pa.Table]], queued_until: tuple[float, float] | None = None
-    ) -> None:
+    def _insert_all(self, pending: dict[str, list[pa.Table]], queued_until: tuple[float, float] | None = None) -> None:
         """Append each table's batches, all in one transaction: a commit costs more CPU than a small insert. With
         ``queued_until`` (monotonic s: up to when the detail rows, and the summaries, were all queued) the session
         row's flushed_ns and summaries_flushed_ns move there in the same transaction."""
