@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from elftools.common.exceptions import ELFError
+
 from probes.catalog import DRIVER_COVERED, OP_IDS
 from tracer.recorder import events, targets
 from tracer.recorder.budget import DutyCycler
@@ -94,7 +96,7 @@ class Attacher:
                 skip = DRIVER_COVERED
             try:
                 res = attach_library(self.progs, lib.path, lib.kind, targets.exported_offsets(lib.path), skip=skip)
-            except (OSError, LinkError, ValueError) as e:
+            except (OSError, LinkError, ValueError, ELFError) as e:  # ELFError: a file named libcud* that is no ELF
                 self.notes.append(f"could not attach to {lib.path}: {e}")
                 continue
             self.attached[key] = res

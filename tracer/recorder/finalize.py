@@ -12,6 +12,7 @@ The computations are pure functions over dumped map contents (testable without B
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ from tracer.recorder.proctree import ProcessTree, ProcInfo, Retired, ThreadInfo
 from tracer.recorder.store import Store
 
 S = 1_000_000_000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ def close_open_segments(bpf: Any, tree: ProcessTree, start_mono: int, end_ns: in
     for tid, st in live:
         tree.note_live_thread(int(st.tgid), tid, max(0, int(st.first) - start_mono), end_ns - start_mono)
     table = bpf["tbreak"]
+    full = 0  # seconds not accounted: the map was full
     for sp in open_spans(live, inflight, end_ns):
         for sec, ns in by_second(sp.start_ns, sp.end_ns, start_mono):
             k = table.Key(sp.tid, sec)
@@ -92,7 +96,12 @@ def close_open_segments(bpf: Any, tree: ProcessTree, start_mono: int, end_ns: in
                 v = table.Leaf()
                 v.pid = sp.pid
             v.v[sp.field] += ns
-            table[k] = v
+            try:
+                table[k] = v
+            except Exception:  # E2BIG, the map full: a node agent's thread idle for minutes spans that many seconds
+                full += 1
+    if full:
+        log.warning("tbreak was full: %d thread-seconds of open segments at the end were not accounted", full)
 
 
 def running_threads(bpf: Any, tree: ProcessTree, start_mono: int, end_ns: int) -> list[ThreadInfo]:
