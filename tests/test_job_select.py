@@ -81,3 +81,26 @@ def test_the_cli_selects_by_container(db, capsys):
     assert by_box == json.loads(capsys.readouterr().out) and by_box["chains"]
     assert main(["stats", "--db", db, "--container", "nope"]) == 2
     assert "not in this trace" in capsys.readouterr().err
+
+
+def _tool(db, tool, args):
+    import anyio
+    from mcp import Client
+
+    from mcp_server.server import build_server
+
+    async def go():
+        async with Client(build_server(db)) as c:
+            return await c.call_tool(tool, args)
+
+    return anyio.run(go)
+
+
+def test_the_mcp_tools_select_by_container(db):
+    by_box = _tool(db, "get_causal_chains", {"container": "trainer-1"})
+    by_pid = _tool(db, "get_causal_chains", {"pid": MAIN_PID})
+    assert not by_box.is_error and by_box.structured_content == by_pid.structured_content
+    bd = _tool(db, "get_time_breakdown", {"container": BOX[:12]})
+    assert not bd.is_error and {t["pid"] for t in bd.structured_content["threads"]} == {MAIN_PID}
+    bad = _tool(db, "get_trace_stats", {"container": "nope"})
+    assert bad.is_error and "not in this trace" in bad.content[0].text
