@@ -610,6 +610,14 @@ class Recorder:
                     self.bpf["targets"][ct.c_uint32(p)] = ct.c_uint8(1)
                 self._add_target(p, first_ns=now_ns)
 
+    def _lost_join(self, pid: int) -> None:
+        """A held process whose library open event was lost (attach.release_stale, before it runs on): if it
+        joined the traced set in kernel (the node agent, libload.bpf.c) it is registered as the event would have
+        (its maps, Python layout, placement and container), and its Python walker configured."""
+        if self.all_cuda and pid not in self.tree.procs and self.bpf["targets"].get(ct.c_uint32(pid)) is not None:
+            self._join(pid)
+        self._before_continue(pid)
+
     def _before_continue(self, pid: int) -> None:
         """A held process is about to run on: configure its Python walker while it cannot race us."""
         if self.pyrt is not None and pid in self._py_pending:
@@ -727,7 +735,7 @@ class Recorder:
         self._drain_aggregates(before_sec=ts // 1_000_000_000 - 1)
         self._apply_overhead_budget(now - self._last_tick)
         self._last_tick = now
-        self.attacher.release_stale(older_than_ns=2_000_000_000)
+        self.attacher.release_stale(older_than_ns=2_000_000_000, on_lost=self._lost_join)
         if self.chains is not None:
             self.chains.tick(self.store.rows_written.get("cuda_calls", 0))
         if self.metrics is not None:
