@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 
 from mcp_server.sessions import CLIENT_KEY
 from tracer.analysis import compare
-from tracer.analysis.arguments import check_args
+from tracer.analysis.arguments import check_args, job_pid
 from tracer.analysis.breakdown import Breakdown, time_breakdown
 from tracer.analysis.chains import ChainsResult, compute_chains
 from tracer.analysis.compare import Comparison
@@ -172,6 +172,9 @@ def build_server(
     @mcp.tool(title="Trace overview", annotations=READ_ONLY)
     def get_trace_stats(
         pid: Annotated[int | None, Field(description="Only this process; omit for the whole traced tree.")] = None,
+        container: Annotated[
+            str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
+        ] = None,
         detail: Annotated[
             bool, Field(description="Every process group, and one row per process (default: the top groups).")
         ] = False,
@@ -186,12 +189,16 @@ def build_server(
         why, get_time_breakdown for a thread, get_stacks(op) for an op with a large tail.
         """
         with conn() as c:
+            pid = _job_pid(c, pid, container)
             _check(c, pid=pid)
             return compact_reply(trace_stats(c, pid=pid, detail=detail))
 
     @mcp.tool(title="Causal chains", annotations=READ_ONLY)
     def get_causal_chains(
         pid: Annotated[int | None, Field(description="Only chains affecting this process.")] = None,
+        container: Annotated[
+            str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
+        ] = None,
         severity: Annotated[str | None, Field(description="high, medium or low; omit for all.")] = None,
         limit: Annotated[int, Field(description="Most chains to return (1-100).", ge=1, le=100)] = 10,
     ) -> ChainsResult:
@@ -213,12 +220,16 @@ def build_server(
         start_ns.
         """
         with conn() as c:
+            pid = _job_pid(c, pid, container)
             _check(c, pid=pid, severity=severity)
             return compute_chains(c, pid=pid, severity=severity, limit=limit)
 
     @mcp.tool(title="Time breakdown", annotations=READ_ONLY)
     def get_time_breakdown(
         pid: Annotated[int | None, Field(description="Only this process's threads; omit for the whole tree.")] = None,
+        container: Annotated[
+            str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
+        ] = None,
         tid: Annotated[int | None, Field(description="Only this thread (any thread, CUDA or not).")] = None,
         bucket_s: Annotated[
             int, Field(description="Bucket width in seconds for the per-bucket rows; 0 picks about 60 buckets.", ge=0)
@@ -237,6 +248,7 @@ def build_server(
         get_causal_chains for the causes ranked by the time they cost.
         """
         with conn() as c:
+            pid = _job_pid(c, pid, container)
             _check(c, pid=pid, tid=tid, bucket_s=bucket_s)
             return time_breakdown(c, pid=pid, tid=tid, bucket_s=bucket_s)
 
@@ -782,6 +794,15 @@ def _inside(directory: Path, p: Path) -> Path | None:
     except (OSError, RuntimeError):  # a dangling link, a loop
         return None
     return real if real.is_relative_to(root) and real.name.endswith(RECORDING_SUFFIX) else None
+
+
+def _job_pid(c: duckdb.DuckDBPyConnection, pid: int | None, container: str | None) -> int | None:
+    """The job a tool's selectors name (:func:`tracer.analysis.arguments.job_pid`), a bad one as a ToolError."""
+    try:
+        return job_pid(c, pid=pid, container=container)
+    except TracerError as e:
+        failed = e
+    raise ToolError(_tool_message(failed))
 
 
 def _check(c: duckdb.DuckDBPyConnection, **args: object) -> None:

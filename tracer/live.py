@@ -197,3 +197,132 @@ def _watch(recorder: int, snapshots: Path) -> None:
 def _remove_snapshots(snapshots: Path) -> None:
     if snapshots.name.startswith("tracer-live-"):  # only a directory LiveServer made: never what a bad argv names
         shutil.rmtree(snapshots, ignore_errors=True)
+
+
+# --- the chain watch: tracer_chain_active over the recording in progress -----------------------------------------
+
+CHAINS_MODULE = "tracer.commands.chain_watch"  # the chain watch's process (it imports the analyses; we do not)
+CHAINS_SNAPSHOT = "chains.duckdb"
+ACTIVE_S = 180.0  # a chain is active while its affected range ended less than this before the data's end
+
+
+class ChainWatch:
+    """The recorder's half of ``tracer_chain_active`` (--metrics): every ``every_s`` at most, and only when new
+    calls were stored since the last time, a snapshot of the recording (the live MCP server's kind,
+    :meth:`tracer.recorder.store.Store.snapshot`) is handed to a child process, ``python -m
+    tracer.commands.chain_watch``, which computes the causal chains over it, as `tracer chains` does, and answers
+    the (category, severity) of the HIGH and MEDIUM ones active (:data:`ACTIVE_S`) on one line of JSON.
+
+    Why a child: the recorder never imports the analyses (tests/test_layout.py), and a chain computation (a second
+    or more of CPU over a large recording) must neither hold the recorder's GIL while it drains the rings nor take
+    the job's CPU: the child runs at nice 19. One computation at a time; a request while one runs waits for the
+    next ``every_s``. The child ends with the recorder: at its stdin's EOF, and through
+    :func:`tie_to_recorder` if the recorder is killed (the guardian also ends it).
+
+    Args:
+        every_s: the least time between two computations.
+        snapshot: called with (path, on_done) to queue a snapshot (the recorder's writer thread takes it, then
+            calls on_done).
+        publish: called on the recorder's thread with the active (category, severity) pairs of each answer.
+    """
+
+    def __init__(
+        self,
+        every_s: float,
+        snapshot: Callable[[Path, Callable[[], None]], None],
+        publish: Callable[[list[tuple[str, str]]], None],
+    ) -> None:
+        self.every_s = every_s
+        self._snapshot = snapshot
+        self._publish = publish
+        self.dir = Path(tempfile.mkdtemp(prefix="tracer-live-"))  # the prefix: _remove_snapshots may remove it
+        self.path = self.dir / CHAINS_SNAPSHOT
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._busy = False  # a snapshot queued or a computation running
+        self._last = -float("inf")  # monotonic s of the last request
+        self._seen = -1  # stored calls at the last request
+        self._buf = b""
+        self.computed = 0  # answers received
+        self.failures = 0  # answers that were an error (logged once)
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", CHAINS_MODULE, str(os.getpid()), str(self.dir), str(ACTIVE_S)]
+        logf = open(self.dir / "chains.log", "wb")  # the child keeps it; closed in stop()
+        self._log = logf
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf, start_new_session=True
+        )
+        assert self.proc.stdout is not None
+        os.set_blocking(self.proc.stdout.fileno(), False)
+
+    def tick(self, stored_calls: int, now: float | None = None) -> None:
+        """Called by the recorder's tick: read an answer if one came; queue a computation if it is time and new
+        calls were stored."""
+        now = time.monotonic() if now is None else now
+        self._read()
+        if self._busy or self.proc is None or self.proc.poll() is not None:
+            return
+        if now - self._last < self.every_s or stored_calls == self._seen:
+            return
+        self._busy, self._last, self._seen = True, now, stored_calls
+        self._snapshot(self.path, self._hand_over)
+
+    def _hand_over(self) -> None:
+        """On the writer thread, once the snapshot is in place: tell the child to compute over it."""
+        try:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(str(self.path).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as e:  # the child is gone: no chains from here on
+            log.warning("the chain watch is gone: %s", e)
+
+    def _read(self) -> None:
+        if self.proc is None or self.proc.stdout is None:
+            return
+        try:
+            chunk = self.proc.stdout.read()
+        except OSError:
+            chunk = None
+        if chunk:
+            self._buf += chunk
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            self._busy = False
+            self._answer(line)
+
+    def _answer(self, line: bytes) -> None:
+        import json
+
+        try:
+            msg = json.loads(line)
+            if "error" in msg:
+                raise ValueError(msg["error"])
+            active = [(str(c), str(s)) for c, s in msg["active"]]
+        except (ValueError, KeyError, TypeError) as e:
+            if not self.failures:
+                log.warning("the chain watch failed (tracer_chain_active keeps its last values): %s", e)
+            self.failures += 1
+            return
+        self.computed += 1
+        self._publish(active)
+
+    def stop(self) -> None:
+        """End the child (EOF on its stdin, then SIGTERM, SIGKILL) and remove the snapshot."""
+        if self.proc is not None:
+            try:
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

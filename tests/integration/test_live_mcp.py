@@ -6,6 +6,7 @@ Real eBPF, the real MCP SDK client over HTTP.
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -134,3 +135,67 @@ def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> N
 
     with duckdb.connect(str(db), read_only=True) as c:
         assert c.execute("SELECT status FROM session").fetchone()[0] == "target_exited"
+
+
+def test_the_node_agent_answers_live_over_mcp_about_a_job_started_after_it(tmp_path: Path) -> None:
+    """`tracer record --mcp-http` with no target (the node agent): a job started after it is answered about live,
+    by pid, with its exact call counts (its own, written at exit) and its known HIGH cause (allocation_churn,
+    test_diagnosis_real's alloc scenario), while the agent goes on recording."""
+    from conftest import read_counts
+
+    port = _free_port()
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    rec = subprocess.Popen(
+        [str(TRACER), "record", "--db", str(tmp_path / "node.duckdb"), "--mcp-http", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    job = None
+    try:
+        assert rec.stderr is not None
+        for line in rec.stderr:  # GIVEN the agent is attached, with no CUDA job of ours yet
+            if "tracing every CUDA process" in line:
+                break
+        else:
+            raise AssertionError(f"the agent exited early: {rec.wait()}")
+        assert _wait_port(port, 90), "the live MCP server never listened"
+        url = f"http://127.0.0.1:{port}/mcp"
+        # WHEN a job starts after it (ahead of a shared machine's other tenants: nice -15) and ends
+        cmd = ["nice", "-n", "-15", PY, workload("alloc_stress.py"), "--iterations", "1000"]
+        job = subprocess.Popen([*cmd, "--counts-dir", str(counts)], stdout=subprocess.DEVNULL)
+        assert job.wait(timeout=120) == 0
+        ((own,),) = [[c["counts"] for c in read_counts(counts) if c["pid"] == job.pid]]
+
+        # THEN get_trace_stats for its pid, live, has its exact call counts (a snapshot a second or two behind: a
+        # loaded recorder's may not come within the server's wait, which then answers from the one before, where
+        # the job may not be yet)
+        def malloc_calls() -> int:
+            r, _ = anyio.run(call, url, "get_trace_stats", {"pid": job.pid})
+            if r.is_error and "is not in this trace" in r.content[0].text:
+                return -1
+            assert not r.is_error, r.content
+            return sum(o["calls"] for o in r.structured_content["ops"] if o["op"] == "cudaMalloc")
+
+        deadline = time.monotonic() + 60
+        while (n := malloc_calls()) != own["cudaMalloc"] and time.monotonic() < deadline:
+            time.sleep(1)
+        assert n == own["cudaMalloc"]
+        # AND get_causal_chains for it names its cause, HIGH
+        r, _ = anyio.run(call, url, "get_causal_chains", {"pid": job.pid, "limit": 100})
+        assert not r.is_error, r.content
+        assert ("allocation_churn", "HIGH") in {(c["category"], c["severity"]) for c in r.structured_content["chains"]}
+        # AND the agent runs on until stopped, then ends normally with no server left behind
+        assert rec.poll() is None
+        rec.send_signal(signal.SIGINT)
+        out, err = rec.communicate(timeout=120)
+        assert rec.returncode == 0, err
+        assert not _wait_port(port, 0.5), "the live server outlived the recording"
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()

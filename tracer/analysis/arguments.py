@@ -66,3 +66,78 @@ def _tids(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> dict[int, int
         if rows:
             return dict(rows)
     return dict(conn.execute("SELECT DISTINCT tid, pid FROM cuda_calls ORDER BY tid").fetchall())
+
+
+def job_pid(
+    conn: duckdb.DuckDBPyConnection,
+    *,
+    pid: int | None = None,
+    rank: int | None = None,
+    container: str | None = None,
+    info: RecordingInfo | None = None,
+) -> int | None:
+    """Return the one process a job selector names, for the analyses that take a pid (None: no selector, the
+    whole recording): ``pid`` as given; ``rank``, that rank's own process; ``container``, a container id (its
+    64 hex digits or a prefix of them, as `docker ps` shows 12) or a pod name (process_placement), resolved to the
+    container's process that made CUDA calls. The one place a node recording's job is picked (issue 32): the CLI
+    and the MCP tools call it. Raises UsageError for two selectors at once, or one the recording does not hold,
+    with what it does hold."""
+    given = [n for n, v in (("pid", pid), ("rank", rank), ("container", container)) if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both select a job", "Pass only one of pid, rank and container.")
+    if rank is None and container is None:
+        return pid
+    info = info or load_recording(conn)
+    if rank is not None:
+        of_rank = sorted(p for p, r in info.rank_pids.items() if r == rank)
+        if len(of_rank) != 1:
+            ranks = sorted(set(info.rank_pids.values()))
+            held = ", ".join(map(str, ranks[:LIST_MAX])) or "(none: no process had a rank)"
+            why = "is not in this trace" if not of_rank else f"is held by several processes ({of_rank})"
+            raise UsageError(f"rank {rank} {why}; its ranks: {held}", "Pass one of them, or a pid.")
+        return of_rank[0]
+    assert container is not None
+    return _container_pid(conn, info, container.strip())
+
+
+def _container_pid(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, name: str) -> int:
+    shown = repr(name) if len(name) <= ECHO_CHARS else f"{name[:ECHO_CHARS]!r}…"
+    if not info.has("process_placement", "container_id"):
+        raise UsageError(
+            f"container {shown}: this recording holds no container identity (recorded before issue 32)",
+            "Pass a pid instead.",
+        )
+    rows = conn.execute(
+        "SELECT DISTINCT pid, container_id, pod_name FROM process_placement "
+        "WHERE container_id IS NOT NULL OR pod_name IS NOT NULL"
+    ).fetchall()
+    hexid = name.lower()
+    pids = sorted({p for p, cid, pod in rows if (len(hexid) >= 4 and (cid or "").startswith(hexid)) or pod == name})
+    if not pids:
+        boxes = sorted({f"{cid[:12] if cid else '-'} ({pod or 'no pod'})" for _, cid, pod in rows})
+        held = ", ".join(boxes[:LIST_MAX]) or "(none: no traced process ran in a container)"
+        raise UsageError(
+            f"container {shown} is not in this trace; its containers (id (pod)): {held}",
+            "Pass a container id (12 or more hex digits) or a pod name from the list, or a pid.",
+        )
+    calling = _cuda_pids(conn, info)
+    cuda = [p for p in pids if p in calling and p in info.procs]
+    if len(cuda) == 1:
+        return cuda[0]
+    if not cuda:
+        raise UsageError(
+            f"container {shown} holds no process that made a CUDA call (pids {pids[:LIST_MAX]})", "Pass a pid."
+        )
+    listed = ", ".join(
+        f"{p}" + (f" (rank {info.procs[p].rank})" if info.procs[p].rank is not None else "") for p in cuda[:LIST_MAX]
+    )
+    raise UsageError(f"container {shown} holds several CUDA processes: {listed}", "Pass one of them as pid, or a rank.")
+
+
+def _cuda_pids(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> set[int]:
+    """The processes that made a CUDA call (threads' exact counts; the stored calls in an older recording)."""
+    if info.has("threads", "cuda_calls"):
+        sql = "SELECT DISTINCT pid FROM threads WHERE cuda_calls > 0"
+    else:
+        sql = "SELECT DISTINCT pid FROM cuda_calls"
+    return {r[0] for r in conn.execute(sql).fetchall()}

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tracer.analysis.arguments import check_args
+from tracer.analysis.arguments import check_args, job_pid
 from tracer.errors import UsageError
 from tracer.views.console import make_console
 from tracer.views.output import check_output_file
@@ -40,6 +40,14 @@ DbsOption = Annotated[
     ),
 ]
 PidOption = Annotated[int | None, typer.Option("--pid", help="Only this process (default: the whole tree).")]
+ContainerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--container",
+        help="Only this container's job, instead of --pid: a container id (12+ hex digits, as docker ps or crictl ps "
+        "show it) or a pod name; its process that made CUDA calls (a node agent's recording).",
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the MCP tool's output).")]
 DEFAULT_DB = Path("trace.duckdb")
 
@@ -89,6 +97,7 @@ def _print(record, as_json: bool) -> None:
 def stats(
     db: DbsOption = None,
     pid: PidOption = None,
+    container: ContainerOption = None,
     show_all: Annotated[
         bool,
         typer.Option(
@@ -107,6 +116,7 @@ def stats(
     from tracer.views.render import print_record
 
     with _open(db) as conn:
+        pid = job_pid(conn, pid=pid, container=container)
         check_args(conn, pid=pid)
         print_record(trace_stats(conn, pid=pid, detail=show_all), out, as_json=json, show_all=show_all)
 
@@ -114,6 +124,7 @@ def stats(
 def chains(
     db: DbsOption = None,
     pid: PidOption = None,
+    container: ContainerOption = None,
     severity: Annotated[
         str | None,
         typer.Option("--severity", help="Only chains of this severity: high, medium or low."),
@@ -128,6 +139,7 @@ def chains(
     from tracer.analysis.chains import compute_chains
 
     with _open(db) as conn:
+        pid = job_pid(conn, pid=pid, container=container)
         check_args(conn, pid=pid, severity=severity, limit=limit)
         _print(compute_chains(conn, pid=pid, severity=severity, limit=limit), json)
 
@@ -390,6 +402,7 @@ def _export_parquet(
 def breakdown(
     db: DbsOption = None,
     pid: PidOption = None,
+    container: ContainerOption = None,
     tid: Annotated[
         int | None, typer.Option("--tid", help="Only this thread (default: every thread that made CUDA calls).")
     ] = None,
@@ -408,6 +421,7 @@ def breakdown(
     from tracer.analysis.breakdown import time_breakdown
 
     with _open(db) as conn:
+        pid = job_pid(conn, pid=pid, container=container)
         check_args(conn, pid=pid, tid=tid, bucket_s=bucket)
         _print(time_breakdown(conn, pid=pid, tid=tid, bucket_s=bucket), json)
 

@@ -180,6 +180,16 @@ def record(
             "bearer token of --mcp-token-file or TRACER_MCP_TOKEN. It stops with the recording.",
         ),
     ] = None,
+    chains_every: Annotated[
+        float,
+        typer.Option(
+            "--chains-every",
+            metavar="SECONDS",
+            help="With --metrics: compute the causal chains over the recording so far at most every SECONDS, and "
+            "only when new calls were stored, for tracer_chain_active (in a child process at low priority); 0 "
+            "turns it off.",
+        ),
+    ] = 60.0,
     keep_running: Annotated[
         bool,
         typer.Option(
@@ -232,6 +242,11 @@ def record(
         mcp_http=mcp_http,
         mcp_token_file=_absolute(mcp_token_file) if mcp_token_file else None,
     )
+    if chains_every < 0:
+        from tracer.errors import UsageError
+
+        raise UsageError(f"--chains-every {chains_every:g} is negative", "Pass SECONDS >= 0 (0 turns it off).")
+    opts.chains_every_s = chains_every
     if metrics is not None:
         opts.metrics_token, opts.metrics_listen = _listen_token(metrics, opts.mcp_token_file, "--metrics")
     live = sys.stderr.isatty()

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from elftools.common.exceptions import ELFError
+
 from probes.catalog import DRIVER_COVERED, OP_IDS
 from tracer.recorder import events, targets
 from tracer.recorder.budget import DutyCycler
@@ -94,7 +96,7 @@ class Attacher:
                 skip = DRIVER_COVERED
             try:
                 res = attach_library(self.progs, lib.path, lib.kind, targets.exported_offsets(lib.path), skip=skip)
-            except (OSError, LinkError, ValueError) as e:
+            except (OSError, LinkError, ValueError, ELFError) as e:  # ELFError: a file named libcud* that is no ELF
                 self.notes.append(f"could not attach to {lib.path}: {e}")
                 continue
             self.attached[key] = res
@@ -151,13 +153,23 @@ class Attacher:
             self.holds.count += 1
             self.holds.held_ms += (time.monotonic_ns() - since) / 1e6
 
-    def release_stale(self, older_than_ns: int) -> None:
-        """Continue held processes whose open event never arrived (a lost event must not leave one stopped)."""
+    def release_stale(self, older_than_ns: int, on_lost: Callable[[int], None] | None = None) -> None:
+        """Continue held processes whose open event never arrived (a lost event must not leave one stopped).
+        ``on_lost(pid)`` runs first, while it is still stopped: what the event would have done (the node agent
+        registers a process that joined in kernel; the library it opened is attached from its open fds)."""
         now = time.monotonic_ns()
         for k, v in list(self.bpf["held"].items()):
             if now - int(v.value) > older_than_ns:
-                self.notes.append(f"pid {k.value} was continued without its library open event (lost)")
-                self.release(int(k.value))
+                pid = int(k.value)
+                self.notes.append(f"pid {pid} was continued without its library open event (lost)")
+                try:
+                    if on_lost is not None:
+                        on_lost(pid)
+                    self.attach(targets.resolve_libraries(open_libraries(pid)))
+                except Exception as e:  # never a reason to leave it stopped
+                    log.warning("pid %d, whose library open event was lost: %s", pid, e)
+                finally:
+                    self.release(pid)
 
     def release_all(self) -> None:
         for k, _ in list(self.bpf["held"].items()):
@@ -220,6 +232,25 @@ def _open_fd_path(pid: int, dev: int, ino: int) -> str | None:
             root = f"/proc/{pid}/root{target}"
             return root if os.path.exists(root) else target if os.path.exists(target) else link
     return None
+
+
+def open_libraries(pid: int) -> list[str]:
+    """The CUDA libraries among ``pid``'s open files (through /proc/PID/root: a container's paths): a process held
+    at its open of one, whose event was lost, has it open and not yet mapped."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and targets.library_kind(target):
+            root = f"/proc/{pid}/root{target}"
+            out.append(root if os.path.exists(root) else target)
+    return out
 
 
 def runtime_launch_op_ids() -> frozenset[int]:

@@ -97,6 +97,7 @@ def close_open_segments(bpf: Any, tree: ProcessTree, start_mono: int, end_ns: in
     for tid, st in live:
         tree.note_live_thread(int(st.tgid), tid, max(0, int(st.first) - start_mono), end_ns - start_mono)
     table = bpf["tbreak"]
+    full = 0  # seconds not accounted: the map was full
     for sp in open_spans(live, inflight, end_ns):
         for sec, ns in by_second(sp.start_ns, sp.end_ns, start_mono):
             k = table.Key(sp.tid, sec)
@@ -106,7 +107,12 @@ def close_open_segments(bpf: Any, tree: ProcessTree, start_mono: int, end_ns: in
                 v = table.Leaf()
                 v.pid = sp.pid
             v.v[sp.field] += ns
-            table[k] = v
+            try:
+                table[k] = v
+            except Exception:  # E2BIG, the map full: a node agent's thread idle for minutes spans that many seconds
+                full += 1
+    if full:
+        log.warning("tbreak was full: %d thread-seconds of open segments at the end were not accounted", full)
 
 
 def running_threads(bpf: Any, tree: ProcessTree, start_mono: int, end_ns: int) -> list[ThreadInfo]:
@@ -286,6 +292,7 @@ class Ending:
     resolver: Any  # stack_resolver.StackResolver
     guardian: Any  # guardian.Guardian
     metrics: Any
+    chains: Any  # live.ChainWatch | None
     live: Any
     gc_probes: Any
     pyrt: Any
@@ -332,6 +339,8 @@ class Ending:
             self.command.end(status, keep_running=self.opts.keep_command)
         if self.metrics is not None:
             self.metrics[1].stop()
+        if self.chains is not None:
+            self.chains.stop()
         if self.live is not None:
             self.live.stop()  # the final DB is served by `tracer mcp serve` once the recorder is done
         try:

@@ -114,6 +114,14 @@ STEPS = Family(
     "waits) or the process has exited.",
     PROC_LABELS,
 )
+CHAIN_ACTIVE = Family(
+    "tracer_chain_active",
+    "gauge",
+    "1 while a causal chain of this category and severity (HIGH or MEDIUM) is active on the node: found by the "
+    "analyses (`tracer chains`) over the recording, its affected range ending in the last few minutes; 0 once none "
+    "is. Computed at most once a --chains-every, and only when new calls were stored.",
+    ("category", "severity"),
+)
 PROCESSES = Family(
     "tracer_processes", "gauge", "Traced processes alive, and exited ones still reported (state=exited).", ("state",)
 )
@@ -123,6 +131,7 @@ FAMILIES: tuple[Family, ...] = (
     COPY_BYTES,
     THREAD_TIME,
     STEPS,
+    CHAIN_ACTIVE,
     EVENTS_LOST,
     CPU_SECONDS,
     RESIDENT,
@@ -160,6 +169,7 @@ class Snapshot:
     steps: tuple[tuple[tuple[str, ...], int], ...] = ()  # (PROC_LABELS, steps)
     alive: int = 0
     exited: int = 0
+    chains: tuple[tuple[tuple[str, str], int], ...] = ()  # ((category, severity), 1 active | 0 no longer)
 
 
 _MAX_SLOT = 1024  # slots of a u64 latency: (63 - 3) * 16 + 15 = 975
@@ -223,6 +233,18 @@ class MetricsState:
     waits: dict[tuple[int, int], _Waits] = field(default_factory=dict)  # (pid, tid) -> its waits for the GPU
     failures: int = 0  # snapshots that failed (logged once)
     snapshot: Snapshot = field(default_factory=Snapshot)
+    # (category, severity) -> 1 while active, 0 after: a series once served stays, at 0, so an alert on it resolves
+    # on a sample rather than on the series' staleness; bounded by the categories x 2 severities
+    chain_active: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def set_chains(self, active: Iterable[tuple[str, str]]) -> None:
+        """The (category, severity) of the chains active now (from the chain watch, tracer/live.py); every other
+        series served before goes to 0. Published at the next tick."""
+        now = set(active)
+        for key in self.chain_active:
+            self.chain_active[key] = 0
+        for key in now:
+            self.chain_active[key] = 1
 
     def add_breakdown(self, bd: Mapping[str, Any], calls: np.ndarray) -> None:
         """Add drained thread_breakdown rows (columns.breakdown_columns' columns; ``calls``: each row's CUDA calls)."""
@@ -361,7 +383,8 @@ class MetricsState:
                 most[pid] = max(n, most.get(pid, 0))
         steps = tuple((self.procs[pid].labels, n) for pid, n in most.items())
         gone = sum(p.gone_at is not None for p in self.procs.values())
-        self.snapshot = Snapshot(tuple(ops), tuple(tt), lost, steps, len(self.procs) - gone, gone)
+        chains = tuple(sorted(self.chain_active.items()))
+        self.snapshot = Snapshot(tuple(ops), tuple(tt), lost, steps, len(self.procs) - gone, gone, chains)
 
     def _forget(self, pid: int) -> None:
         del self.procs[pid]
@@ -416,6 +439,10 @@ def families(snap: Snapshot, cpu_s: float, rss_bytes: int | None) -> Iterator[Me
     for labels, n in snap.steps:
         st.add_metric(list(labels), n)
     yield st
+    ch = GaugeMetricFamily(CHAIN_ACTIVE.name, CHAIN_ACTIVE.help, labels=list(CHAIN_ACTIVE.labels))
+    for (category, severity), v in snap.chains:
+        ch.add_metric([category, severity], v)
+    yield ch
     lost = CounterMetricFamily(EVENTS_LOST.name, EVENTS_LOST.help, labels=["kind"])
     for kind, n in snap.lost:
         lost.add_metric([kind], n)

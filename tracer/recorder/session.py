@@ -101,6 +101,7 @@ class RecordOptions:
     max_db_bytes: int | None = None  # --max-db-size: thin the oldest detail rows to keep the file under it
     metrics_listen: tuple[str, int] | None = None  # --metrics: serve Prometheus metrics at (HOST, PORT) (metrics.py)
     metrics_token: str | None = None  # the bearer token a scrape must send (a non-loopback --metrics)
+    chains_every_s: float = 60.0  # --chains-every: least seconds between tracer_chain_active's computations; 0: off
 
 
 class Recorder(Ending):
@@ -138,6 +139,7 @@ class Recorder(Ending):
         self.live: Any = None
         self._live_failed = False
         self.metrics: Any = None  # (MetricsState, MetricsServer) with --metrics
+        self.chains: Any = None  # the ChainWatch behind tracer_chain_active (--metrics, --chains-every > 0)
         self._dumper: Any = None
         self._snapped: dict[int, int] = {}  # tid -> its exec clock at its last snapshot: one per time it stops
 
@@ -291,6 +293,8 @@ class Recorder(Ending):
             self._write_session_row("recording")
             if self.opts.mcp_http is not None:
                 self._start_live()
+            if self.metrics is not None and self.opts.chains_every_s > 0:
+                self._start_chains()
             t = time.monotonic()
             self._attach_targets()
             self._start_sampler()
@@ -321,16 +325,27 @@ class Recorder(Ending):
         """The MCP server over snapshots of this recording (tracer/live.py)."""
         from tracer.live import LiveServer
 
-        def snapshot(path: Path) -> None:
-            self._write_totals(time.monotonic_ns(), live=True)  # op_stats, processes, threads as of now
-            self._write_session_row("recording")  # flushed_ns: how far the snapshot goes
-            self.store.snapshot(path)
-
-        self.live = LiveServer(self.opts.mcp_http or "", self.opts.mcp_token_file, snapshot)
+        self.live = LiveServer(self.opts.mcp_http or "", self.opts.mcp_token_file, self._snapshot_db)
         self.live.start()
         if self.live.proc is not None:  # the server's own watch of this process is a backstop's second line
             self.guardian.also_end(self.live.proc.pid, self.live.dir)
         self._status(f"serving this recording over MCP at http://{self.opts.mcp_http}/mcp (snapshots on demand)")
+
+    def _snapshot_db(self, path: Path, on_done: Callable[[], None] | None = None) -> None:
+        """Queue a snapshot of the recording so far at ``path`` (the live MCP server's and the chain watch's)."""
+        self._write_totals(time.monotonic_ns(), live=True)  # op_stats, processes, threads as of now
+        self._write_session_row("recording")  # flushed_ns: how far the snapshot goes
+        self.store.snapshot(path, on_done)
+
+    def _start_chains(self) -> None:
+        """tracer_chain_active: the causal chains over snapshots of the recording, computed by a child process at
+        most every --chains-every (tracer/live.py ChainWatch)."""
+        from tracer.live import ChainWatch
+
+        self.chains = ChainWatch(self.opts.chains_every_s, self._snapshot_db, self.metrics[0].set_chains)
+        self.chains.start()
+        if self.chains.proc is not None:  # ended by the guardian too if this process is killed
+            self.guardian.also_end(self.chains.proc.pid, self.chains.dir)
 
     def _start_metrics(self) -> None:
         """The Prometheus endpoint (recorder/metrics.py), fed by the tick."""
@@ -565,6 +580,14 @@ class Recorder(Ending):
                     self.bpf["targets"][ct.c_uint32(p)] = ct.c_uint8(1)
                 self._add_target(p, first_ns=now_ns)
 
+    def _lost_join(self, pid: int) -> None:
+        """A held process whose library open event was lost (attach.release_stale, before it runs on): if it
+        joined the traced set in kernel (the node agent, libload.bpf.c) it is registered as the event would have
+        (its maps, Python layout, placement and container), and its Python walker configured."""
+        if self.all_cuda and pid not in self.tree.procs and self.bpf["targets"].get(ct.c_uint32(pid)) is not None:
+            self._join(pid)
+        self._before_continue(pid)
+
     def _before_continue(self, pid: int) -> None:
         """A held process is about to run on: configure its Python walker while it cannot race us."""
         if self.pyrt is not None and pid in self._py_pending:
@@ -682,7 +705,9 @@ class Recorder(Ending):
         self._drain_aggregates(before_sec=ts // 1_000_000_000 - 1)
         self._apply_overhead_budget(now - self._last_tick)
         self._last_tick = now
-        self.attacher.release_stale(older_than_ns=2_000_000_000)
+        self.attacher.release_stale(older_than_ns=2_000_000_000, on_lost=self._lost_join)
+        if self.chains is not None:
+            self.chains.tick(self.store.rows_written.get("cuda_calls", 0))
         if self.metrics is not None:
             self.metrics[0].refresh(self.bpf, self.tree.procs, self.tree.alive())
         if self.live is not None:

@@ -243,10 +243,14 @@ class Store:
         def take() -> None:
             self.conn.execute("CHECKPOINT")
             tmp = dest.with_name(dest.name + ".tmp")
-            shutil.copyfile(self.path, tmp)
-            with duckdb.connect(str(tmp)) as c:
-                c.execute("UPDATE session SET status = 'snapshot' WHERE status = 'recording'")
-            os.replace(tmp, dest)
+            try:
+                shutil.copyfile(self.path, tmp)
+                with duckdb.connect(str(tmp)) as c:
+                    c.execute("UPDATE session SET status = 'snapshot' WHERE status = 'recording'")
+                os.replace(tmp, dest)
+            except OSError as e:  # its directory went (its reader stopped): a lost snapshot, not a lost recording
+                log.warning("a snapshot of %s at %s failed: %s", self.path, dest, e)
+                return
             if on_done is not None:
                 on_done()
 
