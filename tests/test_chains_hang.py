@@ -46,11 +46,15 @@ def chains_of(db: Path) -> list:
         return compute_chains(con, limit=100).chains
 
 
-def hung_ranks(tmp: Path, stuck_running: bool = False) -> Path:
+def hung_ranks(tmp: Path, stuck_running: bool = False, other: bool = False) -> Path:
     """Three ranks of a gloo job attached after the hang: ranks 0 and 2 in all_reduce, rank 1 in an open (or,
-    with ``stuck_running``, on the CPU: a rank stuck in a loop of its own) for the whole 10 s recording."""
+    with ``stuck_running``, on the CPU: a rank stuck in a loop of its own) for the whole 10 s recording. With
+    ``other``, a second job (pid 500) runs beside it, as under the node agent."""
     b = TraceBuilder(duration_s=10.0)
     end = 10 * S
+    if other:
+        b.process(500, "python", cmdline="other.py")
+        b.thread(500, 500, "python")
     b.process(100, "python", cmdline="torchrun")
     snaps = []
     for r, pid in enumerate((101, 102, 103)):
@@ -85,6 +89,18 @@ def test_hung_ranks_name_the_rank_outside_the_collective(tmp_path: Path) -> None
     assert any("findmnt -T /mnt/nfs/shard-7.bin" in r for r in c.recommendations)
     assert [h.edge for h in c.path] == ["start", "collective"] and c.path[-1].pid == 102
     assert not [t for t in ev.waiting + ev.stuck if t.comm == "gloo"]  # threads without Python frames: not listed
+
+
+def test_asked_about_another_job_s_pid_the_hang_is_not_listed(tmp_path: Path) -> None:
+    # GIVEN the hung ranks and another job beside them; WHEN the chains of one pid are asked for
+    db = hung_ranks(tmp_path, other=True)
+    with duckdb.connect(str(db), read_only=True) as con:
+        other = compute_chains(con, pid=500, limit=100).chains
+        rank = compute_chains(con, pid=102, limit=100).chains
+    # THEN the other job's pid gets no hang chain (it was listed), and a rank's gets the job's, judged whole
+    assert not [c for c in other if c.category == "hang"]
+    ((c,),) = [[c for c in rank if c.category == "hang"]]
+    assert c.culprit.pid == 102 and c.pids == [101, 102, 103]
 
 
 def test_a_hang_leads_the_chains(tmp_path: Path) -> None:

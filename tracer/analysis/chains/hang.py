@@ -121,7 +121,13 @@ def blocked_ns(ctx: ChainContext, t: DumpThread, until: int) -> float:
 
 
 def detect(ctx: ChainContext) -> list[CausalChain]:
-    """Return one hang chain for the job when it stopped making progress (see the module docstring)."""
+    """Return one hang chain for the job when it stopped making progress (see the module docstring); asked about
+    one pid (``ctx.pid``), only a hang of a job that pid belongs to (the job is judged whole: its other ranks)."""
+    chains = _detect(ctx)
+    return [c for c in chains if ctx.pid is None or ctx.pid in c.pids]
+
+
+def _detect(ctx: ChainContext) -> list[CausalChain]:
     if not ctx.info.has("thread_snapshots"):
         return []
     end_ns = ctx.info.duration_ns
