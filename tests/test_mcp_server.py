@@ -147,13 +147,11 @@ def test_bad_arguments_are_tool_errors(dbs, tool, args, needle):
     assert r.is_error and needle in r.content[0].text
 
 
-def test_sql_timeout_then_server_still_answers(dbs, monkeypatch):
-    import mcp_server.server as srv
-
-    monkeypatch.setattr(srv, "SQL_TIMEOUT_S", 0.5)
+def test_sql_timeout_then_server_still_answers(dbs):
+    from mcp_server.state import ToolLimits
 
     async def go():
-        async with Client(build_server(dbs["healthy"])) as c:
+        async with Client(build_server(dbs["healthy"], limits=ToolLimits(sql_timeout_s=0.5))) as c:
             t = time.perf_counter()
             slow = await c.call_tool(
                 "run_sql",

@@ -7,6 +7,8 @@ hint to stderr, with no traceback unless ``-v``. Exit codes: 2 usage, 3 environm
 
 from __future__ import annotations
 
+ECHO_CHARS = 80  # an argument quoted back in an error is cut to this (a 1 MB op name is not sent back)
+
 
 class TracerError(Exception):
     exit_code = 1
@@ -37,3 +39,11 @@ class StoreError(TracerError):
     """The DB is missing, not ours, from a newer schema, locked, or unwritable."""
 
     exit_code = 5
+
+
+def echo(value: str) -> str:
+    """``value`` quoted for an error message, cut to :data:`ECHO_CHARS` characters: what a user or a model
+    passed, shown back without sending back a megabyte of it."""
+    if len(value) <= ECHO_CHARS:
+        return repr(value)
+    return f"{value[:ECHO_CHARS]!r}… ({len(value):,} characters)"
