@@ -19,10 +19,10 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 
 from mcp_server import guide, tools
-from mcp_server.errors import hidden_directories
 from mcp_server.state import Connect, ServerState, ToolLimits, lifespan
 from tracer.analysis.db import open_trace, recordings
 from tracer.analysis.sql.pool import SqlPool
+from tracer.errors import hidden_directories
 
 
 def build_server(

@@ -54,7 +54,7 @@ class ServerState:
     open: Connect  # a new read connection to them (a live recording: on the recorder's latest snapshot)
     live: bool  # served from the recorder's own DuckDB instance (run_sql runs in-process, with no worker to kill)
     siblings: Path  # the directory compare_traces reads the other recording from, by file name
-    hidden: tuple[str, ...]  # directories no error may name (mcp_server.errors.hidden_directories)
+    hidden: tuple[str, ...]  # directories no error may name (tracer.errors.hidden_directories)
     freshen: Callable[[], None] | None = None  # run before each call: a live recording's new snapshot
     sql_pool: SqlPool | None = None  # run_sql's query workers; None: this process's default pool
     limits: ToolLimits = field(default_factory=ToolLimits)
