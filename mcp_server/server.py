@@ -56,7 +56,7 @@ def build_server(
     make = functools.partial(
         ServerState,
         paths=tuple(paths),
-        open=connect or functools.partial(open_trace, paths if len(paths) > 1 else paths[0]),
+        connect=connect or functools.partial(open_trace, paths if len(paths) > 1 else paths[0]),
         live=connect is not None,
         siblings=siblings,
         hidden=hidden_directories([*(p.parent for p in paths), siblings]),

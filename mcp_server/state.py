@@ -51,7 +51,7 @@ class ServerState:
     """What every tool call reads. Frozen: one state serves concurrent calls in many threads."""
 
     paths: tuple[Path, ...]  # the recordings served: one, or a job's (analysed as one)
-    open: Connect  # a new read connection to them (a live recording: on the recorder's latest snapshot)
+    connect: Connect  # a new read connection to them (a live recording: on the recorder's latest snapshot)
     live: bool  # served from the recorder's own DuckDB instance (run_sql runs in-process, with no worker to kill)
     siblings: Path  # the directory compare_traces reads the other recording from, by file name
     hidden: tuple[str, ...]  # directories no error may name (tracer.errors.hidden_directories)
@@ -88,7 +88,7 @@ class ServerState:
         if self.freshen is not None:
             self.freshen()
         try:
-            c = self.open()
+            c = self.connect()
         except TracerError as e:
             raise self.error(e) from None
         failed: TracerError | None = None
