@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_TIMEOUT_S = 10  # the server's run_sql wall clock (mcp_server.server.SQL_TIMEOUT_S)
+DEFAULT_TIMEOUT_S = 10  # the server's run_sql wall clock (mcp_server.state.ToolLimits.sql_timeout_s)
 MiB = 1 << 20
 
 

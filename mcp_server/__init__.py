@@ -1,1 +1,2 @@
-"""MCP surface of cuda-host-tracer: tools over ``tracer.analysis`` (server.py), transports (http.py), auth."""
+"""MCP surface of cuda-host-tracer: ``build_server`` (server.py) over the tools in ``tools/`` (thin views over
+``tracer.analysis``, reading the server's state, state.py, through their Context), transports (http.py), auth."""

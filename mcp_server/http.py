@@ -40,7 +40,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mcp_server import sessions
 from mcp_server.auth import BearerTokenMiddleware, authorized
-from mcp_server.server import Connect, build_server
+from mcp_server.server import build_server
+from mcp_server.state import Connect
 from tracer.analysis.db import recordings
 from tracer.analysis.sql.pool import SqlPool
 from tracer.errors import StoreError, UsageError

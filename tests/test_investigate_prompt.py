@@ -49,7 +49,7 @@ def test_the_prompt_carries_the_question(texts):
 
 def test_the_prompt_and_the_instructions_give_one_order(texts):
     # issue 31: the server held a 7-step and a 5-step copy that disagreed; both now give the whole order, once
-    from mcp_server.server import INVESTIGATION_ORDER
+    from mcp_server.guide import INVESTIGATION_ORDER
 
     for which in ("prompt", "instructions"):
         assert INVESTIGATION_ORDER in texts[which]

@@ -558,7 +558,7 @@ def test_requests_without_a_session_are_capped_per_address():
 def test_sql_client_ignores_what_the_client_declares():
     from types import SimpleNamespace
 
-    from mcp_server.server import sql_client
+    from mcp_server.tools.sql import sql_client
 
     forged = [(b"mcp-session-id", b"forged")]
     request_ = SimpleNamespace(
@@ -572,10 +572,10 @@ def test_sql_client_ignores_what_the_client_declares():
 
 
 # -- issue 30: tools under a time budget, argument sizes capped --------------------------------------------------
-def test_compare_traces_on_a_crafted_recording_stops_at_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_compare_traces_on_a_crafted_recording_stops_at_the_budget(tmp_path: Path):
     import duckdb
 
-    from mcp_server import server as srv
+    from mcp_server.state import ToolLimits
 
     # GIVEN a recording whose cuda_calls is a view that burns CPU (billions of hashes per scan)
     build("healthy", tmp_path / "a.duckdb")
@@ -586,10 +586,9 @@ def test_compare_traces_on_a_crafted_recording_stops_at_the_budget(tmp_path: Pat
             "CREATE VIEW cuda_calls AS SELECT c.* FROM cc_real c, range(5000000) r "
             "WHERE r.range = 0 OR hash(r.range, c.ts_ns) = 0"
         )
-    monkeypatch.setattr(srv, "TOOL_BUDGET_S", 2.0)
 
     async def go() -> tuple[Any, float, Any]:
-        async with Client(build_server(tmp_path / "a.duckdb")) as c:
+        async with Client(build_server(tmp_path / "a.duckdb", limits=ToolLimits(tool_budget_s=2.0))) as c:
             t = time.monotonic()
             r = await c.call_tool("compare_traces", {"before": "crafted.duckdb"})
             return r, time.monotonic() - t, await c.call_tool("get_trace_stats", {})

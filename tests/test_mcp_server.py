@@ -74,6 +74,31 @@ def test_tools_listed_with_annotations_and_schemas(dbs):
     assert "DataloaderStarvationEvidence" in chains_schema and "idle_gap_after_sync_us" in chains_schema
     assert "runq_tracer" in str(by["get_time_breakdown"].output_schema) and "get_time_breakdown" in instructions
     assert [str(r.uri) for r in resources] == ["trace://schema"] and prompts[0].name == "investigate"
+    for t in tools:  # the Context the tools read their state through is no argument of theirs
+        assert "ctx" not in t.input_schema.get("properties", {}), t.name
+        assert "\n    " not in t.description, t.name  # sent without the docstring's indentation
+
+
+def test_two_servers_in_one_process_each_read_their_own_state(tmp_path: Path):
+    # GIVEN two servers in one process, each on a recording in a directory of its own
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        build("healthy", tmp_path / name / f"{name}.duckdb")
+
+    async def go() -> list[str]:
+        async with (
+            Client(build_server(tmp_path / "a" / "a.duckdb")) as a,
+            Client(build_server(tmp_path / "b" / "b.duckdb")) as b,
+        ):
+            out = []
+            for c in (a, b, a):
+                r = await c.call_tool("compare_traces", {"before": "nope.duckdb"})
+                assert r.is_error
+                out.append(r.content[0].text)
+            return out
+
+    # THEN each answers from its own directory, whichever was made last
+    assert [t.rsplit("recordings here: ", 1)[1] for t in anyio.run(go)] == ["a.duckdb", "b.duckdb", "a.duckdb"]
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -147,13 +172,11 @@ def test_bad_arguments_are_tool_errors(dbs, tool, args, needle):
     assert r.is_error and needle in r.content[0].text
 
 
-def test_sql_timeout_then_server_still_answers(dbs, monkeypatch):
-    import mcp_server.server as srv
-
-    monkeypatch.setattr(srv, "SQL_TIMEOUT_S", 0.5)
+def test_sql_timeout_then_server_still_answers(dbs):
+    from mcp_server.state import ToolLimits
 
     async def go():
-        async with Client(build_server(dbs["healthy"])) as c:
+        async with Client(build_server(dbs["healthy"], limits=ToolLimits(sql_timeout_s=0.5))) as c:
             t = time.perf_counter()
             slow = await c.call_tool(
                 "run_sql",

@@ -12,10 +12,9 @@ import duckdb
 
 from tracer.analysis.chains.model import SEVERITIES
 from tracer.analysis.recording import RecordingInfo, load_recording
-from tracer.errors import UsageError
+from tracer.errors import UsageError, echo
 
 LIST_MAX = 20  # pids / tids named in an error
-ECHO_CHARS = 80  # an argument quoted back is cut to this (a 1 MB string is not sent back)
 
 
 def check_args(
@@ -30,8 +29,7 @@ def check_args(
 ) -> None:
     """Raise UsageError unless every given argument is valid for the recording behind ``conn``."""
     if severity is not None and severity.upper() not in SEVERITIES:
-        shown = repr(severity) if len(severity) <= ECHO_CHARS else f"{severity[:ECHO_CHARS]!r}…"
-        raise UsageError(f"unknown severity {shown}", "Use high, medium or low (or leave it out for all).")
+        raise UsageError(f"unknown severity {echo(severity)}", "Use high, medium or low (or leave it out for all).")
     if bucket_s is not None and bucket_s < 0:
         raise UsageError(f"bucket width {bucket_s} s is negative", "Pass seconds >= 1, or 0 to pick one.")
     if limit is not None and limit < 1:

@@ -3,7 +3,8 @@ recording in it ended.
 
 Every reader (CLI views, MCP tools, ``run_sql``'s query workers) goes through :func:`open_trace`. Its parts, one
 module each: the file and its hardened read-only connection (:mod:`.files`), the recording in it and how it
-ended (:mod:`.state`), a Parquet dataset (:mod:`.dataset`), several recordings as one job (:mod:`.jobs`).
+ended (:mod:`.state`), a Parquet dataset (:mod:`.dataset`), several recordings as one job (:mod:`.jobs`),
+another recording named by file beside the served one (:mod:`.siblings`, for ``compare_traces``).
 
 A directory written by ``tracer export --format parquet`` (a hive-partitioned Parquet dataset, layout in
 :mod:`tracer.views.export.parquet`) opens too (:func:`open_dataset`): an in-memory DuckDB with one view per table

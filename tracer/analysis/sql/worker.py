@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer.analysis.sql.limits import LIMITS, QueryOutOfMemory, SqlLimits
-from tracer.errors import StoreError, TracerError
+from tracer.errors import StoreError, TracerError, hidden_directories, redact
 
 IDLE_CLOSE_S = 30.0  # close the DB after this long without queries: the read lock it holds would block a writer
 RETIRE_GROWTH_BYTES = 256 << 20
@@ -136,24 +136,11 @@ def _watch_parent(parent: int) -> None:
             os._exit(0)
 
 
-def _redactor(db: str) -> list[tuple[str, str]]:
-    """(text, replacement) pairs that keep the server's directories out of a query's error message: the DB's
-    directory (as given and resolved) and the home directory. Values are never redacted: a trace holds paths of
+def _hidden(db: str) -> tuple[str, ...]:
+    """The directories a query's error may not name (:func:`tracer.errors.redact`): the DB's directory, as given
+    and resolved (also when the file is a link into another). Values are never redacted: a trace holds paths of
     its own (Python files) that may share these prefixes."""
-    pairs = []
-    for d in {os.path.dirname(os.path.abspath(db)), os.path.dirname(os.path.realpath(db))}:
-        if len(d) > 1:
-            pairs.append((d + os.sep, ""))
-    home = os.path.expanduser("~")
-    if len(home) > 1:
-        pairs.append((home + os.sep, "~" + os.sep))
-    return pairs
-
-
-def _redact(text: str, pairs: list[tuple[str, str]]) -> str:
-    for old, new in pairs:
-        text = text.replace(old, new)
-    return text
+    return hidden_directories([os.path.dirname(os.path.abspath(db)), os.path.dirname(os.path.realpath(db))])
 
 
 def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
@@ -185,11 +172,11 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
         if not line:
             return
         retire = False
-        redact: list[tuple[str, str]] = []  # set once the DB is open: the errors after that are the query's
+        hidden: tuple[str, ...] = ()  # set once the DB is open: the errors after that are the query's
         try:
             req = json.loads(line)
             conn = conns.get(req["db"])
-            redact = _redactor(req["db"])
+            hidden = _hidden(req["db"])
             res = execute(
                 conn,
                 req["query"],
@@ -200,7 +187,7 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
             )
             reply: dict[str, Any] = {"result": res.model_dump(mode="json")}
         except TracerError as e:
-            reply = {"error": {"kind": type(e).__name__, "message": _redact(e.message, redact), "hint": e.hint}}
+            reply = {"error": {"kind": type(e).__name__, "message": redact(e.message, hidden), "hint": e.hint}}
             # DuckDB invalidates its instance after an internal or fatal error: start afresh
             retire = isinstance(e, QueryOutOfMemory) or any(s in e.message for s in ("INTERNAL Error", "FATAL"))
             if isinstance(e, StoreError):
