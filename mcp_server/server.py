@@ -44,7 +44,7 @@ from tracer.analysis.ranks.report import RanksResult, ranks_report
 from tracer.analysis.side_by_side import SideBySide
 from tracer.analysis.side_by_side import compare_processes as side_by_side
 from tracer.analysis.sql.limits import LIMITS
-from tracer.analysis.sql.pool import Cancel, SqlPool, default_pool
+from tracer.analysis.sql.pool import LANE_TIMEOUT_S, Cancel, SqlPool, default_pool
 from tracer.analysis.sql.result import SqlResult
 from tracer.analysis.sql.run import execute
 from tracer.analysis.stacks import StacksResult, UnknownOp, top_stacks
@@ -545,7 +545,8 @@ function call); {LIMITS.memory_bytes >> 20} MiB of memory; about {SQL_ROWS_BYTES
 (column names count too), past which truncated is true and note says so (page with LIMIT/OFFSET, or aggregate); \
 text values cut at {LIMITS.value_chars:,} characters. A stopped query never affects the next call. Calls from one \
 client run one at a time (the other query worker stays free for other clients); a few more wait, beyond that they \
-are refused."""
+are refused. While other clients' queries hold every worker, a client with nothing running is answered in a short \
+lane that stops its query after {LANE_TIMEOUT_S:g} s (send a longer one again later)."""
 
 
 def sql_client(ctx: Context | None) -> str | None:
