@@ -81,7 +81,6 @@ LANE = 1  # workers kept for clients that run nothing while every regular worker
 # milliseconds, a GROUP BY over a million rows in ~0.1 s), short enough that clients taking turns in the lane
 # delay another by seconds, not by a 10 s query each.
 LANE_TIMEOUT_S = 1.0
-LANE_STANDBY_S = LANE_TIMEOUT_S + STANDBY_AFTER_S  # as a regular query's: only one DuckDB cannot interrupt is killed
 _ERRORS: dict[str, type[TracerError]] = {
     c.__name__: c for c in (SqlError, QueryTimeout, QueryOutOfMemory, StoreError, TracerError)
 }
@@ -269,13 +268,21 @@ class SqlPool:
     Args:
         size: most queries running at once with the full time limit (more wait for one to finish).
         lane: more workers kept for the short lane (see the module's docstring); 0 for none.
+        lane_timeout_s: the short lane's time limit per query.
         limits: memory and thread limits of each worker, the default timeout / reply cap per query, and how
             long a query waits for a worker.
     """
 
-    def __init__(self, size: int = POOL_SIZE, limits: SqlLimits = LIMITS, lane: int = LANE) -> None:
+    def __init__(
+        self,
+        size: int = POOL_SIZE,
+        limits: SqlLimits = LIMITS,
+        lane: int = LANE,
+        lane_timeout_s: float = LANE_TIMEOUT_S,
+    ) -> None:
         self.size = size
         self.lane = max(0, lane)
+        self.lane_timeout_s = lane_timeout_s
         self.slots = size + self.lane  # workers kept started: the regular ones and the short lane's
         self._held = {False: 0, True: 0}  # queries holding a worker, regular (False) and in the short lane (True)
         self.limits = limits
@@ -481,16 +488,19 @@ class SqlPool:
                 if cancel is not None and not cancel._hold(w):
                     self._release(w)
                     raise cancelled()
-                if short and timeout_s > LANE_TIMEOUT_S:
-                    lane_request = {**request, "timeout_s": LANE_TIMEOUT_S, "nice": LANE_NICE}
-                    reply = self._ask(w, lane_request, LANE_TIMEOUT_S, max_bytes, LANE_STANDBY_S)
-                    if (reply.get("error") or {}).get("kind") == QueryTimeout.__name__:
-                        raise _lane_timeout()
+                cut = short and self.lane_timeout_s < timeout_s  # the lane stops it sooner than asked
+                if short:
+                    lane_s = min(timeout_s, self.lane_timeout_s)
+                    lane_request = {**request, "timeout_s": lane_s, "nice": LANE_NICE}
+                    # its standby as a regular query's: only a query DuckDB cannot interrupt is killed
+                    reply = self._ask(w, lane_request, lane_s, max_bytes, lane_s + STANDBY_AFTER_S)
+                    if cut and (reply.get("error") or {}).get("kind") == QueryTimeout.__name__:
+                        raise self._lane_timeout()
                 else:
                     reply = self._ask(w, request, timeout_s, max_bytes)
             except QueryTimeout:
-                if short and timeout_s > LANE_TIMEOUT_S:
-                    raise _lane_timeout() from None
+                if short and cut:
+                    raise self._lane_timeout() from None
                 raise
             except _Gone as e:
                 if cancel is not None and cancel.cancelled:
@@ -514,6 +524,14 @@ class SqlPool:
             cls = _ERRORS.get(err.get("kind", ""), SqlError)
             raise cls(err.get("message", "the query failed"), err.get("hint", ""))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _lane_timeout(self) -> QueryTimeout:
+        return QueryTimeout(
+            f"query stopped after {self.lane_timeout_s:g} s: other clients' queries held every query worker, so it "
+            f"ran in the short lane, which stops a query at {self.lane_timeout_s:g} s",
+            "Send it again once the other clients' queries have answered (it then gets the full time limit), or "
+            "narrow it (WHERE, LIMIT, aggregate).",
+        )
 
     def held(self) -> tuple[int, int]:
         """Queries holding a worker now: (regular, in the short lane)."""
@@ -573,15 +591,6 @@ class SqlPool:
             self._cond.notify_all()
         for w in workers:
             w.kill()
-
-
-def _lane_timeout() -> QueryTimeout:
-    return QueryTimeout(
-        f"query stopped after {LANE_TIMEOUT_S:g} s: other clients' queries held every query worker, so it ran in "
-        f"the short lane, which stops a query at {LANE_TIMEOUT_S:g} s",
-        "Send it again once your other clients' queries have answered (it then gets the full time limit), or "
-        "narrow it (WHERE, LIMIT, aggregate).",
-    )
 
 
 _default: SqlPool | None = None

@@ -180,13 +180,17 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any, on_ready: Callable[[], None]
     import duckdb
 
     from tracer.analysis.db import is_damaged
-    from tracer.analysis.sql.run import execute  # noqa: F401 - imported while starting, not at the first query
+    from tracer.analysis.sql.run import execute
 
     conns = _Connections(cfg)
     _limit_address_space(int(cfg["memory_bytes"]))
     if cfg.get("preopen"):
         try:
-            conns.get(cfg["preopen"])  # validates it once, ahead of the first request
+            conn = conns.get(cfg["preopen"])  # validates it once, ahead of the first request
+            # one query through the whole path: its first run costs ~150 ms of CPU (lazy imports, DuckDB's first
+            # statements), paid here, at the start's priority, not by the first client (issue 30: the short lane's
+            # first select 1 beside saturating queries took 2-3 s)
+            execute(conn, "SELECT 1", 1, float(cfg["timeout_s"]), reply_bytes=1 << 10, value_chars=16)
         except (TracerError, duckdb.Error):
             conns.forget()  # the first request reports it
         conns.close()
