@@ -483,13 +483,31 @@ def test_a_third_client_answers_in_the_short_lane(db):
         with pytest.raises(QueryTimeout, match="short lane") as e:
             pool.run(db, SLOW, client="c")
         assert time.monotonic() - t < limit - 1.0 and e.value.hint
-        # AND a client already running a query waits for its own: a's second query never takes the lane
+    finally:
+        stop.set()
+        pool.close()
+
+
+def test_a_client_already_running_does_not_get_the_lane(db):
+    # GIVEN three regular workers (a client may hold two), held by a, b and c, and a second query of a waiting:
+    # the fair share lets a have another worker, but not the lane, which is for clients running nothing
+    pool = SqlPool(size=3).start()
+    stop = threading.Event()
+    try:
+        limit = 30.0
+        for client in ("a", "b", "c"):
+            hold(pool, db, client, limit, stop)
+        wait_held(pool, (3, 0))
+        hold(pool, db, "a", limit, stop)
+        # WHEN a's second query waits  THEN it stays in line (the lane stays free)
         seen = set()
-        deadline = time.monotonic() + bound
+        deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
             seen.add(pool.held())
             time.sleep(0.05)
-        assert seen == {(2, 0)}, seen
+        assert seen == {(3, 0)}, seen
+        # AND a client running nothing still gets the lane
+        assert pool.run(db, "SELECT 1", client="d").rows == [[1]]
     finally:
         stop.set()
         pool.close()
