@@ -589,6 +589,8 @@ class SqlPool:
             self._all.clear()
             self._idle.clear()
             self._cond.notify_all()
+        for w in workers:  # every one signalled before any is reaped: a server's stop waits for one kill, not three
+            w.signal_kill()
         for w in workers:
             w.kill()
 
