@@ -23,8 +23,7 @@ from tracedb import build
 
 from tests.test_mcp_cancel import served
 from tracer import procfs
-from tracer.analysis.sql.limits import LIMITS
-from tracer.analysis.sql.worker import LANE_NICE, WORKER_NICE
+from tracer.analysis.sql.limits import LANE_NICE, LIMITS, WORKER_NICE
 
 SLOW = "SELECT count(*) FROM range(1000000) a, range(1000000) b WHERE a.range + b.range = 7"  # to the 10 s limit
 SAMPLES = 5

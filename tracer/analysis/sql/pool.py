@@ -30,7 +30,7 @@ regular slot is taken, and cut it at :data:`LANE_TIMEOUT_S` (its kill follows ``
 gets the lane only while it has nothing running, and waiting clients take it in the fair queue's order (the one
 served least recently first), so clients that keep the lane busy delay another by about one lane query each
 (at most ``LANE_TIMEOUT_S + kill_grace_s``, plus a worker's start when that query was killed), never by a long
-query. A lane query runs at :data:`tracer.analysis.sql.worker.LANE_NICE`, above the regular queries' nice 5,
+query. A lane query runs at :data:`tracer.analysis.sql.limits.LANE_NICE`, above the regular queries' nice 5,
 so the client answered there is not starved by the queries it waits beside. Making the pool bigger instead
 would give hostile clients one more 10 s query to burn; the lane bounds what it can cost to ~2 s per query.
 
@@ -63,8 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracer.analysis.sql.fairqueue import LOCAL_CLIENT, FairShare, Ticket
-from tracer.analysis.sql.limits import LIMITS, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
-from tracer.analysis.sql.worker import LANE_NICE
+from tracer.analysis.sql.limits import LANE_NICE, LIMITS, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
 from tracer.errors import StoreError, TracerError
 
 if TYPE_CHECKING:

@@ -19,13 +19,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tracer.analysis.sql.limits import LIMITS, QueryOutOfMemory, SqlLimits
+from tracer.analysis.sql.limits import LANE_NICE, LIMITS, WORKER_NICE, QueryOutOfMemory, SqlLimits
 from tracer.errors import StoreError, TracerError
 
 IDLE_CLOSE_S = 30.0  # close the DB after this long without queries: the read lock it holds would block a writer
 RETIRE_GROWTH_BYTES = 256 << 20
-WORKER_NICE = 5  # a query's nice above the server's (its DuckDB threads')
-LANE_NICE = 2  # a short-lane query's, and an idle worker's (the pool's LANE_TIMEOUT_S bounds what it spends)
 
 
 def _statm() -> tuple[int, int]:
