@@ -332,6 +332,12 @@ ATTACKS: tuple[Attack, ...] = (
             "SELECT 'infinity'::TIMESTAMP_NS AS a, '-infinity'::TIMESTAMP_MS AS b, 'infinity'::TIMESTAMP_S AS c",
             check=rows_are("infinity", "-infinity", "infinity"),
         ),
+        sql(
+            "TIMESTAMP_NS infinity in a list and a struct",
+            "values",
+            "SELECT ['infinity'::TIMESTAMP_NS] AS a, {'t': '-infinity'::TIMESTAMP_NS} AS b",
+            check=rows_are("[infinity]", "{'t': -infinity}"),
+        ),
         sql("VARIANT", "values", "SELECT 1::VARIANT AS v", check=rows_are("1")),
         sql("VARIANT of an INTERVAL", "values", "SELECT (INTERVAL 1 DAY)::VARIANT AS v", check=rows_are("1 day")),
         sql(

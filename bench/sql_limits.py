@@ -15,8 +15,9 @@ With ``--fairness N`` (issue 17) one client floods ``run_sql`` with N parallel q
 and 2 s later a second client sends ``select 1`` and ``get_trace_stats`` at once; it records how long each took
 (and the baseline tree's figures with ``--baseline-src``, which must read the generated DB).
 
-With ``--saturate`` (issue 30) a third client's ``get_trace_stats`` and ``select 1`` are timed unloaded and while
-two other peers each hold a query worker with a query that runs to the limit. With ``--corpus`` another client
+With ``--saturate`` (issue 30) a third client's ``get_trace_stats`` and ``select 1`` are timed unloaded, while
+two other peers each keep a query worker busy with queries that run to the limit, and while a fourth peer also keeps
+the short lane busy with queries DuckDB cannot interrupt. With ``--corpus`` another client
 (another address) also probes both throughout the corpus, and the served DB's sha256 is compared after it.
 
     .venv/bin/python -m bench.sql_limits [--quick] [--baseline-src DIR] [--calls N] [--corpus] [--fairness N]
@@ -375,39 +376,54 @@ async def _victim(url: str, samples: int) -> dict[str, list[float]]:
     return out
 
 
-async def _saturated(url: str, samples: int) -> dict[str, list[float]]:
-    """The victim's seconds while two other peers each hold a query worker with SLOW_QUERY (to the limit)."""
+# a query DuckDB cannot interrupt: a worker running it in the short lane is killed (issue 30's lane bound)
+UNINTERRUPTIBLE = "SELECT levenshtein(repeat('a', 100000), repeat('b', 100000))"
+
+
+async def _saturated(url: str, samples: int, lane_hog: bool = False) -> dict[str, list[float]]:
+    """The victim's seconds while two other peers each hold a query worker with SLOW_QUERY, sent again as soon as
+    it is stopped (so every one of the victim's calls meets both held); with ``lane_hog`` a fourth peer also keeps
+    the short lane busy with queries DuckDB cannot interrupt (each killed 2 s in, its worker replaced)."""
     import anyio
 
-    async def hog(addr: str) -> None:
+    async def hog(addr: str, query: str) -> None:
         async with client_at(url, addr) as c:
-            await c.call_tool("run_sql", {"query": SLOW_QUERY})
+            while True:
+                await c.call_tool("run_sql", {"query": query})
 
     async with anyio.create_task_group() as tg:
         for addr in ("127.0.0.1", "127.0.0.3"):
-            tg.start_soon(hog, addr)
+            tg.start_soon(hog, addr, SLOW_QUERY)
         await anyio.sleep(1.5)
+        if lane_hog:
+            tg.start_soon(hog, "127.0.0.4", UNINTERRUPTIBLE)
+            await anyio.sleep(1.0)
         got = await _victim(url, samples)
         tg.cancel_scope.cancel()
     return got
 
 
 def saturation(db: Path, samples: int = 5) -> dict[str, Any]:
-    """Issue 30: a third client's get_trace_stats and select 1, unloaded and while two peers saturate run_sql
-    (the query workers run at nice +5 below the server)."""
+    """Issue 30: a third client's get_trace_stats and select 1, unloaded, while two peers saturate run_sql (the
+    query workers run at nice +5 below the server; the third is answered in the short lane), and while a fourth
+    peer also keeps the short lane busy."""
     import anyio
 
     with server(REPO, db) as (url, _):
         anyio.run(_victim, url, 1)
         idle = anyio.run(_victim, url, samples)
         busy = anyio.run(_saturated, url, samples)
+        lane = anyio.run(_saturated, url, samples, True)
     return {
         tool: {
             "unloaded_median_s": median(idle[tool]),
             "saturated_median_s": median(busy[tool]),
             "saturated_max_s": max(busy[tool]),
+            "lane_hogged_median_s": median(lane[tool]),
+            "lane_hogged_max_s": max(lane[tool]),
             "unloaded_s": idle[tool],
             "saturated_s": busy[tool],
+            "lane_hogged_s": lane[tool],
         }
         for tool in idle
     }
@@ -465,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     for tool, v in res.get("saturation", {}).items():
         print(
             f"{tool} from a third client: median {v['unloaded_median_s']:.3f} s unloaded, "
-            f"{v['saturated_median_s']:.3f} s (max {v['saturated_max_s']:.3f} s) while two peers saturate run_sql"
+            f"{v['saturated_median_s']:.3f} s (max {v['saturated_max_s']:.3f} s) while two peers saturate run_sql, "
+            f"{v['lane_hogged_median_s']:.3f} s (max {v['lane_hogged_max_s']:.3f} s) with a fourth hogging the lane"
         )
     print(f"wrote {write_result('sql_limits', res, args.out)}")
     return 0

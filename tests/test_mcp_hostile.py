@@ -2,12 +2,14 @@
 real ``tracer mcp serve --http`` subprocess on a hand-built trace DB.
 
 Each attack must get its expected answer, and right after it a plain ``run_sql("select 1")`` and
-``get_trace_stats`` must answer within 2 s: a liveness check with a wide margin (each takes well under 0.2 s;
-a wedged server never answers), not a benchmark. The served DB's bytes and its directory must be unchanged after
-each attack and after the whole corpus, no reply may name the server's directory, and the server's temp
-directory must stay empty (nothing spills or is written). During the memory attacks the RSS of the server and
-its query workers must stay within 1 GiB of idle. HTTP-level attacks (Host, Origin, token, body size, /healthz)
-and a client saturating the query workers while another asks follow.
+``get_trace_stats`` must answer within 2 s, or within a few times their own latency measured just before the attack
+when the machine is loaded (:func:`live_bounds`): a liveness check with a wide margin (each takes well under 0.2 s
+on a quiet machine; a wedged server never answers), not a benchmark. A fixed 2 s failed at load 14. The served
+DB's bytes and its directory must be unchanged after each attack and after the whole corpus, no reply may name
+the server's directory, and the server's temp directory must stay empty (nothing spills or is written). During
+the memory attacks the RSS of the server and its query workers must stay within 1 GiB of idle. HTTP-level
+attacks (Host, Origin, token, body size, /healthz) and a client saturating the query workers while another asks
+follow.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from tests.support.serving import wait_healthy
 from tracer import procfs
 
 REPO = Path(__file__).resolve().parent.parent
-LIVE_S = 2.0  # the issue's bound for the calls after an attack
+LIVE_S = 2.0  # the issue's bound for the calls after an attack, on a machine with a CPU to spare
 RSS_ABOVE_IDLE = 1 << 30
 INIT = {
     "jsonrpc": "2.0",
@@ -154,6 +156,18 @@ def server(db, pristine, tmp_path_factory) -> Iterator[Server]:
         yield s
 
 
+def live_bounds(url: str) -> dict[str, float]:
+    """Per probe, the bound for its latency during or after what a test does: 2 s (the issue's), or three times the
+    probe's own latency measured now plus a second, whichever is larger: a loaded machine moves the probe and its
+    bound alike, while a server that waits for a hostile query (10 s) or is wedged still fails it."""
+    before = anyio.run(liveness, url)
+    return {k: max(LIVE_S, 3 * v + 1.0) for k, v in before.items()}
+
+
+def within(live: dict[str, float], bounds: dict[str, float]) -> bool:
+    return all(live[k] < bounds[k] for k in bounds)
+
+
 def test_corpus_is_complete():
     # every class of the issue is present, and none of the attack names repeats
     classes = {a.cls for a in ATTACKS}
@@ -175,7 +189,8 @@ def test_corpus_is_complete():
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
 def test_attack(server: Server, db: Path, pristine: DiskState, attack: Attack):
-    # GIVEN the server  WHEN the attack is sent
+    # GIVEN the server, and its probes' latency now  WHEN the attack is sent
+    bounds = live_bounds(server.url)
     with RssSampler(server.proc.pid) as rss:
         result, seconds = anyio.run(call, server.url, attack.tool, arguments(attack, db))
     # THEN it gets the expected answer, which names none of the server's directories
@@ -187,7 +202,7 @@ def test_attack(server: Server, db: Path, pristine: DiskState, attack: Attack):
         assert rss.peak - server.idle_rss <= RSS_ABOVE_IDLE, (rss.peak >> 20, server.idle_rss >> 20)
     # AND the server still answers both probes at once
     live = anyio.run(liveness, server.url)
-    assert max(live.values()) < LIVE_S, live
+    assert within(live, bounds), (live, bounds)
     assert server.proc.poll() is None
     # AND nothing changed on disk: the recording, its directory, the server's temp directory
     assert disk_state(db) == pristine
@@ -195,6 +210,7 @@ def test_attack(server: Server, db: Path, pristine: DiskState, attack: Attack):
 
 
 def test_wrong_host_and_origin(server: Server):
+    bounds = live_bounds(server.url)
     bad_host = httpx.post(server.url, json=INIT, headers={**ACCEPT, "host": "evil.example:80"})
     bad_origin = httpx.post(server.url, json=INIT, headers={**ACCEPT, "origin": "http://evil.example"})
     rebind = httpx.post(server.url, json=INIT, headers={**ACCEPT, "host": "127.0.0.1.nip.io:80"})
@@ -204,7 +220,7 @@ def test_wrong_host_and_origin(server: Server):
     prefix_host = httpx.post(server.url, json=INIT, headers={**ACCEPT, "host": "127.0.0.1:evil.com"})
     prefix_origin = httpx.post(server.url, json=INIT, headers={**ACCEPT, "origin": f"http://localhost:{port}.evil.com"})
     assert (prefix_host.status_code, prefix_origin.status_code) == (421, 403)
-    assert max(anyio.run(liveness, server.url).values()) < LIVE_S
+    assert within(anyio.run(liveness, server.url), bounds)
 
 
 def test_healthz_names_the_db_only_to_allowed_hosts(server: Server, db: Path):
@@ -216,16 +232,18 @@ def test_healthz_names_the_db_only_to_allowed_hosts(server: Server, db: Path):
 
 def test_request_body_limit(server: Server):
     # 5 MiB of JSON: refused before it is parsed
+    bounds = live_bounds(server.url)
     big = {**INIT, "params": {**INIT["params"], "pad": "x" * (5 << 20)}}
     r = httpx.post(server.url, json=big, headers=ACCEPT, timeout=30)
     assert r.status_code == 413
-    assert max(anyio.run(liveness, server.url).values()) < LIVE_S
+    assert within(anyio.run(liveness, server.url), bounds)
 
 
 def test_concurrent_slow_queries_then_answers(server: Server):
     # two queries DuckDB cannot interrupt, at once from two clients: both workers busy, both killed, both replaced
     # 300k: a fast CPU finishes 100k inside the 10 s limit (bench/hostile_corpus.py)
     levenshtein = {"query": "SELECT levenshtein(repeat('a', 300000), repeat('b', 300000))"}
+    bounds = live_bounds(server.url)
 
     async def both() -> list[object]:
         results: list[object] = []
@@ -240,7 +258,7 @@ def test_concurrent_slow_queries_then_answers(server: Server):
 
     results = anyio.run(both)
     assert all(r.is_error and "after 10 s" in r.content[0].text for r in results)  # type: ignore[attr-defined]
-    assert max(anyio.run(liveness, server.url).values()) < LIVE_S
+    assert within(anyio.run(liveness, server.url), bounds)
 
 
 def test_corpus_left_the_disk_as_it_was(server: Server, db: Path, pristine: DiskState):
@@ -257,6 +275,7 @@ def test_second_client_answers_while_one_saturates(db: Path, pristine: DiskState
     # GIVEN a server whose query workers one client floods with 20 parallel queries that run to the 10 s limit
     with serve(db, f"127.0.0.1:{free_port()}") as s:
         anyio.run(liveness, s.url)
+        bounds = live_bounds(s.url)  # the victim's own latency, before the flood
         seconds: dict[str, float] = {}
         flood: list[str] = []
 
@@ -287,8 +306,9 @@ def test_second_client_answers_while_one_saturates(db: Path, pristine: DiskState
                 tg.cancel_scope.cancel()
 
         anyio.run(scenario)
-    # THEN both answer at once: the flooding client holds one of the two workers, the other is kept free
-    assert max(seconds.values()) < LIVE_S, seconds
+    # THEN both answer about as fast as before the flood: the flooding client holds one of the two workers, the
+    # other is kept free (a FIFO pool made run_sql wait for the flood's 10 s queries)
+    assert within(seconds, bounds), (seconds, bounds)
     # AND the flood's extra queries were refused at once rather than queued without bound
     assert any("already running or waiting" in t for t in flood), flood[:3]
     assert disk_state(db) == pristine

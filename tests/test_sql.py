@@ -116,6 +116,10 @@ def test_timeout_then_still_works(db):
         ("'-infinity'::TIMESTAMP_S", "-infinity"),
         ("'infinity'::TIMESTAMP_S", "infinity"),
         ("'infinity'::TIMESTAMPTZ", "infinity"),
+        # issue 30: the same infinities inside a list or a struct (they read as year 2262 there too)
+        ("['infinity'::TIMESTAMP_NS, '-infinity'::TIMESTAMP_NS]", "[infinity, -infinity]"),
+        ("{'t': 'infinity'::TIMESTAMP_NS}", "{'t': infinity}"),
+        ("[TIMESTAMP_NS '2020-01-01 00:00:00.000000001']", ["2020-01-01T00:00:00.000000001"]),  # finite: a list
         # issue 30: a VARIANT as the value it holds, not its encoding; types Arrow could not read inside one
         ("1::VARIANT", "1"),
         ("'x'::VARIANT", "x"),

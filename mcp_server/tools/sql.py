@@ -21,6 +21,7 @@ from mcp_server.replies import compact_reply
 from mcp_server.sessions import CLIENT_KEY
 from mcp_server.state import state
 from tracer.analysis.sql.limits import LIMITS
+from tracer.analysis.sql.pool import LANE_TIMEOUT_S
 from tracer.analysis.sql.result import SqlResult
 from tracer.analysis.sql.run import execute
 from tracer.errors import TracerError
@@ -45,7 +46,8 @@ function call); {LIMITS.memory_bytes >> 20} MiB of memory; about {SQL_ROWS_BYTES
 (column names count too), past which truncated is true and note says so (page with LIMIT/OFFSET, or aggregate); \
 text values cut at {LIMITS.value_chars:,} characters. A stopped query never affects the next call. Calls from one \
 client run one at a time (the other query worker stays free for other clients); a few more wait, beyond that they \
-are refused."""
+are refused. While other clients' queries hold every worker, a client with nothing running is answered in a short \
+lane that stops its query after {LANE_TIMEOUT_S:g} s (send a longer one again later)."""
 
 
 async def run_sql(

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from tracer.errors import UsageError
 
 MiB = 1 << 20
+WORKER_NICE = 5  # a query worker's query runs this far below the server's priority (its DuckDB threads too)
+LANE_NICE = 2  # a short-lane query's, and an idle worker's (the pool's lane time limit bounds what it spends)
 
 
 @dataclass(frozen=True)

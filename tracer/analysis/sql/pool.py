@@ -23,6 +23,17 @@ Queries wait for a worker in a fair queue (:mod:`tracer.analysis.sql.fairqueue`)
 session) holds at most ``size - 1`` workers, the next free worker goes to the waiting client running fewest
 queries, and a query that finds no worker within :attr:`SqlLimits.queue_wait_s` is refused as busy.
 
+The short lane (issue 30): with ``size`` workers held by ``size`` other clients' long queries, a third client's
+``select 1`` waited for one of them to end (17-21 s measured, up to the 10 s limit plus the kill and a worker's
+start). So the pool keeps ``lane`` more workers that only take a query of a client running nothing, when every
+regular slot is taken, and cut it at :data:`LANE_TIMEOUT_S` (its kill follows ``kill_grace_s`` later). A client
+gets the lane only while it has nothing running, and waiting clients take it in the fair queue's order (the one
+served least recently first), so clients that keep the lane busy delay another by about one lane query each
+(at most ``LANE_TIMEOUT_S + kill_grace_s``, plus a worker's start when that query was killed), never by a long
+query. A lane query runs at :data:`tracer.analysis.sql.limits.LANE_NICE`, above the regular queries' nice 5,
+so the client answered there is not starved by the queries it waits beside. Making the pool bigger instead
+would give hostile clients one more 10 s query to burn; the lane bounds what it can cost to ~2 s per query.
+
 :class:`SqlPool` keeps ``size`` workers started (``start``) so an ordinary query pays a pipe round trip, not a
 process start; a worker keeps its read-only connection open between queries, reopening it when the file changes
 (inode, size or mtime) and closing it after ``IDLE_CLOSE_S`` without queries (the read lock it holds would block
@@ -51,8 +62,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tracer.analysis.sql.fairqueue import LOCAL_CLIENT, FairShare
-from tracer.analysis.sql.limits import LIMITS, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
+from tracer.analysis.sql.fairqueue import LOCAL_CLIENT, FairShare, Ticket
+from tracer.analysis.sql.limits import LANE_NICE, LIMITS, QueryOutOfMemory, QueryTimeout, SqlError, SqlLimits
 from tracer.errors import StoreError, TracerError
 
 if TYPE_CHECKING:
@@ -64,6 +75,11 @@ POOL_SIZE = 2  # one query may be killed while the other worker answers the next
 STANDBY_AFTER_S = 0.2
 READY_S = 30.0  # a worker's start (Python + duckdb + pyarrow imports) on a loaded 2-core machine
 CLIENT_WAITING = 4  # queries one client may have waiting for a worker; more are refused at once
+LANE = 1  # workers kept for clients that run nothing while every regular worker is held by others
+# A query in the short lane is stopped after this long: enough for a lookup on a recording (select 1 answers in
+# milliseconds, a GROUP BY over a million rows in ~0.1 s), short enough that clients taking turns in the lane
+# delay another by seconds, not by a 10 s query each.
+LANE_TIMEOUT_S = 1.0
 _ERRORS: dict[str, type[TracerError]] = {
     c.__name__: c for c in (SqlError, QueryTimeout, QueryOutOfMemory, StoreError, TracerError)
 }
@@ -249,13 +265,25 @@ class SqlPool:
     """Query workers shared by the threads of one process; :meth:`run` is the entry point.
 
     Args:
-        size: most workers alive at once (concurrent queries beyond it wait for one to finish).
+        size: most queries running at once with the full time limit (more wait for one to finish).
+        lane: more workers kept for the short lane (see the module's docstring); 0 for none.
+        lane_timeout_s: the short lane's time limit per query.
         limits: memory and thread limits of each worker, the default timeout / reply cap per query, and how
             long a query waits for a worker.
     """
 
-    def __init__(self, size: int = POOL_SIZE, limits: SqlLimits = LIMITS) -> None:
+    def __init__(
+        self,
+        size: int = POOL_SIZE,
+        limits: SqlLimits = LIMITS,
+        lane: int = LANE,
+        lane_timeout_s: float = LANE_TIMEOUT_S,
+    ) -> None:
         self.size = size
+        self.lane = max(0, lane)
+        self.lane_timeout_s = lane_timeout_s
+        self.slots = size + self.lane  # workers kept started: the regular ones and the short lane's
+        self._held = {False: 0, True: 0}  # queries holding a worker, regular (False) and in the short lane (True)
         self.limits = limits
         # one worker is always left for another client; a pool of one has nothing to leave
         self._share = FairShare(per_client=max(1, size - 1), max_waiting=CLIENT_WAITING)
@@ -292,14 +320,15 @@ class SqlPool:
                 self._idle.append(w)
 
     def _fill(self) -> None:
-        while self._warm and not self._closed and len(self._all) < self.size:
+        while self._warm and not self._closed and len(self._all) < self.slots:
             w = _Worker(self.limits, self._preopen)
             self._all.add(w)
             self._idle.append(w)
         self._cond.notify_all()
 
-    def _acquire(self, deadline: float, client: str, cancel: Cancel | None = None) -> _Worker:
-        """A worker for one query of ``client``, counted in its share until :meth:`_done`."""
+    def _acquire(self, deadline: float, client: str, cancel: Cancel | None = None) -> tuple[_Worker, bool]:
+        """A worker for one query of ``client``, counted in its share until :meth:`_done`, and whether it was
+        granted in the short lane."""
         try:
             return self._acquire_once(deadline, client, cancel)
         except _StartFailed:  # one that died while starting (killed, or out of memory): one fresh try
@@ -312,7 +341,15 @@ class SqlPool:
                 "Retry; if it persists, run `python -m tracer.analysis.sql.worker` to see why.",
             ) from None
 
-    def _acquire_once(self, deadline: float, client: str, cancel: Cancel | None = None) -> _Worker:
+    def _lane_for(self, ticket: Ticket) -> bool | None:
+        """Which lane ``ticket`` may take a worker in now: False regular, True the short lane, None neither."""
+        if self._held[False] < self.size:
+            return False
+        if self._held[True] < self.lane and not self._share.running.get(ticket.client):
+            return True
+        return None
+
+    def _acquire_once(self, deadline: float, client: str, cancel: Cancel | None = None) -> tuple[_Worker, bool]:
         with self._cond:
             if self._closed:
                 raise SqlError("the query pool is shut down", "The server is stopping; retry after restart.")
@@ -323,15 +360,22 @@ class SqlPool:
                         raise SqlError("the query pool is shut down", "The server is stopping; retry after restart.")
                     if cancel is not None and cancel.cancelled:  # its caller left while it waited in line
                         raise cancelled()
-                    if self._share.next_up() is ticket and (self._idle or len(self._all) < self.size):
+                    short = self._lane_for(ticket)
+                    if (
+                        short is not None
+                        and self._share.next_up() is ticket
+                        and (self._idle or len(self._all) < self.slots)
+                    ):
                         if self._idle:
-                            # a worker that is ready answers now; one still starting (a replacement) only if none is
-                            w = next((x for x in reversed(self._idle) if x.poll_ready()), self._idle[-1])
+                            # a worker that is ready answers now; one still starting (a replacement) only if none
+                            # is, then the one started first
+                            w = next((x for x in reversed(self._idle) if x.poll_ready()), self._idle[0])
                             self._idle.remove(w)
                         else:
                             w = _Worker(self.limits, self._preopen)
                             self._all.add(w)
                         self._share.grant(ticket)
+                        self._held[short] += 1
                         break
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -350,28 +394,29 @@ class SqlPool:
             w.wait_ready(time.monotonic() + READY_S)
         except _Late:
             self._discard(w)
-            self._done(client)
+            self._done(client, short)
             raise _StartFailed(f"no answer in {READY_S:g} s") from None
         except (_Gone, SqlError):
             how = w.signal_name()
             self._discard(w)
-            self._done(client)
+            self._done(client, short)
             raise _StartFailed(how) from None
-        return w
+        return w, short
 
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
 
-    def _done(self, client: str) -> None:
-        """A query of ``client`` no longer holds a worker: the next in line may take one."""
+    def _done(self, client: str, short: bool) -> None:
+        """A query of ``client`` (in the short lane or not) no longer holds a worker: the next in line may take one."""
         with self._cond:
             self._share.done(client)
+            self._held[short] -= 1
             self._cond.notify_all()
 
     def _release(self, w: _Worker) -> None:
         with self._cond:
-            if self._closed or len(self._all) > self.size:  # closing, or a standby made it one too many
+            if self._closed or len(self._all) > self.slots:  # closing, or a standby made it one too many
                 w.kill()
                 self._all.discard(w)
             else:
@@ -382,7 +427,7 @@ class SqlPool:
         """Start a worker beyond ``size`` now: one that is busy past its interrupt will probably be killed, and
         its replacement should be ready by then, not start only after the kill."""
         with self._cond:
-            if self._warm and not self._closed and len(self._all) < 2 * self.size:  # one per stuck query
+            if self._warm and not self._closed and len(self._all) < 2 * self.slots:  # one per stuck query
                 w = _Worker(self.limits, self._preopen)
                 self._all.add(w)
                 self._idle.append(w)
@@ -437,12 +482,25 @@ class SqlPool:
         if cancel is not None:
             cancel._wake = self._wake
         for attempt in range(2):
-            w = self._acquire(time.monotonic() + self.limits.queue_wait_s, key, cancel)
+            w, short = self._acquire(time.monotonic() + self.limits.queue_wait_s, key, cancel)
             try:
                 if cancel is not None and not cancel._hold(w):
                     self._release(w)
                     raise cancelled()
-                reply = self._ask(w, request, timeout_s, max_bytes)
+                cut = short and self.lane_timeout_s < timeout_s  # the lane stops it sooner than asked
+                if short:
+                    lane_s = min(timeout_s, self.lane_timeout_s)
+                    lane_request = {**request, "timeout_s": lane_s, "nice": LANE_NICE}
+                    # its standby as a regular query's: only a query DuckDB cannot interrupt is killed
+                    reply = self._ask(w, lane_request, lane_s, max_bytes, lane_s + STANDBY_AFTER_S)
+                    if cut and (reply.get("error") or {}).get("kind") == QueryTimeout.__name__:
+                        raise self._lane_timeout()
+                else:
+                    reply = self._ask(w, request, timeout_s, max_bytes)
+            except QueryTimeout:
+                if short and cut:
+                    raise self._lane_timeout() from None
+                raise
             except _Gone as e:
                 if cancel is not None and cancel.cancelled:
                     raise cancelled() from None
@@ -456,7 +514,7 @@ class SqlPool:
             finally:
                 if cancel is not None:
                     cancel._hold(None)
-                self._done(key)
+                self._done(key, short)
             if "result" in reply:
                 from tracer.analysis.sql.result import SqlResult
 
@@ -466,9 +524,25 @@ class SqlPool:
             raise cls(err.get("message", "the query failed"), err.get("hint", ""))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _ask(self, w: _Worker, request: dict[str, Any], timeout_s: float, max_bytes: int) -> dict[str, Any]:
+    def _lane_timeout(self) -> QueryTimeout:
+        return QueryTimeout(
+            f"query stopped after {self.lane_timeout_s:g} s: other clients' queries held every query worker, so it "
+            f"ran in the short lane, which stops a query at {self.lane_timeout_s:g} s",
+            "Send it again once the other clients' queries have answered (it then gets the full time limit), or "
+            "narrow it (WHERE, LIMIT, aggregate).",
+        )
+
+    def held(self) -> tuple[int, int]:
+        """Queries holding a worker now: (regular, in the short lane)."""
+        with self._cond:
+            return self._held[False], self._held[True]
+
+    def _ask(
+        self, w: _Worker, request: dict[str, Any], timeout_s: float, max_bytes: int, standby_s: float | None = None
+    ) -> dict[str, Any]:
         """Send ``request`` to the acquired worker ``w`` and return its answer; ``w`` is back in the pool, or
-        killed and replaced, when this returns or raises.
+        killed and replaced, when this returns or raises. A standby worker starts if the answer has not come
+        ``standby_s`` after the request (default: :data:`STANDBY_AFTER_S` past the interrupt).
 
         Raises:
             _Gone: the worker died (``how`` says of what). QueryTimeout, SqlError: killed at the wall clock, or
@@ -478,7 +552,8 @@ class SqlPool:
         try:
             w.send(request)
             try:  # DuckDB is interrupted at timeout_s: an answer normally comes by then
-                reply = w.answer(start + timeout_s + STANDBY_AFTER_S, max_bytes)
+                standby_s = timeout_s + STANDBY_AFTER_S if standby_s is None else standby_s
+                reply = w.answer(start + standby_s, max_bytes)
             except _Late:
                 self._standby()
                 reply = w.answer(start + timeout_s + self.limits.kill_grace_s, max_bytes)
@@ -513,6 +588,8 @@ class SqlPool:
             self._all.clear()
             self._idle.clear()
             self._cond.notify_all()
+        for w in workers:  # every one signalled before any is reaped: a server's stop waits for one kill, not three
+            w.signal_kill()
         for w in workers:
             w.kill()
 

@@ -149,6 +149,23 @@ def _python_values(conn: duckdb.DuckDBPyConnection, col: pa.Array) -> list[Any]:
             text = _duckdb_text(conn, col)
             finite = _python_values(conn, pc.if_else(infinite, pa.scalar(None, col.type), col))
             return [t if inf else v for t, v, inf in zip(text, finite, infinite.to_pylist(), strict=True)]
+    if col.type.num_fields and _holds_timestamp(col.type):
+        # a list or struct of timestamps: an infinity inside read as year 2262 too, so a value holding one comes
+        # back as DuckDB's text of it, as a top-level one does
+        text = _duckdb_text(conn, col)
+        if any(t is not None and "infinity" in t for t in text):
+            plain = _plain_values(conn, col)
+            return [t if t is not None and "infinity" in t else v for t, v in zip(text, plain, strict=True)]
+    return _plain_values(conn, col)
+
+
+def _holds_timestamp(t: pa.DataType) -> bool:
+    """True when Arrow type ``t`` is a timestamp or a nested type with one inside."""
+    return pa.types.is_timestamp(t) or any(_holds_timestamp(t.field(i).type) for i in range(t.num_fields))
+
+
+def _plain_values(conn: duckdb.DuckDBPyConnection, col: pa.Array) -> list[Any]:
+    """``col`` as Python values, a value Python cannot hold as DuckDB's text."""
     try:
         return col.to_pylist()
     except Exception:  # OverflowError, ValueError: a value datetime cannot represent

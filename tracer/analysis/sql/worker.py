@@ -5,6 +5,7 @@ address-space limit; the protocol is described in :mod:`tracer.analysis.sql.pool
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -13,16 +14,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tracer.analysis.sql.limits import LIMITS, QueryOutOfMemory, SqlLimits
+from tracer.analysis.sql.limits import LANE_NICE, LIMITS, WORKER_NICE, QueryOutOfMemory, SqlLimits
 from tracer.errors import StoreError, TracerError, hidden_directories, redact
 
 IDLE_CLOSE_S = 30.0  # close the DB after this long without queries: the read lock it holds would block a writer
 RETIRE_GROWTH_BYTES = 256 << 20
-WORKER_NICE = 5
 
 
 def _statm() -> tuple[int, int]:
@@ -143,7 +144,25 @@ def _hidden(db: str) -> tuple[str, ...]:
     return hidden_directories([os.path.dirname(os.path.abspath(db)), os.path.dirname(os.path.realpath(db))])
 
 
-def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
+def _query(conns: _Connections, req: dict[str, Any], hidden: list[str]) -> Any:
+    """Run request ``req`` on a fresh connection; ``hidden`` gets the directories its errors may not name once
+    the DB is open."""
+    from tracer.analysis.sql.run import execute
+
+    conn = conns.get(req["db"])
+    hidden[:] = _hidden(req["db"])
+    return execute(
+        conn,
+        req["query"],
+        req["limit"],
+        req["timeout_s"],
+        reply_bytes=req["reply_bytes"],
+        value_chars=req["value_chars"],
+    )
+
+
+def _serve(cfg: dict[str, Any], inp: Any, out: Any, on_ready: Callable[[], None] | None = None) -> None:
+    """Answer requests from ``inp`` on ``out`` until ``inp`` closes; ``on_ready`` runs just before the hello."""
     import duckdb
 
     from tracer.analysis.db import is_damaged
@@ -153,7 +172,11 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
     _limit_address_space(int(cfg["memory_bytes"]))
     if cfg.get("preopen"):
         try:
-            conns.get(cfg["preopen"])  # validates it once, ahead of the first request
+            conn = conns.get(cfg["preopen"])  # validates it once, ahead of the first request
+            # one query through the whole path: its first run costs ~150 ms of CPU (lazy imports, DuckDB's first
+            # statements), paid here, at the start's priority, not by the first client (issue 30: the short lane's
+            # first select 1 beside saturating queries took 2-3 s)
+            execute(conn, "SELECT 1", 1, float(cfg["timeout_s"]), reply_bytes=1 << 10, value_chars=16)
         except (TracerError, duckdb.Error):
             conns.forget()  # the first request reports it
         conns.close()
@@ -162,6 +185,8 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
         out.write(json.dumps(msg, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n")
         out.flush()
 
+    if on_ready is not None:
+        on_ready()
     send({"ready": os.getpid()})
     while True:
         ready, _, _ = select.select([inp], [], [], IDLE_CLOSE_S)
@@ -172,19 +197,11 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
         if not line:
             return
         retire = False
-        hidden: tuple[str, ...] = ()  # set once the DB is open: the errors after that are the query's
+        hidden: list[str] = []  # set once the DB is open: the errors after that are the query's
         try:
             req = json.loads(line)
-            conn = conns.get(req["db"])
-            hidden = _hidden(req["db"])
-            res = execute(
-                conn,
-                req["query"],
-                req["limit"],
-                req["timeout_s"],
-                reply_bytes=req["reply_bytes"],
-                value_chars=req["value_chars"],
-            )
+            query = functools.partial(_query, conns, req, hidden)
+            res = _at_nice(req.get("nice"), query) if on_ready is not None else query()
             reply: dict[str, Any] = {"result": res.model_dump(mode="json")}
         except TracerError as e:
             reply = {"error": {"kind": type(e).__name__, "message": redact(e.message, hidden), "hint": e.hint}}
@@ -212,10 +229,61 @@ def _serve(cfg: dict[str, Any], inp: Any, out: Any) -> None:
             return
 
 
+_base_nice: int | None = None  # this process's nice at its start: what the pool's "nice" of a request adds to
+
+
+def _lower_priority() -> None:
+    """Every thread of this process LANE_NICE below where the process started. Done once the worker is ready, not
+    at its start (issue 30): a replacement worker started at nice 5 while other queries took every core needed
+    5-6 s instead of ~1 s, and a client in the short lane waited for it. A start is the same bounded work whoever
+    asks (imports, opening the DB); what a client chooses, its queries, runs lower (:func:`_at_nice`)."""
+    global _base_nice
+    _base_nice = os.getpriority(os.PRIO_PROCESS, 0)  # the calling thread's nice, on Linux
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), _base_nice + LANE_NICE)
+        except (OSError, ValueError):  # a thread that just ended
+            pass
+
+
+def _name_thread(name: bytes) -> None:
+    """Set the calling thread's name (its /proc comm), which threads it starts inherit: what runs a query can be
+    told from the worker's own threads (the priority test reads it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _at_nice(nice: int | None, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a thread of its own at ``nice`` (default WORKER_NICE) below the worker's start, and return
+    what it returns or raise what it raises. DuckDB's threads, started by it when it opens the instance, inherit
+    that nice; this process's other threads keep theirs, so the next query may run higher (a thread may lower its
+    own priority, never raise it without privilege). The pool asks for LANE_NICE in the short lane, whose
+    queries are cut at 1 s: a client answered there competes less with the regular queries it waits beside."""
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            _name_thread(b"sql-lane" if nice == LANE_NICE else b"sql-query")  # DuckDB's threads inherit it
+            if _base_nice is not None:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _base_nice + (nice or WORKER_NICE))
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller as is
+            box["error"] = e
+
+    th = threading.Thread(target=go, name="query")
+    th.start()
+    th.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _worker_main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the terminal is for the parent; it kills us
-    # below the server's priority: a query that takes every core must not slow the tools that answer in the server
-    os.nice(WORKER_NICE)
     cfg = json.loads(argv[0]) if argv else asdict(LIMITS) | {"preopen": None}
     cfg.setdefault("retire_growth", RETIRE_GROWTH_BYTES)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
@@ -225,7 +293,9 @@ def _worker_main(argv: list[str]) -> int:
     os.dup2(devnull, 1)
     os.close(devnull)
     try:
-        _serve(cfg, sys.stdin.buffer, out)
+        # below the server's priority once started: a query that takes every core must not slow the tools that
+        # answer in the server
+        _serve(cfg, sys.stdin.buffer, out, on_ready=_lower_priority)
     except BrokenPipeError:  # the parent closed our pipe: it is done with us
         pass
     return 0
