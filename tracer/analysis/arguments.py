@@ -99,7 +99,7 @@ def job_pid(
 
 
 def _container_pid(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, name: str) -> int:
-    shown = repr(name) if len(name) <= ECHO_CHARS else f"{name[:ECHO_CHARS]!r}…"
+    shown = echo(name)
     if not info.has("process_placement", "container_id"):
         raise UsageError(
             f"container {shown}: this recording holds no container identity (recorded before issue 32)",
