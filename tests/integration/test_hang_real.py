@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, ROOT, TRACER, record, workload
+from conftest import PY, ROOT, TRACER, query, record, workload
 
 from tests.support.need import need_nothing_missing
 from tracer.snapshot import kernel
@@ -187,3 +187,35 @@ def test_dead_loader_worker_named(tmp_path: Path) -> None:
 def test_healthy_loop_has_no_hang(tmp_path: Path) -> None:
     db = _launched(tmp_path, "healthy", "--seconds", "4")
     assert not [c for c in chains(db) if c["category"] == "hang"]
+
+
+NCCL_RANKS = Path(workload("nccl_ranks.py"))
+HANG_AT = 30  # the stuck rank's collectives: it stops before its 31st; the others enter it
+
+
+def test_nccl_rank_one_collective_behind_named(tmp_path: Path) -> None:
+    """Three ranks on the stand-in libnccl.so.2; rank 1 stops before its collective HANG_AT + 1 and blocks in a
+    pipe read (HANG_SITE), the others enter that collective and wait in their cudaStreamSynchronize. Ground truth
+    from the fixture's arguments: rank 1 entered HANG_AT ncclAllReduce calls, ranks 0 and 2 HANG_AT + 1."""
+    db = tmp_path / "nccl_hang.duckdb"
+    args = ["--ranks", "3", "--steps", "100000", "--hang-rank", "1", "--hang-at", str(HANG_AT)]
+    env = dict(os.environ, FAKE_NCCL_TIMEOUT_S="600")  # the waiting ranks never give up during the recording
+    r = record(["--duration", "8", "--db", str(db), "--", PY, str(NCCL_RANKS), *args], timeout=240, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    stuck_pid = int(re.search(r"rank=1 pid=(\d+) stuck", r.stderr + r.stdout)[1])
+    counts = {int(rank): int(n) for rank, n in query(db, (
+        "SELECT c.rank, sum(p.calls) FROM nccl_progress p JOIN nccl_comms c USING (pid, comm) "
+        "WHERE p.op = 'ncclAllReduce' GROUP BY c.rank"))}  # fmt: skip
+    assert counts == {0: HANG_AT + 1, 1: HANG_AT, 2: HANG_AT + 1}
+    c = hang_of(db)
+    ev = c["evidence"]
+    assert ev["trigger"] == "steps_stopped"
+    assert ev["ranks_stuck"] == [1] and c["culprit"]["pid"] == stuck_pid and c["culprit"]["kind"] == "rank"
+    assert c["culprit"]["code_site"].endswith(f"nccl_ranks.py:{marks(NCCL_RANKS)['HANG_SITE']} _hang")
+    assert len(ev["behind"]) == 1 and ev["behind"][0].startswith("rank 1 is one collective behind")
+    assert "rank 1 is one collective behind" in c["summary"]
+    waiting = {t["rank"]: t for t in ev["waiting"]}
+    assert set(waiting) == {0, 2}
+    assert all(t["collective"] == f"ncclAllReduce #{HANG_AT + 1}" for t in waiting.values())
+    sync = next(i for i, x in enumerate(NCCL_RANKS.read_text().splitlines(), 1) if "# SYNC_SITE" in x)
+    assert all(t["site"].endswith(f"nccl_ranks.py:{sync} run_rank") for t in waiting.values())
