@@ -10,6 +10,10 @@ that is stuck, its line, and what it waits on.
   the steps stopped, named from the step markers.
 - ``hang.py loader``: the loop's data worker died; the loop waits for its next batch.
 - ``hang.py healthy``: steps to the end: no hang chain.
+- ``hang_loader.py``: a real torch DataLoader whose worker is SIGKILLed while it writes a batch; the prefetch thread
+  blocks reading the half-written batch and the loop waits for it forever (torch's dead-worker check never runs).
+- ``nccl_ranks.py --hang-rank 1``: three ranks on the stand-in libnccl.so.2; rank 1 stops before a collective the
+  others entered: named "one collective behind" from the per-communicator counts.
 
 The untraced truth of each (no progress once ``stuck`` is printed; the healthy loop never stops) is in the
 fixtures' docstrings. Needs root, BPF and (for the ranks) torch.
@@ -219,3 +223,32 @@ def test_nccl_rank_one_collective_behind_named(tmp_path: Path) -> None:
     assert all(t["collective"] == f"ncclAllReduce #{HANG_AT + 1}" for t in waiting.values())
     sync = next(i for i, x in enumerate(NCCL_RANKS.read_text().splitlines(), 1) if "# SYNC_SITE" in x)
     assert all(t["site"].endswith(f"nccl_ranks.py:{sync} run_rank") for t in waiting.values())
+
+
+TORCH_LOADER = Path(workload("hang_loader.py"))
+
+
+def test_real_dataloader_worker_killed_names_the_dead_worker(tmp_path: Path) -> None:
+    """A real torch DataLoader (num_workers=1) iterated by a prefetch thread; its worker is SIGKILLed mid-write of a
+    batch, and the loop waits forever (the fixture's docstring: how torch behaves, and the untraced truth)."""
+    need_nothing_missing(_torch_missing())
+    db = tmp_path / "torch_loader.duckdb"
+    # 40 s: importing torch under the tracer took 25 s on the loaded 2-vCPU VM (10 s untraced) before the first step
+    r = record(["--duration", "40", "--db", str(db), "--", str(VENV_PY), str(TORCH_LOADER), "--steps", "30"],
+               timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"hang_loader: pid=(\d+) worker=(\d+) killed", r.stdout + r.stderr)
+    assert m, r.stdout + r.stderr
+    pid, worker = int(m[1]), int(m[2])
+    c = hang_of(db)
+    ev = c["evidence"]
+    assert ev["trigger"] == "steps_stopped" and c["pids"] == [pid]
+    assert c["culprit"]["code_site"].endswith(f"hang_loader.py:{marks(TORCH_LOADER)['STUCK_BATCH']} main")
+    # the dead worker is named, with how it died
+    assert f"its child pid {worker} (pt_data_worker)" in c["summary"] and "killed by SIGKILL" in c["summary"]
+    assert "deadlock" not in c["summary"]
+    assert any(f"pid {worker}" in x and "timeout=" in x for x in c["recommendations"])
+    # the prefetch thread is listed where it blocks: reading the half-written batch from the worker's pipe
+    assert ev["stuck"][0]["doing"] == "waits for another thread (join / condition)"  # queue.Queue.get
+    prefetch = next(t for t in ev["stuck"] if t["site"] and t["site"].endswith("prefetch"))
+    assert prefetch["syscall"] == "read" and prefetch["doing"].startswith("waits for a batch from its data workers")

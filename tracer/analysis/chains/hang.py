@@ -22,6 +22,7 @@ its fd names, the path it opens). Severity HIGH: a hung job loses all of its tim
 
 from __future__ import annotations
 
+import signal
 import statistics
 
 from tracer.analysis.chains.context import ChainContext
@@ -93,7 +94,8 @@ def doing(t: DumpThread, coll: str | None) -> str:
     on = f" on {t.waits_on}" if t.waits_on else ""
     if t.syscall == "futex" and t.frames:
         inner = t.frames[0]
-        if is_library(inner.file) and inner.function in THREAD_WAITS:
+        # the function's own name: Python 3.11+ frames carry qualified names (Condition.wait, Thread.join)
+        if is_library(inner.file) and inner.function.rsplit(".", 1)[-1] in THREAD_WAITS:
             return "waits for another thread (join / condition)"
         if "queues.py" in inner.file or "dataloader.py" in inner.file or "connection.py" in inner.file:
             return "waits for a batch from its data workers"
@@ -283,7 +285,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
                 ranks_stuck=ranks_stuck,
                 behind=[behind[p] for p in sorted(behind)],
             ),
-            recommendations=_advice(top, locks, ranks_stuck),
+            recommendations=_advice(top, locks, ranks_stuck, gone),
             path=path,
             root=root,
         )
@@ -325,10 +327,21 @@ def _exited_children(ctx: ChainContext, pid: int) -> str:
     if not kids:
         return ""
     return "; ".join(
-        f"its child pid {p.pid} ({p.comm}) exited at {p.exit_ns / S:.1f} s"
-        + (f" (code {p.exit_code})" if p.exit_code is not None else "")
-        for p in kids[:3]
+        f"its child pid {p.pid} ({p.comm}) exited at {p.exit_ns / S:.1f} s{_fate(p.exit_code)}" for p in kids[:3]
     )
+
+
+def _fate(status: int | None) -> str:
+    """' (killed by SIGKILL)' / ' (exit code 1)' from a wait(2) status (processes.exit_code), '' if unknown."""
+    if status is None:
+        return ""
+    sig = status & 0x7F
+    if sig:
+        try:
+            return f" (killed by {signal.Signals(sig).name})"
+        except ValueError:
+            return f" (killed by signal {sig})"
+    return f" (exit code {status >> 8})"
 
 
 def _who(h: HungThread) -> str:
@@ -377,15 +390,21 @@ def _summary(
     return f"{head}: {_who(top)} {top.doing}{_since(top)}."
 
 
-def _advice(top: HungThread, locks: list[HungThread], ranks_stuck: list[int]) -> list[str]:
+def _advice(top: HungThread, locks: list[HungThread], ranks_stuck: list[int], gone: str = "") -> list[str]:
     out = []
     where = f" ({top.site})" if top.site else ""
+    if gone:
+        out.append(
+            f"A child process died while the loop waits ({gone}): a data worker killed (dmesg for the OOM killer) "
+            "leaves its batch unfinished. torch's DataLoader checks its workers only between reads, so give it a "
+            "timeout= (the loop then raises), and lower num_workers or the batch size if it ran out of memory."
+        )
     if ranks_stuck:
         out.append(
             f"Fix rank {top.rank}'s wait{where} first: the other ranks wait in the collective for it and resume "
             "when it arrives."
         )
-    if top.doing.startswith("waits for a batch"):
+    if top.doing.startswith("waits for a batch") and not gone:
         out.append(
             "Its data workers stopped delivering: check whether one died (dmesg for an OOM kill) and give the "
             "DataLoader a timeout= so the loop raises instead of waiting forever."
