@@ -101,6 +101,10 @@ class ProbeSpec:
     # tracer/recorder/rankenv.py) gets its rank (tracer.analysis.recording).
     rank_arg: int = NO_ARG
     nranks_arg: int = NO_ARG
+    # An NCCL collective's ncclComm_t: every call is counted per (pid, op, communicator) in kernel (cuda.bpf.c
+    # coll_counts -> the nccl_progress table), so ranks of one communicator (nccl_comms.id_hash) can be compared
+    # call for call: a rank one collective behind the others is the one they wait for.
+    comm_arg: int = NO_ARG
     # A driver launch called from inside libcudart is recorded as this runtime op (see maps.h rt_ranges), so the
     # runtime's own launch functions need no probe of their own: one trap per launch.
     runtime_twin: str | None = None
@@ -145,9 +149,12 @@ R, D = Layer.RUNTIME, Layer.DRIVER
 C = OpClass
 
 
-def _nccl(op: str, count: int = NO_ARG, dtype: int = NO_ARG, stream: int = NO_ARG, **kw: int) -> ProbeSpec:
+def _nccl(
+    op: str, count: int = NO_ARG, dtype: int = NO_ARG, stream: int = NO_ARG, comm: int = NO_ARG, **kw: int
+) -> ProbeSpec:
     """An NCCL op: layer RUNTIME (an API the framework calls, above the driver; its nested driver calls fold into
-    it as the runtime's do), class COLLECTIVE unless ``op_class`` says otherwise; ``count`` x ``dtype`` bytes.
+    it as the runtime's do), class COLLECTIVE unless ``op_class`` says otherwise; ``count`` x ``dtype`` bytes;
+    ``comm``: the argument holding its communicator (counted per communicator, ProbeSpec.comm_arg).
 
     RUNTIME, not a layer of its own: the analyses count, per part, the runtime layer and drop the driver's where the
     runtime has calls (a runtime call holds its driver call). NCCL's calls hold no recorded call and sit in no
@@ -159,7 +166,9 @@ def _nccl(op: str, count: int = NO_ARG, dtype: int = NO_ARG, stream: int = NO_AR
     so a build that exports only one is still probed; at one offset they are probed once."""
     cls = OpClass(kw.pop("op_class", OpClass.COLLECTIVE))
     syms = (op, "p" + op)
-    return ProbeSpec(op, "nccl", Layer.RUNTIME, cls, syms, bytes_arg=count, dtype_arg=dtype, stream_arg=stream, **kw)
+    return ProbeSpec(
+        op, "nccl", Layer.RUNTIME, cls, syms, bytes_arg=count, dtype_arg=dtype, stream_arg=stream, comm_arg=comm, **kw
+    )
 
 
 CATALOG: tuple[ProbeSpec, ...] = (
@@ -310,18 +319,18 @@ CATALOG: tuple[ProbeSpec, ...] = (
     # (dtype_arg). ncclAllGather's count is what each rank sends (it receives nranks x that); ncclReduceScatter's
     # is what each rank receives (it sends nranks x that).
     # ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
-    _nccl("ncclAllReduce", count=2, dtype=3, stream=6),
+    _nccl("ncclAllReduce", count=2, dtype=3, stream=6, comm=5),
     # ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)
-    _nccl("ncclAllGather", count=2, dtype=3, stream=5),
+    _nccl("ncclAllGather", count=2, dtype=3, stream=5, comm=4),
     # ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
-    _nccl("ncclReduceScatter", count=2, dtype=3, stream=6),
+    _nccl("ncclReduceScatter", count=2, dtype=3, stream=6, comm=5),
     # ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)
-    _nccl("ncclBroadcast", count=2, dtype=3, stream=6),
+    _nccl("ncclBroadcast", count=2, dtype=3, stream=6, comm=5),
     # ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
-    _nccl("ncclReduce", count=2, dtype=3, stream=7),
+    _nccl("ncclReduce", count=2, dtype=3, stream=7, comm=6),
     # ncclSend(sendbuff, count, datatype, peer, comm, stream) / ncclRecv(recvbuff, count, datatype, peer, comm, stream)
-    _nccl("ncclSend", count=1, dtype=2, stream=5),
-    _nccl("ncclRecv", count=1, dtype=2, stream=5),
+    _nccl("ncclSend", count=1, dtype=2, stream=5, comm=4),
+    _nccl("ncclRecv", count=1, dtype=2, stream=5, comm=4),
     # ncclGroupStart(void) / ncclGroupEnd(void): inside a group the collectives only queue; ncclGroupEnd launches
     # them all, so it is a collective's launch too
     _nccl("ncclGroupStart"),

@@ -315,6 +315,22 @@ struct comm_event {
     u32 _pad;
 };
 
+/* An NCCL collective's progress per communicator (cuda.bpf.c coll_counts): the calls one process made of one op on one
+ * ncclComm_t, counted at entry, so a rank blocked inside its next collective has already counted it. Compared
+ * across the ranks of a communicator (nccl_comms.id_hash), the rank whose count is lower is the one the others wait
+ * for: "one collective behind". */
+struct coll_key {
+    u32 pid;
+    u32 op;
+    u64 comm;   /* the ncclComm_t handle the call passed */
+};
+
+struct coll_count {
+    u64 calls;
+    u64 first_ns;  /* bpf_ktime_get_ns() of the first and the last entry */
+    u64 last_ns;
+};
+
 #ifndef USTACK_MAX
 #define USTACK_MAX 16384 /* bytes copied from %rsp at most: enough for ~20-40 C/C++ frames */
 #endif
@@ -433,7 +449,7 @@ struct op_cfg {
                        * this argument (cuda.bpf.c nccl_type_size), or -1 */
     u8 part;          /* thread_breakdown call part: OpClass of the catalog's ProbeSpec.part */
     u8 hot;           /* a launch op: duty-cycled */
-    u16 _pad;
+    s16 comm_arg;     /* NCCL: the argument holding the ncclComm_t, counted per (pid, op, comm) in coll_counts, or -1 */
     u32 sample_every; /* store 1 call in N (0/1: all) */
     u32 stack_every;  /* stack for 1 stored call in N (0: only slow calls) */
     u32 _pad2;

@@ -83,6 +83,9 @@ static __always_inline void clear_missed_call(u32 tid, struct tstate *st)
 BPF_HASH(op_hist, struct hist_key, u64, 65536);
 /* key: (pid, op); value: exact totals. 16384 (pid, op) pairs. */
 BPF_HASH(op_totals, struct op_key, struct op_total, 16384);
+/* key: (pid, op, ncclComm_t); value: the collectives entered (common.h struct coll_count), every call, never
+ * sampled. 4096: a job's process has a few communicators (world, data/tensor/pipeline groups) x 7 collective ops. */
+BPF_HASH(coll_counts, struct coll_key, struct coll_count, 4096);
 /* index: op id; value: per-CPU call counters for 1-in-N sampling of rows and of stacks, without atomics. */
 BPF_PERCPU_ARRAY(sample_cnt, u32, OP_COUNT);
 BPF_PERCPU_ARRAY(stack_cnt, u32, OP_COUNT);
@@ -166,6 +169,26 @@ static __always_inline u64 nccl_type_size(u64 t)
     }
 }
 
+/* Count an NCCL collective's entry on its communicator (argument n; ncclReduce's is the 7th, on the stack). */
+static __always_inline void count_collective(struct pt_regs *ctx, u32 tgid, u32 op, int n, u64 now)
+{
+    struct coll_key k = {.pid = tgid, .op = op};
+    if (n < 6)
+        k.comm = reg_arg_copy(ctx, n);
+    else if (n <= 15)
+        read_user(&k.comm, sizeof(k.comm), (void *)(PT_REGS_SP(ctx) + 8 * (n - 5)));
+    struct coll_count *v = coll_counts.lookup(&k);
+    if (!v) {
+        struct coll_count init = {.first_ns = now};
+        coll_counts.insert(&k, &init);
+        v = coll_counts.lookup(&k);
+        if (!v)
+            return;
+    }
+    __sync_fetch_and_add(&v->calls, 1);
+    v->last_ns = now;
+}
+
 int cuda_entry(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -219,6 +242,8 @@ int cuda_entry(struct pt_regs *ctx)
     }
     if (c->func_arg >= 0)
         f.func = call_arg(ctx, c->func_arg);
+    if (c->comm_arg >= 0)
+        count_collective(ctx, tgid, op, c->comm_arg, now);
     f.ts_ns = now;
     inflight.update(&tid, &f);
     acct_call_entry(tid, tgid, now);

@@ -150,3 +150,43 @@ def test_old_recording_without_snapshots_has_no_hang(tmp_path: Path) -> None:
     with duckdb.connect(str(db)) as con:
         con.execute("DROP TABLE IF EXISTS thread_snapshots")
     assert not [c for c in chains_of(db) if c.category == "hang"]
+
+
+def test_nccl_rank_one_collective_behind_is_the_culprit(tmp_path: Path) -> None:
+    """NCCL ranks on GPUs: ranks 0 and 2 entered ncclAllReduce #41 (it returned) and wait in their
+    cudaStreamSynchronize, so no stack is inside a collective; rank 1 made 40 and blocks in a read. The counts name
+    rank 1 "one collective behind"; without them it would be just one of three stuck ranks."""
+    b = TraceBuilder(duration_s=10.0)
+    end = 10 * S
+    b.process(100, "python", cmdline="torchrun")
+    snaps, comms, progress = [], [], []
+    for r, pid in enumerate((101, 102, 103)):
+        b.process(pid, "python", ppid=100)
+        b.thread(pid, pid, "python")
+        b.off_cpu(0, end, pid=pid, tid=pid)
+        if r == 1:
+            snaps.append(snap(pid, pid, end, 30 * S, "read", frames(("load", TRAIN, 42), ("main", TRAIN, 50)),
+                              rank=r, waits_on="pipe:[77]"))  # fmt: skip
+        else:
+            fr = frames(("synchronize", "/venv/lib/python3.11/site-packages/torch/cuda/__init__.py", 985),
+                        ("main", TRAIN, 60))  # fmt: skip
+            snaps.append(snap(pid, pid, end, 30 * S, "futex", fr, rank=r))
+        comms.append(dict(ts_ns=0, dur_ns=S, pid=pid, tid=pid, comm=pid * 16, id_hash=7, nranks=3, rank=r, ret=0))
+        progress.append(dict(pid=pid, op="ncclAllReduce", comm=pid * 16, calls=40 if r == 1 else 41, first_ns=0,
+                             last_ns=0))  # fmt: skip
+    db = write(tmp_path, b, snaps, {101: 0, 102: 1, 103: 2})
+    with duckdb.connect(str(db)) as con:
+        insert_rows(con, "nccl_comms", comms)
+        insert_rows(con, "nccl_progress", progress)
+    (c,) = [c for c in chains_of(db) if c.category == "hang"]
+    ev = c.evidence
+    assert ev.ranks_stuck == [1] and c.culprit.pid == 102 and c.culprit.kind == "rank"
+    assert c.culprit.code_site == f"{TRAIN}:42 load"
+    assert ev.behind and ev.behind[0].startswith("rank 1 is one collective behind")
+    assert "rank 1 is one collective behind" in c.summary and "ranks 0, 2 entered ncclAllReduce #41" in c.summary
+    assert {t.rank for t in ev.waiting} == {0, 2} and {t.collective for t in ev.waiting} == {"ncclAllReduce #41"}
+    # the same snapshots without the counts (a recording made before nccl_progress): no rank is told apart
+    with duckdb.connect(str(db)) as con:
+        con.execute("DROP TABLE nccl_progress")
+    (c,) = [c for c in chains_of(db) if c.category == "hang"]
+    assert c.evidence.ranks_stuck == [] and c.evidence.behind == []

@@ -563,6 +563,24 @@ TABLES: tuple[Table, ...] = (
         ("ret", "INTEGER", "ncclResult_t: 0 is ncclSuccess"),
     ),
     _t(
+        "nccl_progress",
+        "NCCL collectives each process entered, per op and communicator, counted in kernel at every call's entry "
+        "(never sampled; rewritten at the end and at each live snapshot). Join nccl_comms on (pid, comm) for the rank "
+        "and id_hash: ranks of one communicator whose counts differ are out of step, and the lowest is the one the "
+        "others wait for. Absent from recordings made before it.",
+        ("pid", "INTEGER", "process id"),
+        (
+            "op",
+            "VARCHAR",
+            "collective: ncclAllReduce, ncclAllGather, ncclReduceScatter, ncclBroadcast, ncclReduce, "
+            "ncclSend, ncclRecv",
+        ),
+        ("comm", "UBIGINT", "the ncclComm_t handle the calls passed (nccl_comms.comm)"),
+        ("calls", "BIGINT", "calls entered (a call still blocked inside is counted)"),
+        ("first_ns", "BIGINT", "ns since session start: the first call's entry"),
+        ("last_ns", "BIGINT", "ns since session start: the last call's entry"),
+    ),
+    _t(
         "thread_snapshots",
         "What each target thread was doing at a moment, read from /proc and the interpreter's memory without "
         "stopping it (tracer.snapshot): every thread at attach and at the end, and a thread again once it has not run "

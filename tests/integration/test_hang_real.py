@@ -10,6 +10,10 @@ that is stuck, its line, and what it waits on.
   the steps stopped, named from the step markers.
 - ``hang.py loader``: the loop's data worker died; the loop waits for its next batch.
 - ``hang.py healthy``: steps to the end: no hang chain.
+- ``hang_loader.py``: a real torch DataLoader whose worker is SIGKILLed while it writes a batch; the prefetch thread
+  blocks reading the half-written batch and the loop waits for it forever (torch's dead-worker check never runs).
+- ``nccl_ranks.py --hang-rank 1``: three ranks on the stand-in libnccl.so.2; rank 1 stops before a collective the
+  others entered: named "one collective behind" from the per-communicator counts.
 
 The untraced truth of each (no progress once ``stuck`` is printed; the healthy loop never stops) is in the
 fixtures' docstrings. Needs root, BPF and (for the ranks) torch.
@@ -26,7 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, ROOT, TRACER, record, workload
+from conftest import PY, ROOT, TRACER, query, record, start_record, workload
 
 from tests.support.need import need_nothing_missing
 from tracer.snapshot import kernel
@@ -187,3 +191,83 @@ def test_dead_loader_worker_named(tmp_path: Path) -> None:
 def test_healthy_loop_has_no_hang(tmp_path: Path) -> None:
     db = _launched(tmp_path, "healthy", "--seconds", "4")
     assert not [c for c in chains(db) if c["category"] == "hang"]
+
+
+NCCL_RANKS = Path(workload("nccl_ranks.py"))
+HANG_AT = 30  # the stuck rank's collectives: it stops before its 31st; the others enter it
+
+
+def test_nccl_rank_one_collective_behind_named(tmp_path: Path) -> None:
+    """Three ranks on the stand-in libnccl.so.2; rank 1 stops before its collective HANG_AT + 1 and blocks in a
+    pipe read (HANG_SITE), the others enter that collective and wait in their cudaStreamSynchronize. Ground truth
+    from the fixture's arguments: rank 1 entered HANG_AT ncclAllReduce calls, ranks 0 and 2 HANG_AT + 1."""
+    db = tmp_path / "nccl_hang.duckdb"
+    args = ["--ranks", "3", "--steps", "100000", "--hang-rank", "1", "--hang-at", str(HANG_AT)]
+    env = dict(os.environ, FAKE_NCCL_TIMEOUT_S="600")  # the waiting ranks never give up during the recording
+    r = record(["--duration", "8", "--db", str(db), "--", PY, str(NCCL_RANKS), *args], timeout=240, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    stuck_pid = int(re.search(r"rank=1 pid=(\d+) stuck", r.stderr + r.stdout)[1])
+    # each rank by its environment's RANK (nccl_comms may miss a set-up made while the probes were attaching)
+    counts = {int(rank): int(n) for rank, n in query(db, (
+        "SELECT r.rank, sum(p.calls) FROM nccl_progress p JOIN processes r USING (pid) "
+        "WHERE p.op = 'ncclAllReduce' GROUP BY r.rank"))}  # fmt: skip
+    assert counts == {0: HANG_AT + 1, 1: HANG_AT, 2: HANG_AT + 1}
+    c = hang_of(db)
+    ev = c["evidence"]
+    assert ev["trigger"] == "steps_stopped"
+    assert ev["ranks_stuck"] == [1] and c["culprit"]["pid"] == stuck_pid and c["culprit"]["kind"] == "rank"
+    assert c["culprit"]["code_site"].endswith(f"nccl_ranks.py:{marks(NCCL_RANKS)['HANG_SITE']} _hang")
+    assert len(ev["behind"]) == 1 and ev["behind"][0].startswith("rank 1 is one collective behind")
+    assert "rank 1 is one collective behind" in c["summary"]
+    waiting = {t["rank"]: t for t in ev["waiting"]}
+    assert set(waiting) == {0, 2}
+    assert all(t["collective"] == f"ncclAllReduce #{HANG_AT + 1}" for t in waiting.values())
+    sync = next(i for i, x in enumerate(NCCL_RANKS.read_text().splitlines(), 1) if "# SYNC_SITE" in x)
+    assert all(t["site"].endswith(f"nccl_ranks.py:{sync} run_rank") for t in waiting.values())
+
+
+TORCH_LOADER = Path(workload("hang_loader.py"))
+HUNG_S = 8  # the loader job is killed this long after its worker died
+
+
+def test_real_dataloader_worker_killed_names_the_dead_worker(tmp_path: Path) -> None:
+    """A real torch DataLoader (num_workers=1) iterated by a prefetch thread; its worker is SIGKILLed mid-write of a
+    batch, and the loop waits forever (the fixture's docstring: how torch behaves, and the untraced truth)."""
+    need_nothing_missing(_torch_missing())
+    db = tmp_path / "torch_loader.duckdb"
+    # importing torch under the tracer took 25 s on the loaded 2-vCPU VM (10 s untraced) before the first step: the
+    # job is ended HUNG_S after its worker died, whenever that is, and the recording ends with it
+    rec = start_record(["--duration", "300", "--db", str(db), "--", str(VENV_PY), str(TORCH_LOADER), "--steps", "30"])
+    try:
+        assert rec.stderr is not None
+        end = time.monotonic() + 240
+        m = None
+        while m is None and time.monotonic() < end:
+            line = rec.stderr.readline()
+            if not line:
+                break
+            m = re.search(r"hang_loader: pid=(\d+) worker=(\d+) killed", line)
+        assert m, "the fixture's worker never died"
+        pid, worker = int(m[1]), int(m[2])
+        time.sleep(HUNG_S)
+        os.kill(pid, signal.SIGKILL)
+        _, err = rec.communicate(timeout=180)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+    assert rec.returncode == 0, err
+    c = hang_of(db)
+    ev = c["evidence"]
+    # the loop's last steps (the two batches queued before the half-written one) come within the checkpoint's 2 s
+    # of the worker's death
+    assert ev["trigger"] == "steps_stopped" and c["pids"] == [pid] and ev["stalled_ms"] >= (HUNG_S - 2) * 1000
+    assert c["culprit"]["code_site"].endswith(f"hang_loader.py:{marks(TORCH_LOADER)['STUCK_BATCH']} main")
+    # the dead worker is named, with how it died
+    assert f"its child pid {worker} (pt_data_worker)" in c["summary"] and "killed by SIGKILL" in c["summary"]
+    assert "deadlock" not in c["summary"]
+    assert any(f"pid {worker}" in x and "timeout=" in x for x in c["recommendations"])
+    # the prefetch thread is listed where it blocks: reading the half-written batch from the worker's pipe
+    assert ev["stuck"][0]["doing"] == "waits for another thread (join / condition)"  # queue.Queue.get
+    prefetch = next(t for t in ev["stuck"] if t["site"] and t["site"].endswith("prefetch"))
+    assert prefetch["syscall"] == "read" and prefetch["doing"].startswith("waits for a batch from its data workers")

@@ -40,7 +40,6 @@ def _end_job(recorder: int) -> None:
     """SIGTERM the recorded job (train.py, the recorder's child, and its workers; not the live server or the
     guardian): the recording then ends as the target exits."""
     import os
-    import signal
 
     from tracer import procfs
 
@@ -63,7 +62,7 @@ def _end_job(recorder: int) -> None:
 
 
 def test_tools_answer_during_the_recording_and_grow_with_it(tmp_path: Path) -> None:
-    # GIVEN a 25 s training job recorded with --mcp-http
+    # GIVEN a training job recorded with --mcp-http
     port = _free_port()
     db = tmp_path / "live.duckdb"
     rec = subprocess.Popen(
@@ -199,3 +198,56 @@ def test_the_node_agent_answers_live_over_mcp_about_a_job_started_after_it(tmp_p
         if rec.poll() is None:
             rec.kill()
             rec.wait()
+
+
+def test_a_hung_job_gets_its_hang_chain_live(tmp_path: Path) -> None:
+    """Issue 29: attached to a job that is already hung (hang.py deadlock: two threads each wait for the lock the
+    other holds, the main thread joins them), with --mcp-http, the hang chain and the thread dump are served while
+    the recording runs, within its first seconds."""
+    import re
+
+    hang = Path(workload("hang.py"))
+    marks = {m[1]: i for i, x in enumerate(hang.read_text().splitlines(), 1) if (m := re.search(r"# ([A-Z_]+)$", x))}
+    job = subprocess.Popen([PY, str(hang), "deadlock"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    rec = None
+    try:
+        assert job.stdout is not None
+        line = job.stdout.readline()
+        assert "stuck" in line, line
+        port = _free_port()
+        db = tmp_path / "hung.duckdb"
+        rec = subprocess.Popen(
+            [str(TRACER), "record", "--pid", str(job.pid), "--duration", "30", "--db", str(db),
+             "--mcp-http", f"127.0.0.1:{port}"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert _wait_port(port, 90), "the live MCP server never listened"
+        url = f"http://127.0.0.1:{port}/mcp"
+        t0 = time.monotonic()
+        hang_chain = None
+        while hang_chain is None and time.monotonic() - t0 < 20:
+            # the server listens while the recorder still attaches: an early snapshot has no process yet
+            r, _ = anyio.run(call, url, "get_causal_chains", {})
+            assert not r.is_error, r.content
+            hang_chain = next((c for c in r.structured_content["chains"] if c["category"] == "hang"), None)
+            if hang_chain is None:
+                time.sleep(1)
+        waited = time.monotonic() - t0
+        # THEN the live recording names the deadlock, each thread at its line, seconds after the server listens
+        assert hang_chain is not None, "no hang chain within 20 s of the live server listening"
+        assert hang_chain["severity"] == "HIGH" and "deadlock" in hang_chain["summary"]
+        for mark in ("STUCK_A", "STUCK_B"):
+            assert f"hang.py:{marks[mark]} " in hang_chain["summary"]
+        # AND get_thread_dump serves every stuck thread's line from the snapshots, live
+        dump, _ = anyio.run(call, url, "get_thread_dump", {"pid": job.pid})
+        assert not dump.is_error, dump.content
+        lines = {f["line"] for t in dump.structured_content["threads"] for f in t["frames"][:1]}
+        assert {marks["STUCK_A"], marks["STUCK_B"]} <= lines
+        print(f"hang chain served live {waited:.1f} s after the server listened")
+    finally:
+        if rec is not None:
+            rec.terminate()
+            rec.communicate(timeout=120)
+        job.kill()
+        job.wait()
+    assert rec.returncode == 0 or rec.returncode == 130, rec.returncode

@@ -313,6 +313,9 @@ def test_each_rank_names_its_communicator(ranks: Recording) -> None:
     assert all(ret == 0 and dur > 0 for *_, ret, dur in rows)
     # AND one id across the ranks: the communicator they share
     assert len({row[4] for row in rows}) == 1
+    # AND each rank's collectives counted on that handle (nccl_progress, issue 29): every step's ncclAllReduce
+    progress = query(ranks.db, "SELECT pid, op, comm, calls FROM nccl_progress ORDER BY pid")
+    assert progress == [(ranks.pid(r), "ncclAllReduce", ranks.reports[r]["comm"], STEPS) for r in range(RANKS)]
 
 
 # --- attach paths ---------------------------------------------------------------------------------------------
@@ -374,6 +377,13 @@ def test_the_real_libnccl_is_attached_and_its_calls_counted(real: tuple[Path, di
         ("ncclGroupEnd", None, None),
     ]
     assert [r for *_, r in rows] == codes
+    # AND each collective counted per communicator (nccl_progress, issue 29), the handle read where nccl.h puts it
+    # (ncclReduce's 7th argument on the stack): NULL here, as the script passed
+    assert query(db, "SELECT op, comm, calls FROM nccl_progress ORDER BY op") == [
+        ("ncclAllReduce", 0, 5),
+        ("ncclReduce", 0, 1),
+        ("ncclSend", 0, 1),
+    ]
 
 
 def test_the_communicator_leaves_nothing_in_dev_shm(ranks: Recording) -> None:

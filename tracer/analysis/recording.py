@@ -214,6 +214,11 @@ def load_recording(conn: duckdb.DuckDBPyConnection) -> RecordingInfo:
         )
     if info.has("thread_wakers"):
         info.has_wakers = bool(conn.execute("SELECT count(*) > 0 FROM thread_wakers").fetchone()[0])
+    if info.duration_ns <= 0 and info.has("session", "flushed_ns"):
+        # a recording in progress (a live --mcp-http snapshot) or killed before its end wrote no duration: it
+        # spans what it has flushed (issue 29: a hung job with no CUDA call had a 0 s recording and no hang chain)
+        row = conn.execute("SELECT max(flushed_ns) FROM session").fetchone()
+        info.duration_ns = int(row[0] or 0) if row else 0
     if info.duration_ns <= 0 and info.has("cuda_calls"):
         end = conn.execute("SELECT max(ts_ns + dur_ns) FROM cuda_calls").fetchone()
         info.duration_ns = int(end[0] or 0) if end else 0

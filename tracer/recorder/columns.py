@@ -142,6 +142,19 @@ def comm_columns(ev: np.ndarray, start: int) -> Columns:
     }
 
 
+def coll_columns(keys: np.ndarray, vals: np.ndarray, start: int) -> Columns:
+    """nccl_progress columns from the dumped ``coll_counts`` map (events.COLL_KEY_DTYPE -> COLL_COUNT_DTYPE)."""
+    names = np.array([CATALOG[i].op if i < len(CATALOG) else f"op{i}" for i in range(OP_COUNT_MAX)], dtype=object)
+    return {
+        "pid": keys["pid"].astype(np.int32),
+        "op": names[keys["op"].astype(np.int64)].tolist() if len(keys) else [],
+        "comm": keys["comm"].astype(np.uint64),
+        "calls": vals["calls"].astype(np.int64),
+        "first_ns": rel(vals["first_ns"], start),
+        "last_ns": rel(vals["last_ns"], start),
+    }
+
+
 def proc_event_columns(ev: np.ndarray, start: int) -> Columns:
     """process_events columns of a batch of lifecycle events (events.PROC_DTYPE); thread ends excluded (they go
     to the threads table)."""

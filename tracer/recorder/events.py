@@ -215,6 +215,8 @@ OP_TOTAL_DTYPE = np.dtype(
         ("last_ns", "<u8"),
     ]
 )
+COLL_KEY_DTYPE = np.dtype([("pid", "<u4"), ("op", "<u4"), ("comm", "<u8")])
+COLL_COUNT_DTYPE = np.dtype([("calls", "<u8"), ("first_ns", "<u8"), ("last_ns", "<u8")])
 HIST_KEY_DTYPE = np.dtype([("pid", "<u4"), ("op", "<u2"), ("slot", "<u2")])
 COUNT_DTYPE = np.dtype("<u8")
 

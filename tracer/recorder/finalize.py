@@ -216,8 +216,8 @@ def write_totals(
     live: bool,
     written: Rewritable | None = None,
 ) -> list[columns.OpSummary]:
-    """(Re)write the tables that hold totals rather than a stream: op_stats (from the in-kernel counts),
-    processes and threads still in the tree; return the per-op summary. At the end, once; while recording
+    """(Re)write the tables that hold totals rather than a stream: op_stats and nccl_progress (from the in-kernel
+    counts), processes and threads still in the tree; return the per-op summary. At the end, once; while recording
     (``live``), for each MCP snapshot, replacing the rows the last one wrote (``written``), with the threads still
     running ending now. The rows :func:`write_retired` wrote stay."""
     written = written if written is not None else Rewritable()
@@ -228,6 +228,9 @@ def write_totals(
     hists = columns.Aggregates(*bpfmaps.dump(bpf["op_hist"], events.HIST_KEY_DTYPE, events.COUNT_DTYPE))
     cols, summary = scaled_op_stats(totals, hists, cycler.windows, cycler.cycled)
     store.put("op_stats", cols)
+    store.execute("DELETE FROM nccl_progress")
+    keys, vals = bpfmaps.dump(bpf["coll_counts"], events.COLL_KEY_DTYPE, events.COLL_COUNT_DTYPE)
+    store.put("nccl_progress", columns.coll_columns(keys, vals, start_mono))
     procs = list(tree.procs.values())
     store.put("processes", columns.process_columns(procs))
     threads = list(tree.threads.values())

@@ -288,6 +288,7 @@ def configure_ops(bpf: Any) -> None:
         v.stream_arg, v.stream_deref, v.func_arg = spec.stream_arg, spec.stream_deref, spec.func_arg
         v.rt_twin = OP_IDS[spec.runtime_twin] if spec.runtime_twin else -1
         v.dtype_arg = spec.dtype_arg
+        v.comm_arg = spec.comm_arg
         v.part = int(spec.part)
         v.hot = int(spec.duty_cycled)
         v.sample_every = 1

@@ -13,17 +13,22 @@ stack, kernel state and since-when come from its latest snapshot. Each process's
 thread, its driver thread, else its main thread) is judged, and listed with the threads of the process that run
 Python code. A thread whose stack is inside a collective (torch.distributed's all_reduce, barrier...; NCCL's
 entry points in its native frame) waits for its peers; a rank whose thread is not inside one while others are is
-the one they wait for: the culprit, named with its line, its system call and what that call waits on (the file
+the one they wait for. With NCCL, the ranks' collective counts per communicator (collective_progress) name it
+too, when no stack shows a collective (the NCCL call returned; its peers wait in a synchronize): the rank that
+entered fewer collectives than the others is "one collective behind", the others entered the one it has not. The
+culprit is named with its line, its system call and what that call waits on (the file
 its fd names, the path it opens). Severity HIGH: a hung job loses all of its time.
 """
 
 from __future__ import annotations
 
+import signal
 import statistics
 
 from tracer.analysis.chains.context import ChainContext
 from tracer.analysis.chains.model import CausalChain, Culprit, HangEvidence, Hop, HungThread, Root
 from tracer.analysis.code_site import is_library, site_of
+from tracer.analysis.collective_progress import behind_summary, comm_progress
 from tracer.analysis.steps import step_markers
 from tracer.analysis.thread_dump import DumpThread, thread_dump
 
@@ -89,7 +94,8 @@ def doing(t: DumpThread, coll: str | None) -> str:
     on = f" on {t.waits_on}" if t.waits_on else ""
     if t.syscall == "futex" and t.frames:
         inner = t.frames[0]
-        if is_library(inner.file) and inner.function in THREAD_WAITS:
+        # the function's own name: Python 3.11+ frames carry qualified names (Condition.wait, Thread.join)
+        if is_library(inner.file) and inner.function.rsplit(".", 1)[-1] in THREAD_WAITS:
             return "waits for another thread (join / condition)"
         if "queues.py" in inner.file or "dataloader.py" in inner.file or "connection.py" in inner.file:
             return "waits for a batch from its data workers"
@@ -213,10 +219,13 @@ def _detect(ctx: ChainContext) -> list[CausalChain]:
                 stack=_stack(t),
             )
             (waiting if coll else stuck).append(h)
+    main_tids = {snap.tid for _, snap, _, _, _, _ in judged}
+    behind = _nccl_behind(ctx, {j[0] for j in judged}, main_tids, waiting, stuck)
     # the ranks not inside a collective while another rank is: the ones the others wait for
     in_coll_pids = {h.pid for h in waiting}
-    main_tids = {snap.tid for _, snap, _, _, _, _ in judged}
     culprits = [h for h in stuck if h.tid in main_tids and h.pid not in in_coll_pids]
+    if behind:  # NCCL's counts name them even when no rank's stack is inside a collective
+        culprits = sorted((h for h in culprits if h.pid in behind), key=lambda h: h.rank or 0) or culprits
     if not culprits:  # a single process: its stuck threads, its training thread first
         culprits = sorted(stuck, key=lambda h: (h.tid not in main_tids, h.tid))
     if not culprits:  # every rank inside a collective: they disagree on which (or NCCL's own hang)
@@ -232,7 +241,8 @@ def _detect(ctx: ChainContext) -> list[CausalChain]:
     trigger = "steps_stopped" if stepped_any else "no_step"
     locks = [h for h in stuck if h.doing == "waits for a lock" and h.pid == top.pid]
     gone = _exited_children(ctx, top.pid)
-    summary = _summary(top, culprits, waiting, ranks_stuck, locks, stalled_ns, trigger)
+    note = "; ".join(behind[r] for r in sorted(behind) if any(h.pid == r for h in culprits))
+    summary = _summary(top, culprits, waiting, ranks_stuck, locks, stalled_ns, trigger, note)
     if gone:
         summary = summary[:-1] + f"; {gone}, and nothing replaced it."
     affected = waiting[0] if waiting and ranks_stuck else top
@@ -279,12 +289,39 @@ def _detect(ctx: ChainContext) -> list[CausalChain]:
                 waiting=waiting,
                 stuck=stuck,
                 ranks_stuck=ranks_stuck,
+                behind=[behind[p] for p in sorted(behind)],
             ),
-            recommendations=_advice(top, locks, ranks_stuck),
+            recommendations=_advice(top, locks, ranks_stuck, gone),
             path=path,
             root=root,
         )
     ]
+
+
+def _nccl_behind(
+    ctx: ChainContext, pids: set[int], main_tids: set[int], waiting: list[HungThread], stuck: list[HungThread]
+) -> dict[int, str]:
+    """Return {pid: 'rank R is one collective behind ...'} for the judged ranks that entered fewer NCCL
+    collectives on a communicator than its most advanced ranks (collective_progress); and move those advanced
+    ranks' training threads from ``stuck`` to ``waiting``: they entered the collective the others have not, and
+    wait for its end (on a GPU, in a synchronize or their next collective, not in the NCCL call, which returned)."""
+    behind: dict[int, str] = {}
+    ahead: dict[int, str] = {}
+    for cp in comm_progress(ctx.conn, ctx.info):
+        late = [r for r in cp.behind if r.pid in pids]
+        if not late:
+            continue
+        for r in late:
+            behind.setdefault(r.pid, behind_summary(cp, r))
+        for r in cp.leaders:
+            ahead.setdefault(r.pid, f"{r.last_op or 'a collective'} #{r.calls}")
+    for h in [h for h in stuck if h.tid in main_tids and h.pid in ahead and h.pid not in behind]:
+        stuck.remove(h)
+        waiting.append(
+            h.model_copy(update={"in_collective": True, "collective": ahead[h.pid], "doing": f"entered "
+                                 f"{ahead[h.pid]} and {h.doing}"})
+        )  # fmt: skip
+    return behind
 
 
 def _exited_children(ctx: ChainContext, pid: int) -> str:
@@ -296,10 +333,21 @@ def _exited_children(ctx: ChainContext, pid: int) -> str:
     if not kids:
         return ""
     return "; ".join(
-        f"its child pid {p.pid} ({p.comm}) exited at {p.exit_ns / S:.1f} s"
-        + (f" (code {p.exit_code})" if p.exit_code is not None else "")
-        for p in kids[:3]
+        f"its child pid {p.pid} ({p.comm}) exited at {p.exit_ns / S:.1f} s{_fate(p.exit_code)}" for p in kids[:3]
     )
+
+
+def _fate(status: int | None) -> str:
+    """' (killed by SIGKILL)' / ' (exit code 1)' from a wait(2) status (processes.exit_code), '' if unknown."""
+    if status is None:
+        return ""
+    sig = status & 0x7F
+    if sig:
+        try:
+            return f" (killed by {signal.Signals(sig).name})"
+        except ValueError:
+            return f" (killed by signal {sig})"
+    return f" (exit code {status >> 8})"
 
 
 def _who(h: HungThread) -> str:
@@ -319,6 +367,7 @@ def _summary(
     locks: list[HungThread],
     stalled_ns: float,
     trigger: str,
+    behind: str = "",
 ) -> str:
     head = (
         f"The job made no step for {stalled_ns / S:,.1f} s"
@@ -330,6 +379,12 @@ def _summary(
         coll = waiting[0].collective
         wsite = f" at {waiting[0].site}" if waiting[0].site else ""
         many = len(others) > 1
+        if behind:
+            return (
+                f"{head}: rank{'s' if many else ''} {', '.join(map(str, others))} entered {coll}{wsite} and "
+                f"wait{'' if many else 's'} for rank {', '.join(map(str, ranks_stuck))}: {behind}. "
+                f"{_who(top)} {top.doing}{_since(top)}."
+            )
         return (
             f"{head}: rank{'s' if many else ''} {', '.join(map(str, others))} wait{'' if many else 's'}"
             f" in {coll}{wsite} for rank {', '.join(map(str, ranks_stuck))}, which is not inside a collective: "
@@ -341,15 +396,21 @@ def _summary(
     return f"{head}: {_who(top)} {top.doing}{_since(top)}."
 
 
-def _advice(top: HungThread, locks: list[HungThread], ranks_stuck: list[int]) -> list[str]:
+def _advice(top: HungThread, locks: list[HungThread], ranks_stuck: list[int], gone: str = "") -> list[str]:
     out = []
     where = f" ({top.site})" if top.site else ""
+    if gone:
+        out.append(
+            f"A child process died while the loop waits ({gone}): a data worker killed (dmesg for the OOM killer) "
+            "leaves its batch unfinished. torch's DataLoader checks its workers only between reads, so give it a "
+            "timeout= (the loop then raises), and lower num_workers or the batch size if it ran out of memory."
+        )
     if ranks_stuck:
         out.append(
             f"Fix rank {top.rank}'s wait{where} first: the other ranks wait in the collective for it and resume "
             "when it arrives."
         )
-    if top.doing.startswith("waits for a batch"):
+    if top.doing.startswith("waits for a batch") and not gone:
         out.append(
             "Its data workers stopped delivering: check whether one died (dmesg for an OOM kill) and give the "
             "DataLoader a timeout= so the loop raises instead of waiting forever."

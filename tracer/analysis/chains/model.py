@@ -519,6 +519,13 @@ class HangEvidence(Record):
         Field(description="threads not inside a collective: the ones the others wait for, or the job's stuck loop"),
     ]
     ranks_stuck: Annotated[list[int], Field(description="ranks not inside a collective while others are")]
+    behind: Annotated[
+        list[str],
+        Field(
+            description="ranks that entered fewer NCCL collectives on a communicator than its other ranks (counted "
+            "per call: nccl_progress), e.g. 'rank 1 is one collective behind ...'; [] without NCCL"
+        ),
+    ] = []
 
 
 Evidence = Annotated[
