@@ -42,16 +42,20 @@ def _global(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
-def _register(recording_only: bool = False) -> None:
-    """Add the commands; ``recording_only``: the recording commands alone (launch.py, for `tracer record`/`demo`:
+def _register(only: str | None = None) -> None:
+    """Add the commands; ``only`` (launch.py): "record", the recording commands alone (`tracer record`/`demo`:
     importing the analyses' command modules is half a second the probes would wait for; the recording imports what
-    it analyses when it finishes)."""
+    it analyses when it finishes); "dump", `tracer dump` alone (read at once on a hung job)."""
+    from tracer.commands import dump as dump_cmds
+
+    if only == "dump":
+        dump_cmds.register(app)
+        return
     from tracer.commands import record as record_cmds
 
     record_cmds.register(app)
-    if recording_only:
+    if only == "record":
         return
-
     from tracer.commands import analysis as analysis_cmds
 
     analysis_cmds.register(app)
@@ -59,8 +63,6 @@ def _register(recording_only: bool = False) -> None:
     from tracer.commands import flame as flame_cmds
 
     flame_cmds.register(app)
-
-    from tracer.commands import dump as dump_cmds
 
     dump_cmds.register(app)
 
@@ -95,7 +97,7 @@ def _flag_help(t: typer.Typer) -> None:
             _flag_help(g.typer_instance)
 
 
-_register(recording_only=commands_pkg.RECORDING_ONLY)
+_register(only=commands_pkg.ONLY)
 _flag_help(app)
 
 

@@ -30,7 +30,7 @@ def main() -> int:
     if cmd in ("record", "demo") and os.geteuid() == 0 and "--help" not in argv and "--" not in argv[:1]:
         import tracer.commands
 
-        tracer.commands.RECORDING_ONLY = True  # tracer.commands.cli then registers the recording commands alone
+        tracer.commands.ONLY = "record"  # tracer.commands.cli then registers the recording commands alone
         # pyarrow imports pandas, when installed, at its first pa.array(): 0.4 s and ~60 MB the recorder never uses
         sys.meta_path.insert(0, _NoPandas())
         try:
@@ -40,6 +40,10 @@ def main() -> int:
             prewarm(ProgramOptions(with_pyframes="--no-python-stacks" not in args))
         except Exception:  # the recorder compiles (and reports) on its own
             pass
+    elif cmd == "dump" and "--help" not in argv:
+        import tracer.commands
+
+        tracer.commands.ONLY = "dump"  # a hung job's dump, at once: none of the analyses' imports
     from tracer.commands.cli import main as cli_main
 
     return cli_main(argv)
