@@ -67,6 +67,10 @@ from tracer.recorder.sysinfo import ProcSampler
 log = logging.getLogger(__name__)
 
 DRAIN_S = 0.2  # ring buffers are drained on this timer (bulk events do not wake the recorder, BPF_RB_NO_WAKEUP)
+# ...or this one while the node agent (no target given) traces no process: nothing is traced, so no ring fills, and
+# a process that loads CUDA wakes the loop at once (its hold); 5 empty drains a second were a fifth of the idle
+# agent's 1% of a core (issue 32)
+IDLE_DRAIN_S = 1.0
 IDLE_SNAPSHOT_NS = 1_000_000_000  # a thread off CPU this long is snapshotted again (issue 29: "not run for a second")
 # Off-CPU intervals: always keep >= 1 ms and those inside a call; store 1 in N of the rest.
 SCHED_KEEP_NS = 1_000_000
@@ -448,7 +452,8 @@ class Recorder(Ending):
         pending = self.bpf["calls_pending"]
         while not self._interrupted:
             # returns early only on a forced wakeup: a hold, or a burst filling the calls ring
-            self._wake.poll(DRAIN_S)
+            idle = self.all_cuda and not self.tree.alive()  # the agent, tracing nothing: wake for the tick only
+            self._wake.poll(max(0.0, min(IDLE_DRAIN_S, next_tick - time.monotonic())) if idle else DRAIN_S)
             pending[ct.c_int(0)] = ct.c_uint64(0)
             self._drain()
             self._apply_sampling_budget()
