@@ -118,16 +118,18 @@ class ServerState:
         if failed is not None:
             raise self.error(failed)
 
-    def job_pid(self, c: duckdb.DuckDBPyConnection, pid: int | None, container: str | None) -> int | None:
-        """The process a tool's job selectors name (:func:`tracer.analysis.arguments.job_pid`: a pid, or a
-        container's job).
+    def job_pid(
+        self, c: duckdb.DuckDBPyConnection, pid: int | None, rank: int | None, container: str | None
+    ) -> int | None:
+        """The process a tool's job selectors name (:func:`tracer.analysis.arguments.job_pid`: a pid, a rank's
+        process, or a container's job).
 
         Raises:
             ToolError: a selector the recording cannot resolve, with what it holds.
         """
         failed: TracerError | None = None
         try:
-            return job_pid(c, pid=pid, container=container)
+            return job_pid(c, pid=pid, rank=rank, container=container)
         except TracerError as e:
             failed = e
         raise self.error(failed)

@@ -104,3 +104,29 @@ def test_the_mcp_tools_select_by_container(db):
     assert not bd.is_error and {t["pid"] for t in bd.structured_content["threads"]} == {MAIN_PID}
     bad = _tool(db, "get_trace_stats", {"container": "nope"})
     assert bad.is_error and "not in this trace" in bad.content[0].text
+
+
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory):
+    p = tmp_path_factory.mktemp("rank") / "t.duckdb"
+    builder("sync_stall").write(p)
+    with duckdb.connect(str(p)) as c:
+        c.execute("UPDATE processes SET rank = 1, world_size = 2, job_id = 'j' WHERE pid = ?", [MAIN_PID])
+    return str(p)
+
+
+def test_a_rank_is_its_process_in_the_resolver_the_cli_and_the_mcp_tools(ranked, capsys):
+    # GIVEN a recording whose training process is rank 1
+    assert _pid(ranked, rank=1) == MAIN_PID
+    # THEN `--rank 1` answers as `--pid` of that process does, on the CLI and in the MCP tools
+    assert main(["chains", "--db", ranked, "--rank", "1", "--json"]) == 0
+    by_rank = json.loads(capsys.readouterr().out)
+    assert main(["chains", "--db", ranked, "--pid", str(MAIN_PID), "--json"]) == 0
+    assert by_rank == json.loads(capsys.readouterr().out) and by_rank["chains"]
+    tool_rank = _tool(ranked, "get_causal_chains", {"rank": 1})
+    assert not tool_rank.is_error
+    assert tool_rank.structured_content == _tool(ranked, "get_causal_chains", {"pid": MAIN_PID}).structured_content
+    # AND a rank it does not hold is a usage error naming the ones it does
+    bad = _tool(ranked, "get_trace_stats", {"rank": 5})
+    assert bad.is_error and "rank 5 is not in this trace; its ranks: 1" in bad.content[0].text
+    assert main(["breakdown", "--db", ranked, "--rank", "5"]) == 2

@@ -15,6 +15,9 @@ from tracer.analysis.ranks.report import RanksResult, ranks_report
 
 def get_causal_chains(
     pid: Annotated[int | None, Field(description="Only chains affecting this process.")] = None,
+    rank: Annotated[
+        int | None, Field(description="Only this rank's process (a distributed job), instead of pid.")
+    ] = None,
     container: Annotated[
         str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
     ] = None,
@@ -42,7 +45,7 @@ def get_causal_chains(
     """
     st = state(ctx)
     with st.connection() as c:
-        pid = st.job_pid(c, pid, container)
+        pid = st.job_pid(c, pid, rank, container)
         st.check(c, pid=pid, severity=severity)
         return compute_chains(c, pid=pid, severity=severity, limit=limit)
 

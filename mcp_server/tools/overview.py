@@ -17,6 +17,9 @@ from tracer.analysis.stats import TraceStats, trace_stats
 
 def get_trace_stats(
     pid: Annotated[int | None, Field(description="Only this process; omit for the whole traced tree.")] = None,
+    rank: Annotated[
+        int | None, Field(description="Only this rank's process (a distributed job), instead of pid.")
+    ] = None,
     container: Annotated[
         str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
     ] = None,
@@ -37,13 +40,16 @@ def get_trace_stats(
     """
     st = state(ctx)
     with st.connection() as c:
-        pid = st.job_pid(c, pid, container)
+        pid = st.job_pid(c, pid, rank, container)
         st.check(c, pid=pid)
         return compact_reply(trace_stats(c, pid=pid, detail=detail))
 
 
 def get_time_breakdown(
     pid: Annotated[int | None, Field(description="Only this process's threads; omit for the whole tree.")] = None,
+    rank: Annotated[
+        int | None, Field(description="Only this rank's process (a distributed job), instead of pid.")
+    ] = None,
     container: Annotated[
         str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
     ] = None,
@@ -68,6 +74,6 @@ def get_time_breakdown(
     """
     st = state(ctx)
     with st.connection() as c:
-        pid = st.job_pid(c, pid, container)
+        pid = st.job_pid(c, pid, rank, container)
         st.check(c, pid=pid, tid=tid, bucket_s=bucket_s)
         return time_breakdown(c, pid=pid, tid=tid, bucket_s=bucket_s)

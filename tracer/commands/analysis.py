@@ -48,6 +48,10 @@ ContainerOption = Annotated[
         "show it) or a pod name; its process that made CUDA calls (a node agent's recording).",
     ),
 ]
+RankOption = Annotated[
+    int | None,
+    typer.Option("--rank", help="Only this rank's process, instead of --pid (a distributed job; see tracer ranks)."),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the MCP tool's output).")]
 DEFAULT_DB = Path("trace.duckdb")
 
@@ -97,6 +101,7 @@ def _print(record, as_json: bool) -> None:
 def stats(
     db: DbsOption = None,
     pid: PidOption = None,
+    rank: RankOption = None,
     container: ContainerOption = None,
     show_all: Annotated[
         bool,
@@ -116,7 +121,7 @@ def stats(
     from tracer.views.render import print_record
 
     with _open(db) as conn:
-        pid = job_pid(conn, pid=pid, container=container)
+        pid = job_pid(conn, pid=pid, rank=rank, container=container)
         check_args(conn, pid=pid)
         print_record(trace_stats(conn, pid=pid, detail=show_all), out, as_json=json, show_all=show_all)
 
@@ -124,6 +129,7 @@ def stats(
 def chains(
     db: DbsOption = None,
     pid: PidOption = None,
+    rank: RankOption = None,
     container: ContainerOption = None,
     severity: Annotated[
         str | None,
@@ -139,7 +145,7 @@ def chains(
     from tracer.analysis.chains import compute_chains
 
     with _open(db) as conn:
-        pid = job_pid(conn, pid=pid, container=container)
+        pid = job_pid(conn, pid=pid, rank=rank, container=container)
         check_args(conn, pid=pid, severity=severity, limit=limit)
         _print(compute_chains(conn, pid=pid, severity=severity, limit=limit), json)
 
@@ -402,6 +408,7 @@ def _export_parquet(
 def breakdown(
     db: DbsOption = None,
     pid: PidOption = None,
+    rank: RankOption = None,
     container: ContainerOption = None,
     tid: Annotated[
         int | None, typer.Option("--tid", help="Only this thread (default: every thread that made CUDA calls).")
@@ -421,7 +428,7 @@ def breakdown(
     from tracer.analysis.breakdown import time_breakdown
 
     with _open(db) as conn:
-        pid = job_pid(conn, pid=pid, container=container)
+        pid = job_pid(conn, pid=pid, rank=rank, container=container)
         check_args(conn, pid=pid, tid=tid, bucket_s=bucket)
         _print(time_breakdown(conn, pid=pid, tid=tid, bucket_s=bucket), json)
 
