@@ -156,12 +156,14 @@ def server(db, pristine, tmp_path_factory) -> Iterator[Server]:
         yield s
 
 
-def live_bounds(url: str) -> dict[str, float]:
+def live_bounds(url: str, samples: int = 3) -> dict[str, float]:
     """Per probe, the bound for its latency during or after what a test does: 2 s (the issue's), or three times the
     probe's own latency measured now plus a second, whichever is larger: a loaded machine moves the probe and its
-    bound alike, while a server that waits for a hostile query (10 s) or is wedged still fails it."""
-    before = anyio.run(liveness, url)
-    return {k: max(LIVE_S, 3 * v + 1.0) for k, v in before.items()}
+    bound alike, while a server that waits for a hostile query (10 s) or is wedged still fails it. The latency now
+    is the slowest of ``samples`` probes: one fast sample under a load that comes and goes (another test suite on
+    the same CPUs) made a bound that the next ordinary sample passed (3.45 s against 2.03 s)."""
+    runs = [anyio.run(liveness, url) for _ in range(samples)]
+    return {k: max(LIVE_S, 3 * max(r[k] for r in runs) + 1.0) for k in runs[0]}
 
 
 def within(live: dict[str, float], bounds: dict[str, float]) -> bool:
