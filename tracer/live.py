@@ -115,15 +115,20 @@ class LiveServer:
     def stop(self) -> None:
         """Stop the server and remove the snapshots."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            _terminate(self.proc, grace_s=3)
         if getattr(self, "_log", None) is not None:
             self._log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM ``proc``, and SIGKILL it if it has not exited ``grace_s`` later; reap it either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def freshen(snapshot: Path) -> Callable[[], None]:
@@ -317,12 +322,7 @@ class ChainWatch:
             try:
                 self.proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+                _terminate(self.proc, grace_s=2)
         if getattr(self, "_log", None) is not None:
             self._log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
