@@ -28,13 +28,12 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import struct
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from tracer.recorder.rootcache import dir_ok, ensure_dir, safe_owner
+from tracer.recorder.rootcache import dir_ok, ensure_dir, read_entry
 
 log = logging.getLogger(__name__)
 
@@ -110,21 +109,9 @@ def load(d: Path, key: str) -> dict[str, Any] | None:
     """Return the entry ``key`` of the cache in ``d``, or None: absent, unsafe (see the module's doc) or corrupt."""
     if os.geteuid() != 0 or not dir_ok(d):
         return None
-    try:
-        fd = os.open(d / f"{key}.json", os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+    raw = read_entry(d / f"{key}.json", "bpf cache")
+    if raw is None:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not safe_owner(st):
-            log.warning("bpf cache: %s/%s.json is not a root-owned file writable by root alone: ignored", d, key)
-            return None
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            raw = f.read()
-    finally:
-        if fd >= 0:
-            os.close(fd)
     try:
         outer = json.loads(raw)
         body = outer["body"].encode()

@@ -16,16 +16,16 @@ ignored and the file parsed again.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
-import stat
 import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from tracer.recorder.rootcache import dir_ok, ensure_dir, safe_owner
+from tracer.recorder.rootcache import dir_ok, ensure_dir, read_entry
 
 log = logging.getLogger(__name__)
 
@@ -63,25 +63,15 @@ def load(d: Path | None, key: str | None) -> Arrays | None:
     """The arrays of entry ``key``, or None: no cache, absent, unsafe or corrupt."""
     if d is None or key is None or not dir_ok(d):
         return None
-    try:
-        fd = os.open(d / f"{key}.npz", os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+    raw = read_entry(d / f"{key}.npz", "elf cache")
+    if raw is None:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not safe_owner(st):
-            log.warning("elf cache: %s/%s.npz is not a root-owned file writable by root alone: ignored", d, key)
-            return None
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            with np.load(f, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         log.warning("elf cache: %s/%s.npz is corrupt (%s): ignored", d, key, e)
         return None
-    finally:
-        if fd >= 0:
-            os.close(fd)
 
 
 def store(d: Path | None, key: str | None, arrays: Arrays) -> bool:

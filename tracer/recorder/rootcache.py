@@ -43,3 +43,21 @@ def ensure_dir(d: Path, what: str) -> bool:
     if not ok:
         log.warning("%s: %s is not a root-owned directory writable by root alone: not used", what, d)
     return ok
+
+
+def read_entry(path: Path, what: str) -> bytes | None:
+    """The bytes of the cache entry at ``path``, or None: absent, a link, or not a regular file root alone could
+    have written (warned, naming the cache ``what``). The caller then checks its content."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or not safe_owner(st):
+            log.warning("%s: %s is not a root-owned file writable by root alone: ignored", what, path)
+            return None
+        try:
+            return f.read()
+        except OSError:
+            return None
