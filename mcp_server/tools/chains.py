@@ -9,18 +9,15 @@ from mcp.server.mcpserver import Context
 from pydantic import Field
 
 from mcp_server.state import state
+from mcp_server.tools.selectors import ContainerArg, RankArg
 from tracer.analysis.chains import ChainsResult, compute_chains
 from tracer.analysis.ranks.report import RanksResult, ranks_report
 
 
 def get_causal_chains(
     pid: Annotated[int | None, Field(description="Only chains affecting this process.")] = None,
-    rank: Annotated[
-        int | None, Field(description="Only this rank's process (a distributed job), instead of pid.")
-    ] = None,
-    container: Annotated[
-        str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
-    ] = None,
+    rank: RankArg = None,
+    container: ContainerArg = None,
     severity: Annotated[str | None, Field(description="high, medium or low; omit for all.")] = None,
     limit: Annotated[int, Field(description="Most chains to return (1-100).", ge=1, le=100)] = 10,
     *,

@@ -11,18 +11,15 @@ from pydantic import Field
 
 from mcp_server.replies import compact_reply
 from mcp_server.state import state
+from mcp_server.tools.selectors import ContainerArg, RankArg
 from tracer.analysis.breakdown import Breakdown, time_breakdown
 from tracer.analysis.stats import TraceStats, trace_stats
 
 
 def get_trace_stats(
     pid: Annotated[int | None, Field(description="Only this process; omit for the whole traced tree.")] = None,
-    rank: Annotated[
-        int | None, Field(description="Only this rank's process (a distributed job), instead of pid.")
-    ] = None,
-    container: Annotated[
-        str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
-    ] = None,
+    rank: RankArg = None,
+    container: ContainerArg = None,
     detail: Annotated[
         bool, Field(description="Every process group, and one row per process (default: the top groups).")
     ] = False,
@@ -47,12 +44,8 @@ def get_trace_stats(
 
 def get_time_breakdown(
     pid: Annotated[int | None, Field(description="Only this process's threads; omit for the whole tree.")] = None,
-    rank: Annotated[
-        int | None, Field(description="Only this rank's process (a distributed job), instead of pid.")
-    ] = None,
-    container: Annotated[
-        str | None, Field(description="Only this container's job: a container id (12+ hex) or a pod name.")
-    ] = None,
+    rank: RankArg = None,
+    container: ContainerArg = None,
     tid: Annotated[int | None, Field(description="Only this thread (any thread, CUDA or not).")] = None,
     bucket_s: Annotated[
         int, Field(description="Bucket width in seconds for the per-bucket rows; 0 picks about 60 buckets.", ge=0)
