@@ -20,6 +20,7 @@ class ProcStat:
     state: str  # R, S, D, T, Z, ...
     ppid: int
     start_ticks: int  # field 22: start time in clock ticks since boot
+    processor: int | None = None  # field 39: the CPU it last ran on (None: a stat line too short to have it)
 
     @property
     def zombie(self) -> bool:
@@ -31,7 +32,11 @@ def parse_stat(data: str) -> ProcStat:
     close = data.rindex(")")
     fields = data[close + 2 :].split()  # fields 3.. (1-based): state, ppid, ...
     return ProcStat(
-        comm=data[data.index("(") + 1 : close], state=fields[0], ppid=int(fields[1]), start_ticks=int(fields[22 - 3])
+        comm=data[data.index("(") + 1 : close],
+        state=fields[0],
+        ppid=int(fields[1]),
+        start_ticks=int(fields[22 - 3]),
+        processor=int(fields[39 - 3]) if len(fields) > 39 - 3 else None,
     )
 
 

@@ -658,24 +658,23 @@ class Recorder(Ending):
 
             if self._dumper is None:
                 self._dumper = Dumper(runtime=self.pyrt) if self.pyrt is not None else Dumper()
-            now = kernel.now_exec_ns()
             ts = time.monotonic_ns() - self.start_mono
             rows = []
-            for pid in self.tree.alive():
-                only = None
-                if reason == "idle":
-                    only = set()
-                    for tid in kernel.tids(pid):
-                        k = kernel.read_thread(pid, tid, now)
-                        if k is None or k.idle_ns is None or k.idle_ns < IDLE_SNAPSHOT_NS or now is None:
+            with kernel.SchedClock() as clock:
+                for pid in self.tree.alive():
+                    only = None
+                    if reason == "idle":
+                        only = set()
+                        for tid in kernel.tids(pid):
+                            k = kernel.read_thread(pid, tid, clock)
+                            if k is None or k.idle_ns is None or k.idle_ns < IDLE_SNAPSHOT_NS:
+                                continue
+                            if self._snapped.get(tid) != k.last_ran:
+                                only.add(tid)
+                                self._snapped[tid] = k.last_ran
+                        if not only:
                             continue
-                        last_ran = now - k.idle_ns
-                        if self._snapped.get(tid) != last_ran:
-                            only.add(tid)
-                            self._snapped[tid] = last_ran
-                    if not only:
-                        continue
-                rows += self._dumper.process(pid, now, only)
+                    rows += self._dumper.process(pid, clock, only)
             if rows:
                 self.store.put("thread_snapshots", snapshot_columns(rows, ts, reason))
         except Exception as e:  # noqa: BLE001 - a snapshot is a bonus, the recording goes on without it

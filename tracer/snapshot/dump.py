@@ -50,9 +50,13 @@ class Dumper:
         self.runtime = runtime or PyRuntimeManager(None)
         self.symbolizer = symbolizer or Symbolizer()
 
-    def process(self, pid: int, now_ns: int | None = None, only: set[int] | None = None) -> list[ThreadSnapshot]:
-        """Every thread of ``pid`` (or those in ``only``)."""
-        now_ns = kernel.now_exec_ns() if now_ns is None else now_ns
+    def process(
+        self, pid: int, clock: kernel.SchedClock | None = None, only: set[int] | None = None
+    ) -> list[ThreadSnapshot]:
+        """Every thread of ``pid`` (or those in ``only``); ``clock``: the snapshot's, shared by its processes."""
+        if clock is None:
+            with kernel.SchedClock() as own:
+                return self.process(pid, own, only)
         ident = rankenv.read(pid)
         rank = ident.rank if ident else None
         py = {t.tid: t for t in (read_threads(pid, self.runtime) or [])}
@@ -60,7 +64,7 @@ class Dumper:
         for tid in kernel.tids(pid):
             if only is not None and tid not in only:
                 continue
-            k = kernel.read_thread(pid, tid, now_ns)
+            k = kernel.read_thread(pid, tid, clock)
             if k is None:
                 continue
             native = ""
@@ -79,10 +83,10 @@ class Dumper:
 
     def tree(self, pid: int) -> list[ThreadSnapshot]:
         """Every thread of ``pid`` and of its descendants."""
-        now_ns = kernel.now_exec_ns()
         out = []
-        for p in kernel.tree(pid):
-            out.extend(self.process(p, now_ns))
+        with kernel.SchedClock() as clock:
+            for p in kernel.tree(pid):
+                out.extend(self.process(p, clock))
         return out
 
 

@@ -5,6 +5,12 @@ its wait channel and how long since it last ran.
 last had its runtime accounted (when it last ran, to within a tick); the same field of the reading thread, which is
 running, is "now" on that clock. The difference is how long the thread has been off CPU. It needs the kernel's
 sched debug fields; without them ``idle_ns`` is None.
+
+That clock is per CPU: each CPU's ``clock_task`` leaves out the time the hypervisor stole from it
+(CONFIG_PARAVIRT_TIME_ACCOUNTING), so on a VM two CPUs' clocks drift apart by the difference of their steal. On this
+project's 2-CPU VM they were 6.5 s apart (/proc/stat's steal), and a rank blocked 8 s read 3 s when the reader ran
+on the other CPU than at attach. A thread's exec_start is therefore compared with "now" on the CPU it last ran on
+(:class:`SchedClock`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class KernelThread:
     user_pc: int
     wchan: str
     idle_ns: int | None  # off CPU for this long (None: unknown)
+    last_ran: int | None = None  # exec_start on its CPU's clock: unchanged while it has not run since (None: unknown)
 
 
 def _read(path: str) -> str | None:
@@ -67,13 +74,63 @@ def exec_start_ns(path: str) -> int | None:
 
 
 def now_exec_ns() -> int | None:
-    """The scheduler clock now, as the calling (running) thread's own exec_start, made current by a yield first.
+    """The scheduler clock of the calling thread's CPU now, as its own exec_start, made current by a yield first.
 
     A thread that has run for a while has the exec_start of its last accounting: with no tick on a CPU that runs one
     task, that is seconds old, and every other thread's time since it last ran read seconds short (a recorder busy
     attaching read 0 ms for threads blocked 2.5 s). sched_yield() accounts the caller's runtime now."""
     os.sched_yield()
     return exec_start_ns("/proc/thread-self/sched")
+
+
+class SchedClock:
+    """ "Now" on the scheduler clock of each CPU, read once per snapshot (use it as a context manager).
+
+    Now on CPU c is read by moving the calling thread there (sched_setaffinity returns once it runs on c, its
+    exec_start then on c's clock) and reading its own exec_start; on leaving, the thread gets its own CPUs back. A
+    CPU it may not run on (a cpuset) or an unknown one falls back to the clock of the CPU it runs on, the reading
+    before per-CPU clocks, which the thread's age still bounds."""
+
+    def __init__(self) -> None:
+        self._now: dict[int | None, int | None] = {}
+        self._home: set[int] | None = None
+
+    def __enter__(self) -> SchedClock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._home is not None:
+            try:
+                os.sched_setaffinity(0, self._home)
+            except OSError:
+                pass
+            self._home = None
+
+    def now(self, cpu: int | None) -> int | None:
+        """Now on ``cpu``'s scheduler clock (ns), or on this thread's CPU's when it cannot move there."""
+        if cpu not in self._now:
+            self._now[cpu] = self._read(cpu)
+        return self._now[cpu]
+
+    def _read(self, cpu: int | None) -> int | None:
+        if cpu is not None:
+            try:
+                if self._home is None:
+                    self._home = os.sched_getaffinity(0)
+                os.sched_setaffinity(0, {cpu})
+                here = procfs.parse_stat(_read("/proc/thread-self/stat") or "").processor
+                if here == cpu:
+                    return now_exec_ns()
+            except (OSError, ValueError, IndexError):
+                pass
+        if None not in self._now:
+            if self._home is not None:  # back where it may run before reading "its own CPU"
+                try:
+                    os.sched_setaffinity(0, self._home)
+                except OSError:
+                    pass
+            self._now[None] = now_exec_ns()
+        return self._now[None]
 
 
 def parse_syscall(text: str | None) -> tuple[str | None, tuple[int, ...], int]:
@@ -91,8 +148,8 @@ def parse_syscall(text: str | None) -> tuple[str | None, tuple[int, ...], int]:
     return SYSCALL_NAMES.get(nr, f"syscall_{nr}"), args, pc
 
 
-def read_thread(pid: int, tid: int, now_ns: int | None) -> KernelThread | None:
-    """Thread ``tid`` of ``pid``, or None once it is gone."""
+def read_thread(pid: int, tid: int, clock: SchedClock | None) -> KernelThread | None:
+    """Thread ``tid`` of ``pid``, or None once it is gone (``clock``: now on each CPU; None: no ``idle_ns``)."""
     base = f"/proc/{pid}/task/{tid}"
     stat_text = _read(f"{base}/stat")
     if stat_text is None:
@@ -103,18 +160,19 @@ def read_thread(pid: int, tid: int, now_ns: int | None) -> KernelThread | None:
         return None
     name, args, pc = parse_syscall(_read(f"{base}/syscall"))
     wchan = (_read(f"{base}/wchan") or "").strip()
-    idle = None
-    if st.state != "R" and now_ns is not None:
+    idle = last = None
+    if st.state != "R" and clock is not None:
         last = exec_start_ns(f"{base}/sched")
-        idle = max(0, now_ns - last) if last is not None else None
-        # never longer than the thread has lived: exec_start is its CPU's clock, and two CPUs' clocks of a VM were
-        # seen seconds apart (a thread of a 2.3 s old process read 7.1 s)
+        now_ns = clock.now(st.processor) if last is not None else None
+        idle = max(0, now_ns - last) if last is not None and now_ns is not None else None
+        # never longer than the thread has lived: where the reader cannot move to the thread's CPU, the clocks it
+        # compares are two CPUs' (a thread of a 2.3 s old process read 7.1 s)
         age = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - st.start_ticks * 1_000_000_000 // _CLK_TCK
         idle = min(idle, max(age, 0)) if idle is not None else None
     elif st.state == "R":
         idle = 0
     return KernelThread(pid, tid, st.comm, STATE_NAMES.get(st.state, st.state), name if st.state != "R" else "",
-                        args, pc, "" if wchan == "0" else wchan, idle)  # fmt: skip
+                        args, pc, "" if wchan == "0" else wchan, idle, last)  # fmt: skip
 
 
 # the calls whose first argument is the file descriptor the thread waits on
