@@ -58,3 +58,12 @@ def test_usage_errors_exit_2_without_a_traceback(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and ("No such" in err or "Invalid value" in err), err
+
+
+def test_a_db_path_that_cannot_be_written_is_refused_before_recording_is_announced(tmp_path, capsys):
+    # GIVEN --db in a directory that does not exist  WHEN `tracer record` runs  THEN it exits 5 with what to do,
+    # and never said it was recording into it
+    assert main(["record", "--db", str(tmp_path / "nowhere" / "t.duckdb"), "--", "true"]) == 5
+    err = capsys.readouterr().err
+    assert "no directory" in err and "mkdir -p" in err and "--db" in err, err
+    assert "recording into" not in err and "Traceback" not in err

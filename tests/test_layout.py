@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tracer", "mcp_server", "probes")
 # the shared contract: the schema, the one histogram, /proc, errors, the live-snapshot handshake between a
-# recorder and the MCP server it serves through, the vocabulary, and the bearer-token check
+# recorder and the MCP server it serves through, the vocabulary, the bearer-token check and the new-file check
 CONTRACT = {
     "tracer",
     "tracer.schema",
@@ -31,6 +31,7 @@ CONTRACT = {
     "tracer.containers",  # container and pod identity from a cgroup path, stored and labelled (issue 32)
     "tracer.steprule",  # the one step rule: the analyses over stored calls, the live tracer_steps_total (issue 32)
     "tracer.bearer",  # the bearer-token check of the MCP server and the recorder's metrics endpoint (issue 32)
+    "tracer.newfile",  # the one check of a file about to be created: the recorder's --db, the views' -o (issue 31)
 }
 
 

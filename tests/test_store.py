@@ -90,7 +90,7 @@ def test_existing_file_is_refused_without_force(tmp_path: Path) -> None:
 
 
 def test_missing_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="does not exist"):
+    with pytest.raises(StoreError, match="no directory"):
         Store(tmp_path / "nope" / "t.duckdb")
 
 

@@ -18,8 +18,8 @@ import typer
 
 from tracer.analysis.arguments import check_args, job_pid
 from tracer.errors import UsageError
+from tracer.newfile import check_new_file
 from tracer.views.console import make_console
-from tracer.views.output import check_output_file
 
 DbOption = Annotated[
     Path,
@@ -319,7 +319,7 @@ def export(
     if path is None and json:
         raise UsageError("--json and -o - both write to stdout", "Write the trace to a file, or drop --json.")
     if path is not None:
-        check_output_file(path, force)
+        check_new_file(path, force)
     with _open(db) as conn:
         summary = export_trace(conn, path, fmt=fmt, start_s=start, end_s=end, max_events=max_events or None)
     for note in summary.notes:

@@ -15,7 +15,7 @@ import typer
 
 from tracer.commands.analysis import DEFAULT_DB, DbsOption, PidOption, _open, err
 from tracer.errors import UsageError
-from tracer.views.output import check_output_file
+from tracer.newfile import check_new_file
 
 
 def flame(
@@ -58,7 +58,7 @@ def flame(
     out = output or f"flame-{mode}.{'speedscope.json' if fmt == 'speedscope' else 'folded'}"
     path = None if out == "-" else Path(out)
     if path is not None:
-        check_output_file(path, force)
+        check_new_file(path, force)
     with _open(db) as conn:
         try:
             result = thread_stacks(conn, mode, pid=pid, tid=thread, limit=None)

@@ -258,8 +258,10 @@ def record(
             err.print(msg, highlight=False)
 
     _check_mcp_http(mcp_http, opts.mcp_token_file)
+    recorder = Recorder(opts, on_status=status)
+    recorder.check()
     err.print(f"recording into {db} … (Ctrl-C to stop)", highlight=False)
-    summary = Recorder(opts, on_status=status).run()
+    summary = recorder.run()
     status("finishing: computing the causal chains…")
     diagnose(summary)
     print_summary(summary)

@@ -32,7 +32,8 @@ import numpy as np
 
 from probes.catalog import CATALOG
 from tracer import procfs
-from tracer.errors import EnvironmentProblem, TargetError, UsageError
+from tracer.errors import EnvironmentProblem, StoreError, TargetError, UsageError
+from tracer.newfile import check_new_file
 from tracer.recorder import bpfmaps, columns, events, finalize, guardian, profile_columns, sampler, targets
 from tracer.recorder.attach import Attacher, runtime_launch_op_ids
 from tracer.recorder.budget import (
@@ -61,7 +62,7 @@ from tracer.recorder.program import (
 )
 from tracer.recorder.ringbuf import DirectRing
 from tracer.recorder.stack_resolver import StackResolver
-from tracer.recorder.store import Store, check_db_path
+from tracer.recorder.store import Store
 from tracer.recorder.sysinfo import ProcSampler
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class Recorder(Ending):
         self.stop_reason: str | None = None
         self.command: LaunchedCommand | None = None
         self._interrupted = False
+        self._checked = False
         self._since_start0 = procfs.seconds_since_start()  # process start -> now, at construction
         self._mono0 = time.monotonic()
         self.phases: dict[str, float] = {}
@@ -173,7 +175,7 @@ class Recorder(Ending):
             raise UsageError(f"--sample-hz must be 0..{sampler.MAX_HZ}", f"e.g. --sample-hz {sampler.DEFAULT_HZ}")
         if o.launch_probes not in ("auto", "driver", "both"):
             raise UsageError(f"unknown --launch-probes {o.launch_probes!r}", "use auto, driver or both")
-        check_db_path(o.db, o.force)
+        check_new_file(o.db, o.force, "--db", StoreError)
         if o.pid is not None:
             targets.check_pid(o.pid)
         elif o.command:
@@ -234,10 +236,17 @@ class Recorder(Ending):
 
     # --- the run -------------------------------------------------------------------------------------------
 
+    def check(self) -> None:
+        """Refuse bad options, a DB path that cannot be written and a machine that cannot trace (TracerError), before
+        anything is attached or written: a caller may say "recording into …" only after this. Done once."""
+        if not self._checked:
+            self._validate()
+            check_environment()
+            self._checked = True
+
     def run(self) -> RecordSummary:
         """Record until stopped; return the summary. Raises TracerError before anything is written."""
-        self._validate()
-        check_environment()
+        self.check()
         if self.opts.metrics_listen is not None:
             self._start_metrics()  # a port in use is refused before anything is written
         # both clocks read back to back: the realtime one lines this recording up with other hosts' (a job)

@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from tracer.errors import StoreError
+from tracer.newfile import check_new_file
 from tracer.recorder import sizecap
 from tracer.schema import APP_ID, SCHEMA_VERSION, TABLE_BY_NAME, TABLES
 from tracer.sqltext import literal
@@ -139,24 +140,6 @@ def _decode(tbl: pa.Table, columns: list[int]) -> pa.Table:
     return tbl
 
 
-def check_db_path(path: Path, force: bool) -> None:
-    """Raise StoreError unless a new trace DB can be written at ``path``."""
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        is_dir, writable, exists = parent.is_dir(), os.access(parent, os.W_OK), path.exists()
-    except OSError as e:  # a parent we may not even look into
-        raise StoreError(f"cannot use {path}: {e.strerror}", "choose another --db path") from None
-    if not is_dir:
-        raise StoreError(f"directory {parent} does not exist", f"create it first: mkdir -p {parent}")
-    if not writable:
-        raise StoreError(f"cannot write to directory {parent}", "choose another --db path")
-    if exists and not force:
-        raise StoreError(
-            f"{path} already exists",
-            "pass --force to overwrite it, or choose another --db path (one recording per file)",
-        )
-
-
 class Store:
     """A trace DB open for writing."""
 
@@ -167,7 +150,7 @@ class Store:
         ``session.flushed_ns`` to when its newest rows were queued, in the same transaction, so a recording whose
         recorder is killed says truly how far it goes. ``max_bytes``: keep the file and its WAL under it by
         thinning the oldest detail rows after a write (tracer/recorder/sizecap.py)."""
-        check_db_path(path, force)
+        check_new_file(path, force, "--db", StoreError)
         if path.exists():
             path.unlink()
             wal = path.with_name(path.name + ".wal")
