@@ -8,8 +8,11 @@
  * mapping the file; elsewhere (pyenv builds) gc_collect_main's entry and return (3.10-3.13: generation in its
  * second argument, the objects collected in its return value).
  *
- * The start captures the thread's stack (cuda.bpf.c capture_stack: its Python frames are the line whose
- * allocation crossed the threshold), about a Python walk per collection; collections come tens a second at most.
+ * The start captures the thread's stack (cuda.bpf.c capture_stack: on 3.10/3.11 its Python frames are the line whose
+ * allocation crossed the threshold), about a Python walk per collection. On 3.12+ that allocation only schedules the
+ * collection, which runs at the next eval-breaker check (another line, even another thread); there a third point
+ * (GC_PT_SCHEDULE), passed only by the allocation that sets the "scheduled" flag, captures the allocating stack
+ * into gc_trigger, and the collection's start takes it instead of walking its own: still one walk per collection.
  */
 #include "common.h"
 #include "maps.h"
@@ -58,13 +61,33 @@ int gc_probe(struct pt_regs *ctx)
         return 0;
     u64 cookie = gc_cookie(ctx);
     u32 kind = cookie & 0xff;
+    if (kind == GC_PT_SCHEDULE) {
+        if (gc_trigger.lookup(&tgid))
+            return 0; /* an earlier allocation scheduled it (3.13's flag is per thread: another thread's may be set) */
+        u32 new_codes = 0;
+        struct user_regs ur;
+        user_regs_of_ctx(ctx, &ur);
+        u64 ref = capture_stack(ctx, &ur, STACK_AT_CALL, &new_codes);
+        gc_trigger.insert(&tgid, &ref);
+#ifdef WITH_PYFRAMES
+        if (new_codes)
+            stage_prog.call(ctx, STAGE_CODES);
+#endif
+        return 0;
+    }
     if (kind == GC_PT_START) {
         u64 now = bpf_ktime_get_ns();
         struct gc_inflight g = {.ts_ns = now, .generation = (s32)gc_arg(ctx, cookie)};
         u32 new_codes = 0;
-        struct user_regs ur;
-        user_regs_of_ctx(ctx, &ur);
-        g.stack_ref = capture_stack(ctx, &ur, STACK_AT_CALL, &new_codes);
+        u64 *trig = gc_trigger.lookup(&tgid);
+        if (trig) {
+            g.stack_ref = *trig;
+            gc_trigger.delete(&tgid);
+        } else {
+            struct user_regs ur;
+            user_regs_of_ctx(ctx, &ur);
+            g.stack_ref = capture_stack(ctx, &ur, STACK_AT_CALL, &new_codes);
+        }
         gc_inflight.update(&tid, &g);
         struct tstate *st = tstate_of(tid, tgid, now);
         if (st)

@@ -18,4 +18,9 @@ struct gc_inflight {
  * target thread. */
 BPF_HASH(gc_inflight, u32, struct gc_inflight, MAX_THREADS);
 
+/* key: tgid; value: the stack_ref of the first allocation that scheduled a collection since the process's last one
+ * started (3.12+: the collection runs later, at an eval-breaker check, maybe on another thread: 3.12's flag is the
+ * interpreter's). Written only when empty, taken by the next collection's start. MAX_TARGETS: one per process. */
+BPF_HASH(gc_trigger, u32, u64, MAX_TARGETS);
+
 #endif /* CHT_GC_H */
