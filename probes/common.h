@@ -103,6 +103,7 @@ struct py_frame {
 #define GC_PT_DONE 2  /* it ends: python:gc__done, or gc_collect_main's return (arg: objects collected) */
 #define GC_PT_SCHEDULE 3 /* 3.12+: the allocation that schedules the collection (the store of the "scheduled" flag
                           * inlined from _Py_ScheduleGC into _PyObject_GC_Link, reached only when not yet scheduled) */
+#define GC_PT_RUN 4      /* 3.12+: _Py_RunGC's entry, the eval-breaker check running the scheduled collection */
 #define GC_ARG_NONE 255
 #define GC_ARG_REGS 21 /* slots in x86-64 struct pt_regs */
 

@@ -14,7 +14,9 @@ the allocating line. On 3.12+ that allocation only schedules it (``_PyObject_GC_
 sets a "scheduled" flag and the eval breaker) and it runs at the next eval-breaker check: another line, a loop's
 back edge, even another thread. ``_Py_ScheduleGC`` is inlined into ``_PyObject_GC_Link`` (pyenv's 3.12.1 and
 3.13.0: its own copy is never called), so the point probed is the instruction after the inlined store of the flag,
-which only an allocation that finds the flag clear reaches: one hit per collection (:func:`schedule_site`).
+which only an allocation that finds the flag clear reaches: one hit per collection (:func:`schedule_site`). A
+second point, ``_Py_RunGC``'s entry (the eval-breaker check running it), marks the thread whose next collection is
+the scheduled one: a ``gc.collect()`` in between keeps its own stack.
 
 Each point's kind and where its argument lies are packed into the link's cookie (common.h GC_PT_*), so one BPF
 program serves every interpreter version, with no recompile.
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 COLLECTOR_SYMBOLS = ("gc_collect_main",)  # 3.10-3.13: gc_collect_main(tstate, generation, ...) -> collected
 SCHEDULE_SYMBOLS = ("_Py_ScheduleGC", "_PyObject_GC_Link")  # 3.12+: the scheduler, and the allocation it is inlined in
+RUN_SYMBOL = "_Py_RunGC"  # 3.12+: runs the scheduled collection (called, not inlined, in pyenv's 3.12.1 and 3.13.0)
 # x86-64 struct pt_regs slots (arch/x86/include/asm/ptrace.h), by the USDT argument's register name (any width)
 _PT_REGS = {
     "r15": 0, "r14": 1, "r13": 2, "r12": 3, "bp": 4, "bx": 5, "r11": 6, "r10": 7, "r9": 8, "r8": 9,
@@ -78,7 +81,7 @@ class GcPoints:
     source: str  # "usdt" | "symbol"
     entries: tuple[tuple[int, int, int], ...]  # (file offset, cookie, semaphore file offset or 0)
     returns: tuple[tuple[int, int], ...] = ()  # (file offset, cookie): return probes (symbol source)
-    schedule: int | None = None  # 3.12+: file offset of the point an allocation scheduling a collection passes
+    schedule: tuple[int, int] | None = None  # 3.12+: file offsets of the schedule point and of _Py_RunGC
 
 
 def _segments(elf: object) -> list[tuple[int, int, int]]:
@@ -184,11 +187,16 @@ def schedule_site(scheduler: bytes, link: bytes) -> int | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def _schedule_point(f: object, elf: object, symtab: object, segs: list[tuple[int, int, int]]) -> int | None:
-    """File offset of the point an allocation that schedules a collection passes (3.12+), or None."""
+def _schedule_points(
+    f: object, elf: object, symtab: object, segs: list[tuple[int, int, int]]
+) -> tuple[int, int] | None:
+    """File offsets of the point an allocation that schedules a collection passes and of _Py_RunGC's entry (3.12+),
+    or None."""
     strtab = elf.get_section(symtab["sh_link"])  # type: ignore[attr-defined]
     syms = [_symbol(symtab, strtab, n) for n in SCHEDULE_SYMBOLS]
-    if not all(syms) or os.uname().machine != "x86_64":
+    run = _symbol(symtab, strtab, RUN_SYMBOL)
+    run_off = _to_offset(segs, run[0]) if run else None
+    if not all(syms) or run_off is None or os.uname().machine != "x86_64":
         return None
     bodies = []
     for vaddr, size in syms:  # type: ignore[misc]
@@ -198,7 +206,7 @@ def _schedule_point(f: object, elf: object, symtab: object, segs: list[tuple[int
         f.seek(off)  # type: ignore[attr-defined]
         bodies.append((off, f.read(size)))  # type: ignore[attr-defined]
     at = schedule_site(bodies[0][1], bodies[1][1])
-    return bodies[1][0] + at if at is not None else None
+    return (bodies[1][0] + at, run_off) if at is not None else None
 
 
 @functools.cache
@@ -237,7 +245,7 @@ def _points(path: str, _ino: int, _mtime_ns: int) -> GcPoints | None:
                     "symbol",
                     ((off, cookie(C.GC_PT_START, "%rsi"), 0),),
                     ((off, cookie(C.GC_PT_DONE, "%rax")),),
-                    _schedule_point(f, elf, symtab, segs),
+                    _schedule_points(f, elf, symtab, segs),
                 )
     return None
 
@@ -277,7 +285,9 @@ class GcProbes:
             self.sources[path] = "none"
             return None
         try:
-            entries = pts.entries + (((pts.schedule, C.GC_PT_SCHEDULE, 0),) if pts.schedule is not None else ())
+            entries = pts.entries
+            if pts.schedule is not None:
+                entries += ((pts.schedule[0], C.GC_PT_SCHEDULE, 0), (pts.schedule[1], C.GC_PT_RUN, 0))
             offs, cookies, sems = zip(*entries, strict=True)
             self.links[key].append(
                 attach_multi(self.prog_fd, path, offs, cookies, retprobe=False, ref_ctr_offsets=sems)
