@@ -101,6 +101,9 @@ struct py_frame {
  * its size in bytes; bit 21: signed; bits 32-63: the memory operand's displacement (s32). */
 #define GC_PT_START 1 /* the collection starts: the USDT python:gc__start, or gc_collect_main's entry (arg: generation) */
 #define GC_PT_DONE 2  /* it ends: python:gc__done, or gc_collect_main's return (arg: objects collected) */
+#define GC_PT_SCHEDULE 3 /* 3.12+: the allocation that schedules the collection (the store of the "scheduled" flag
+                          * inlined from _Py_ScheduleGC into _PyObject_GC_Link, reached only when not yet scheduled) */
+#define GC_PT_RUN 4      /* 3.12+: _Py_RunGC's entry, the eval-breaker check running the scheduled collection */
 #define GC_ARG_NONE 255
 #define GC_ARG_REGS 21 /* slots in x86-64 struct pt_regs */
 
@@ -110,7 +113,8 @@ struct gc_event {
     u64 dur_ns;
     u64 off_cpu_ns; /* the thread off CPU inside it */
     u64 runq_ns;    /* of that, runnable but waiting for a CPU */
-    u64 stack_ref;  /* the thread's stack at the start: the Python line whose allocation triggered it; 0 = none */
+    u64 stack_ref;  /* the allocation that triggered it: on 3.12+ the stack that scheduled it (GC_PT_SCHEDULE), else
+                     * the thread's stack at the start (3.10/3.11 collect inside that allocation); 0 = none */
     s64 collected;  /* objects collected (gc__done's argument / the collector's return value); -1 unknown */
     u32 pid;
     u32 tid;

@@ -8,8 +8,12 @@
  * mapping the file; elsewhere (pyenv builds) gc_collect_main's entry and return (3.10-3.13: generation in its
  * second argument, the objects collected in its return value).
  *
- * The start captures the thread's stack (cuda.bpf.c capture_stack: its Python frames are the line whose
- * allocation crossed the threshold), about a Python walk per collection; collections come tens a second at most.
+ * The start captures the thread's stack (cuda.bpf.c capture_stack: on 3.10/3.11 its Python frames are the line whose
+ * allocation crossed the threshold), about a Python walk per collection. On 3.12+ that allocation only schedules the
+ * collection, which runs at the next eval-breaker check (another line, even another thread); there a third point
+ * (GC_PT_SCHEDULE), passed only by the allocation that sets the "scheduled" flag, captures the allocating stack
+ * into gc_trigger; a fourth, _Py_RunGC's entry (GC_PT_RUN), marks the thread that runs it, and the collection that
+ * thread starts takes that stack instead of walking its own: still one walk per collection.
  */
 #include "common.h"
 #include "maps.h"
@@ -58,13 +62,44 @@ int gc_probe(struct pt_regs *ctx)
         return 0;
     u64 cookie = gc_cookie(ctx);
     u32 kind = cookie & 0xff;
+    if (kind == GC_PT_SCHEDULE) {
+        struct gc_trigger *t = gc_trigger.lookup(&tgid);
+        if (t && !t->runner_tid)
+            return 0; /* an earlier allocation scheduled it (3.13's flag is per thread: another thread's may be set) */
+        u32 new_codes = 0;
+        struct user_regs ur;
+        user_regs_of_ctx(ctx, &ur);
+        struct gc_trigger nt = {.stack_ref = capture_stack(ctx, &ur, STACK_AT_CALL, &new_codes)};
+        gc_trigger.update(&tgid, &nt);
+#ifdef WITH_PYFRAMES
+        if (new_codes)
+            stage_prog.call(ctx, STAGE_CODES);
+#endif
+        return 0;
+    }
+    if (kind == GC_PT_RUN) {
+        struct gc_trigger *t = gc_trigger.lookup(&tgid);
+        if (t)
+            t->runner_tid = tid;
+        return 0;
+    }
     if (kind == GC_PT_START) {
         u64 now = bpf_ktime_get_ns();
         struct gc_inflight g = {.ts_ns = now, .generation = (s32)gc_arg(ctx, cookie)};
         u32 new_codes = 0;
-        struct user_regs ur;
-        user_regs_of_ctx(ctx, &ur);
-        g.stack_ref = capture_stack(ctx, &ur, STACK_AT_CALL, &new_codes);
+        struct gc_trigger *t = gc_trigger.lookup(&tgid);
+        if (t && t->runner_tid == tid) {
+            g.stack_ref = t->stack_ref;
+            gc_trigger.delete(&tgid);
+        } else {
+            /* not the scheduled run: a gc.collect() (or a 3.10/3.11 collection). One while a collection is
+             * scheduled resets the counts that run would have collected for: it will find none (gc_race.py) */
+            if (t)
+                gc_trigger.delete(&tgid);
+            struct user_regs ur;
+            user_regs_of_ctx(ctx, &ur);
+            g.stack_ref = capture_stack(ctx, &ur, STACK_AT_CALL, &new_codes);
+        }
         gc_inflight.update(&tid, &g);
         struct tstate *st = tstate_of(tid, tgid, now);
         if (st)

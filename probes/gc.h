@@ -18,4 +18,17 @@ struct gc_inflight {
  * target thread. */
 BPF_HASH(gc_inflight, u32, struct gc_inflight, MAX_THREADS);
 
+/* The first allocation that scheduled a collection since the process's last one started (3.12+: the collection
+ * runs later, at an eval-breaker check, maybe on another thread: 3.12's flag is the interpreter's). */
+struct gc_trigger {
+    u64 stack_ref;
+    u32 runner_tid; /* the thread that entered _Py_RunGC for it (GC_PT_RUN); 0 while none has */
+    u32 _pad;
+};
+/* key: tgid. Written by a schedule when empty or when a run already began for it (the flag is cleared before
+ * _Py_RunGC: a schedule after that is a new one), taken by the collection its runner starts; a gc.collect() in
+ * between, which no run precedes, keeps its own stack and drops the entry (it resets the counts: the run then
+ * collects nothing). MAX_TARGETS: one per process. */
+BPF_HASH(gc_trigger, u32, struct gc_trigger, MAX_TARGETS);
+
 #endif /* CHT_GC_H */

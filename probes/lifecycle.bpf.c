@@ -129,6 +129,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     targets.delete(&tgid);
     rt_ranges.delete(&tgid);
     held.delete(&tgid);
+    gc_trigger.delete(&tgid); /* gc.h: a collection scheduled but never run */
 #ifdef WITH_PYFRAMES
     pycfg_on_exit(tgid);
 #endif

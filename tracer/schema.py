@@ -516,8 +516,10 @@ TABLES: tuple[Table, ...] = (
         (
             "stack_id",
             "BIGINT",
-            "stacks.stack_id of the thread's stack as the collection started: its innermost Python line is the "
-            "allocation that crossed the collector's threshold (or the gc.collect() call); NULL not captured",
+            "stacks.stack_id of the allocation that crossed the collector's threshold (or the gc.collect() call), "
+            "its innermost Python line that allocation's: up to 3.11 the thread's stack as the collection started "
+            "(it runs inside the allocation); from 3.12 the stack of the allocation that scheduled it (it runs at "
+            "the next eval-breaker check, often another line), else the start's; NULL not captured",
         ),
     ),
     _t(

@@ -9,6 +9,15 @@ Two kinds of interpreter:
 * without (pyenv's builds): the collector's own function, ``gc_collect_main`` (a local symbol in 3.10-3.13),
   probed at entry (its second argument is the generation) and at return (the objects it collected).
 
+On 3.10/3.11 a collection runs inside the allocation that crossed the threshold, so the stack at its start names
+the allocating line. On 3.12+ that allocation only schedules it (``_PyObject_GC_Link`` -> ``_Py_ScheduleGC``, which
+sets a "scheduled" flag and the eval breaker) and it runs at the next eval-breaker check: another line, a loop's
+back edge, even another thread. ``_Py_ScheduleGC`` is inlined into ``_PyObject_GC_Link`` (pyenv's 3.12.1 and
+3.13.0: its own copy is never called), so the point probed is the instruction after the inlined store of the flag,
+which only an allocation that finds the flag clear reaches: one hit per collection (:func:`schedule_site`). A
+second point, ``_Py_RunGC``'s entry (the eval-breaker check running it), marks the thread whose next collection is
+the scheduled one: a ``gc.collect()`` in between keeps its own stack.
+
 Each point's kind and where its argument lies are packed into the link's cookie (common.h GC_PT_*), so one BPF
 program serves every interpreter version, with no recompile.
 """
@@ -28,6 +37,8 @@ from tracer.recorder.links import Link, LinkError, attach_multi
 log = logging.getLogger(__name__)
 
 COLLECTOR_SYMBOLS = ("gc_collect_main",)  # 3.10-3.13: gc_collect_main(tstate, generation, ...) -> collected
+SCHEDULE_SYMBOLS = ("_Py_ScheduleGC", "_PyObject_GC_Link")  # 3.12+: the scheduler, and the allocation it is inlined in
+RUN_SYMBOL = "_Py_RunGC"  # 3.12+: runs the scheduled collection (called, not inlined, in pyenv's 3.12.1 and 3.13.0)
 # x86-64 struct pt_regs slots (arch/x86/include/asm/ptrace.h), by the USDT argument's register name (any width)
 _PT_REGS = {
     "r15": 0, "r14": 1, "r13": 2, "r12": 3, "bp": 4, "bx": 5, "r11": 6, "r10": 7, "r9": 8, "r8": 9,
@@ -70,6 +81,7 @@ class GcPoints:
     source: str  # "usdt" | "symbol"
     entries: tuple[tuple[int, int, int], ...]  # (file offset, cookie, semaphore file offset or 0)
     returns: tuple[tuple[int, int], ...] = ()  # (file offset, cookie): return probes (symbol source)
+    schedule: tuple[int, int] | None = None  # 3.12+: file offsets of the schedule point and of _Py_RunGC
 
 
 def _segments(elf: object) -> list[tuple[int, int, int]]:
@@ -103,7 +115,14 @@ def usdt_notes(data: bytes) -> list[tuple[int, int, int, str, str, str]]:
 
 
 def _symbol_value(symtab: object, strtab: object, name: str) -> int | None:
-    """st_value of the first symbol ``name`` of a 64-bit little-endian symbol table, by a scan of its raw entries:
+    """st_value of the first symbol ``name`` of a 64-bit little-endian symbol table (see :func:`_symbol`)."""
+    sym = _symbol(symtab, strtab, name)
+    return sym[0] if sym else None
+
+
+def _symbol(symtab: object, strtab: object, name: str) -> tuple[int, int] | None:
+    """(st_value, st_size) of the first symbol ``name`` of a 64-bit little-endian symbol table, by a scan of its raw
+    entries:
     pyelftools' by-name lookup builds a dict of every symbol first (0.3-0.6 s for a libpython, on the path that
     holds a starting interpreter)."""
     import numpy as np
@@ -119,7 +138,75 @@ def _symbol_value(symtab: object, strtab: object, name: str) -> int | None:
         ),
     )
     hit = np.nonzero((syms["name"] == at + 1) & (syms["value"] != 0))[0]
-    return int(syms["value"][hit[0]]) if len(hit) else None
+    return (int(syms["value"][hit[0]]), int(syms["size"][hit[0]])) if len(hit) else None
+
+
+# x86-64 stores of an immediate to [register + displacement], the forms _Py_ScheduleGC sets its flag with (3.12:
+# movl $1, disp32(%rdi); 3.13: lock orq $0x10, disp8(%rdi)): opcode -> (immediate bytes, allowed ModRM reg fields)
+_STORES = {0xC6: (1, {0}), 0xC7: (4, {0}), 0x80: (1, {0, 1}), 0x81: (4, {0, 1}), 0x83: (1, {0, 1})}
+
+
+def _first_store(code: bytes) -> tuple[int, int | None, int, int, bytes] | None:
+    """The first immediate store to memory in ``code`` (a tiny function's body): (lock prefix, REX or None, opcode,
+    ModRM with its base register cleared, displacement + immediate bytes)."""
+    for i, op in enumerate(code):
+        if op not in _STORES or i + 1 >= len(code):
+            continue
+        modrm = code[i + 1]
+        mod, reg, rm = modrm >> 6, (modrm >> 3) & 7, modrm & 7
+        imm, regs = _STORES[op]
+        if mod not in (1, 2) or rm == 4 or reg not in regs:
+            continue  # no register-relative address, a SIB byte, or not a store (cmp, and, ...)
+        rex = code[i - 1] if i >= 1 and 0x40 <= code[i - 1] <= 0x4F else None
+        lock = int((i >= 1 and code[i - 1] == 0xF0) or (rex is not None and i >= 2 and code[i - 2] == 0xF0))
+        tail = code[i + 2 : i + 2 + (1 if mod == 1 else 4) + imm]
+        return lock, rex, op, modrm & ~7, bytes(tail)
+    return None
+
+
+def schedule_site(scheduler: bytes, link: bytes) -> int | None:
+    """Offset in ``link`` (``_PyObject_GC_Link``'s body) of the instruction after its inlined copy of
+    ``scheduler``'s (``_Py_ScheduleGC``'s) flag store, or None unless exactly one copy is there. The store itself is
+    not probed: a uprobe refuses an instruction with a lock prefix (3.13's ``lock or``); the instruction after it
+    is reached only through it (the function returns right after)."""
+    store = _first_store(scheduler)
+    if store is None:
+        return None
+    lock, rex, op, modrm, tail = store
+    rexes = [bytes([(rex or 0x40) & ~1]), bytes([(rex or 0x40) | 1])]  # the base register may be any (REX.B)
+    if rex is None:
+        rexes[0] = b""
+    pat = (
+        (b"\xf0" if lock else b"")
+        + b"(?:" + b"|".join(re.escape(r) for r in rexes) + b")"
+        + re.escape(bytes([op]))
+        + b"[" + b"".join(re.escape(bytes([modrm | r])) for r in (0, 1, 2, 3, 5, 6, 7)) + b"]"
+        + re.escape(tail)
+    )  # fmt: skip
+    hits = [m.end() for m in re.finditer(pat, link, re.DOTALL)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _schedule_points(
+    f: object, elf: object, symtab: object, segs: list[tuple[int, int, int]]
+) -> tuple[int, int] | None:
+    """File offsets of the point an allocation that schedules a collection passes and of _Py_RunGC's entry (3.12+),
+    or None."""
+    strtab = elf.get_section(symtab["sh_link"])  # type: ignore[attr-defined]
+    syms = [_symbol(symtab, strtab, n) for n in SCHEDULE_SYMBOLS]
+    run = _symbol(symtab, strtab, RUN_SYMBOL)
+    run_off = _to_offset(segs, run[0]) if run else None
+    if not all(syms) or run_off is None or os.uname().machine != "x86_64":
+        return None
+    bodies = []
+    for vaddr, size in syms:  # type: ignore[misc]
+        off = _to_offset(segs, vaddr)
+        if off is None or not 0 < size < 4096:
+            return None
+        f.seek(off)  # type: ignore[attr-defined]
+        bodies.append((off, f.read(size)))  # type: ignore[attr-defined]
+    at = schedule_site(bodies[0][1], bodies[1][1])
+    return (bodies[1][0] + at, run_off) if at is not None else None
 
 
 @functools.cache
@@ -155,7 +242,10 @@ def _points(path: str, _ino: int, _mtime_ns: int) -> GcPoints | None:
             off = _to_offset(segs, vaddr) if vaddr else None
             if off is not None:
                 return GcPoints(
-                    "symbol", ((off, cookie(C.GC_PT_START, "%rsi"), 0),), ((off, cookie(C.GC_PT_DONE, "%rax")),)
+                    "symbol",
+                    ((off, cookie(C.GC_PT_START, "%rsi"), 0),),
+                    ((off, cookie(C.GC_PT_DONE, "%rax")),),
+                    _schedule_points(f, elf, symtab, segs),
                 )
     return None
 
@@ -195,7 +285,10 @@ class GcProbes:
             self.sources[path] = "none"
             return None
         try:
-            offs, cookies, sems = zip(*pts.entries, strict=True)
+            entries = pts.entries
+            if pts.schedule is not None:
+                entries += ((pts.schedule[0], C.GC_PT_SCHEDULE, 0), (pts.schedule[1], C.GC_PT_RUN, 0))
+            offs, cookies, sems = zip(*entries, strict=True)
             self.links[key].append(
                 attach_multi(self.prog_fd, path, offs, cookies, retprobe=False, ref_ctr_offsets=sems)
             )
