@@ -79,7 +79,7 @@ def test_sigkill_of_the_recorder_releases_a_held_target(tmp_path: Path) -> None:
 
 
 def test_a_killed_recording_claims_every_call_it_wrote_and_its_summaries_their_own_horizon(tmp_path: Path) -> None:
-    # GIVEN a training job being recorded (calls written every 2 s, per-second summaries every 10 s)
+    # GIVEN a training job being recorded (calls written every 5 s, per-second summaries every 10 s)
     db = tmp_path / "k.duckdb"
     rec = subprocess.Popen(
         [str(TRACER), "record", "--db", str(db), "--"]
@@ -91,12 +91,12 @@ def test_a_killed_recording_claims_every_call_it_wrote_and_its_summaries_their_o
     )
     job: list[int] = []
     try:
-        # WHEN the recorder is killed outright 9 s after it starts recording: calls are written every 2 s by then,
-        # the summaries not yet (10 s)
+        # WHEN the recorder is killed outright 12 s after it starts: calls are written every 5 s from its probes
+        # being live (1.5-5 s of start-up), the summaries not yet (10 s after their first second)
         assert rec.stderr is not None
         first = rec.stderr.readline().decode()
         assert first.startswith("recording into"), first
-        time.sleep(9)
+        time.sleep(12)
         job = _children(rec.pid)
         os.kill(rec.pid, signal.SIGKILL)
         rec.wait()

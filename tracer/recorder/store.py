@@ -30,13 +30,17 @@ from tracer.sqltext import literal
 
 log = logging.getLogger(__name__)
 
-# Rows gathered per table before an insert. 10k rows x ~14 columns is a few MB of Arrow: the knee of DuckDB's
-# append curve without holding much memory.
-FLUSH_ROWS = 10_000
-# ...or for at most this long: an insert costs 2-6 ms of CPU whatever its size, and the recorder queues a batch for
-# 7 tables every second, so inserts every 2 s (all in one transaction), not every drain (0.2 s), cut the
-# recorder's steady-state CPU several times over. A SIGKILL loses at most this much; a live MCP query flushes.
-FLUSH_S = 2.0
+# Rows gathered per table before an insert: a batch that fills sooner than FLUSH_S goes at once. 30k rows x ~14
+# columns is ~5 MB of Arrow; DuckDB's MEMORY_LIMIT below commits far more at once (3 M rows). A train.py loop queues
+# ~3k calls a second, so 30k leaves FLUSH_S the one that decides there (10k flushed every 3.3 s, not 5).
+FLUSH_ROWS = 30_000
+# ...or for at most this long. Every flush pays a fixed ~15 ms of the writer's CPU whatever its rows (measured with
+# thread_time, issue 33: ~4 ms an insert for each of calls, sched and stacks, ~2.5 ms for the session row's
+# horizon, ~2 ms for the commit), and the live MCP view and the end flush on demand, so nothing needs the rows
+# sooner: 5 s and 30k rows, not 2 s and 10k, wrote 7-10 transactions for 19-20 on a ~35 s train.py recording
+# and the writer's CPU fell a third (bench/README.md). A SIGKILL loses at most this much of the detail
+# (session.flushed_ns says how far the file goes).
+FLUSH_S = 5.0
 # ...except the per-second summaries, a handful of rows each (host_samples, cpu_idle, thread_breakdown, ...): they
 # wait up to SUMMARY_FLUSH_S. An insert costs ~1-2 ms of CPU however few its rows (DuckDB's planning, not the
 # rows), and with a dozen summary tables beside cuda_calls and sched a 2 s flush cost ~50 ms of CPU, 2.5% of a
