@@ -288,9 +288,11 @@ def _main_pid(info: RecordingInfo) -> int | None:
     # the root of the traced tree: a target process whose parent is not a target process (the recorder that
     # launched the command is in processes as role tracer, so it cannot be the root)
     tree = {p.pid for p in info.procs.values() if p.role != TRACER_ROLE and p.pid not in info.tracer_pids}
-    roots = [p for p in info.procs.values() if p.pid in tree and (p.ppid is None or p.ppid not in tree)]
-    roots.sort(key=lambda p: (p.first_ns, p.pid))
-    return roots[0].pid if roots else None
+    roots = (p for p in info.procs.values() if p.pid in tree and (p.ppid is None or p.ppid not in tree))
+    # the first root, not every root sorted: a monitoring loop's 200 K commands whose shell is not in the recording
+    # are each a root (issue 21's recording)
+    first = min(roots, key=lambda p: (p.first_ns, p.pid), default=None)
+    return first.pid if first else None
 
 
 def main_pid(conn: duckdb.DuckDBPyConnection) -> int | None:
