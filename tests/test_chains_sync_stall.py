@@ -60,3 +60,52 @@ def test_enqueueing_right_after_the_sync_costs_little(tmp_path):
     found = stalls(tmp_path, b)
     # THEN the sync costs ~0.6 ms of idle GPU per step: no chain, whatever the share waiting
     assert found == [] and len(b.cuda_calls) // 2 >= MIN_SYNCS
+
+
+def test_idle_gap_after_sync_is_the_median_gap_less_its_off_cpu_time():
+    """The gap between a sync's return and the next enqueue, less the thread's off-CPU time inside it, checked
+    against a direct sum of each gap's overlap with each off-CPU interval, on random calls stored out of order."""
+    from types import SimpleNamespace
+
+    import duckdb
+    import numpy as np
+
+    from tracer.analysis.chains.sync_stall import idle_gap_after_sync
+
+    rng = np.random.default_rng(28)
+    found = 0
+    for _ in range(40):
+        con = duckdb.connect()
+        con.execute("CREATE TABLE cuda_calls (ts_ns BIGINT, dur_ns BIGINT, tid INTEGER, op VARCHAR)")
+        con.execute("CREATE TABLE sched (ts_ns BIGINT, dur_ns BIGINT, tid INTEGER)")
+        calls, t = [], 0
+        for _ in range(int(rng.integers(1, 50))):
+            t += int(rng.integers(1, 1000))
+            d = int(rng.integers(1, 800))
+            calls.append((t, d, 1, str(rng.choice(["cudaStreamSynchronize", "cudaLaunchKernel", "cudaMemcpy2D"]))))
+            t += d
+        offs, t = [], 0
+        for _ in range(int(rng.integers(0, 30))):
+            t += int(rng.integers(1, 2000))
+            d = int(rng.integers(1, 1500))
+            offs.append((t, d, 1))
+            t += d
+        con.executemany("INSERT INTO cuda_calls VALUES (?, ?, ?, ?)", [calls[i] for i in rng.permutation(len(calls))])
+        if offs:
+            con.executemany("INSERT INTO sched VALUES (?, ?, ?)", [offs[i] for i in rng.permutation(len(offs))])
+        # another thread's rows are not this thread's
+        con.execute("INSERT INTO cuda_calls VALUES (5, 1, 2, 'cudaStreamSynchronize'), (9, 1, 2, 'cudaLaunchKernel')")
+        ctx = SimpleNamespace(conn=con, ops={(1, "cudaLaunchKernel"), (1, "cudaStreamSynchronize")})
+        gaps = []
+        seq = [c for c in calls if c[3] != "cudaMemcpy2D"]  # neither a sync nor an enqueue here: not in the pairs
+        for (ts, d, _, op), (nts, _, _, nop) in zip(seq, seq[1:], strict=False):
+            a, b = ts + d, nts
+            if op == "cudaStreamSynchronize" and nop == "cudaLaunchKernel" and b > a:
+                off = sum(max(0, min(b, s + sd) - max(a, s)) for s, sd, _ in offs)
+                gaps.append(max(b - a - off, 0))
+        got = idle_gap_after_sync(ctx, 1, ["cudaStreamSynchronize"])
+        # GIVEN the calls in any stored order  THEN the median of each gap less its off-CPU time; none when no
+        # sync is followed by an enqueue
+        assert got == (float(np.median(gaps)) if gaps else None)
+        found += bool(gaps)
+    assert found >= 20  # the random recordings had gaps to measure

@@ -162,6 +162,7 @@ def with_path(ctx: ChainContext, c: CausalChain) -> CausalChain:
     return c.model_copy(update={"path": t.path, "root": t.root, "branches": t.branches}) if t.path else c
 
 
+@gc_paused()  # the coverage after the detectors makes as many small objects as they do (see gcpause)
 def compute_chains(
     conn: duckdb.DuckDBPyConnection,
     pid: int | None = None,

@@ -14,7 +14,7 @@ ran).
 from __future__ import annotations
 
 from tracer.analysis.chains.context import ChainContext
-from tracer.vocabulary import DATALOADER_ROLE, TRACER_ROLE
+from tracer.vocabulary import TRACER_ROLE
 
 MS = 1_000_000
 # a wait ended this close to the waker's exit was ended by the exit (or by its last output, written just before);
@@ -26,12 +26,12 @@ def has_dataloader(ctx: ChainContext) -> bool:
     """Return True when the traced tree has DataLoader workers (computed once per context)."""
     key = ("has_dataloader",)
     if key not in ctx.memo:
-        ctx.memo[key] = any(ctx.info.process_role(pid) == DATALOADER_ROLE for pid in ctx.info.procs)
+        ctx.memo[key] = bool(ctx.info.dataloader_pids)
     return ctx.memo[key]
 
 
 def is_dataloader_worker(ctx: ChainContext, pid: int) -> bool:
-    return ctx.info.process_role(pid) == DATALOADER_ROLE
+    return pid in ctx.info.dataloader_pids
 
 
 def helper_pids(ctx: ChainContext, tid: int) -> frozenset[int]:

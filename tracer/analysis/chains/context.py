@@ -234,8 +234,14 @@ class ChainContext:
 
     # -- who
     def holders(self, s: Subject) -> tuple[list[Holder], str]:
-        """Return who held the CPU while the subject waited, within its steps."""
-        return holders_of(self.conn, self.info, s.time, limit=20, scale=self._in_steps(s, RUNQ_WAIT))
+        """Return who held the CPU while the subject waited, within its steps. Read once per subject:
+        cpu_contention and the wait graph (each chain's path, the coverage) ask, and each read was a tenth of a
+        second on an hour-long recording (issue 28)."""
+        key = ("holders", s.tid, s.start_ns, s.end_ns)
+        if key not in self.memo:
+            self.memo[key] = holders_of(self.conn, self.info, s.time, limit=20, scale=self._in_steps(s, RUNQ_WAIT))
+        holders, basis = self.memo[key]
+        return list(holders), basis
 
     def in_call_runq(self, s: Subject) -> dict[str, float]:
         """Return the subject's run-queue wait inside CUDA calls, within its steps, per holder class (ns): each

@@ -35,9 +35,7 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
     """Return up to two chains per subject: CPU held by other processes, CPU held by the job itself."""
     out = []
     cores = ctx.info.cpu_cores
-    workers = most_alive_at_once(
-        [p for p in ctx.info.procs.values() if is_dataloader_worker(ctx, p.pid)], ctx.info.duration_ns
-    )
+    workers = most_alive_at_once([ctx.info.procs[p] for p in sorted(ctx.info.dataloader_pids)], ctx.info.duration_ns)
     host = ctx.conn.execute("SELECT max(load1), max(cpu_busy_pct) FROM host_samples").fetchone() or (None, None)
     for s in ctx.subjects:
         t = s.time

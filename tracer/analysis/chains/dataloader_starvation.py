@@ -203,7 +203,9 @@ def _pool_pids(ctx: ChainContext, s: Subject, workers: set[int]) -> frozenset[in
     if key not in ctx.memo:
         trainers = {x.pid for x in ctx.subjects if x.launches}
         comms = {ctx.info.comm(p) for p in workers}
-        sibs = {p.pid for p in ctx.info.descendants(s.pid) if p.comm in comms or is_dataloader_worker(ctx, p.pid)}
+        # the few processes so named, each walked up to s.pid, not the whole tree walked down from it
+        named = {p.pid for p in ctx.info.procs.values() if p.comm in comms} | ctx.info.dataloader_pids
+        sibs = {p for p in named if ctx.info.descends_from(p, s.pid)}
         ctx.memo[key] = frozenset({*trainers, s.pid, *workers, *sibs})
     return ctx.memo[key]
 
@@ -476,10 +478,12 @@ def _chain(ctx: ChainContext, s: Subject, lw: LoaderWait, woken: float, sev: str
     # outside a DataLoader, by the name of those that woke the thread; a helper they wait on (a storage service,
     # a shell) is not a worker (issue 28)
     comms = {ctx.info.comm(p) for p in by_pid}
+    # the few candidates, each walked up to s.pid, not the whole tree (200 K processes) walked down from it
+    named = ctx.info.dataloader_pids if dl else {*by_pid, *(p.pid for p in ctx.info.procs.values() if p.comm in comms)}
     pool = [
-        p
-        for p in ctx.info.descendants(s.pid)
-        if p.pid not in trainers and (is_dataloader_worker(ctx, p.pid) if dl else (p.pid in by_pid or p.comm in comms))
+        ctx.info.procs[p]
+        for p in sorted(named)
+        if p not in trainers and p in ctx.info.procs and ctx.info.descends_from(p, s.pid)
     ]
     # the pool's size: the most alive at once (a loader that respawns its workers has forked hundreds)
     live = [p for p in pool if p.exit_ns is None or p.exit_ns > s.start_ns]

@@ -13,6 +13,8 @@ work between the sync and the next launch (``loss.item()`` then data preparation
 
 from __future__ import annotations
 
+import numpy as np
+
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, OpLatency, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, OpTime, SyncStallEvidence
 from tracer.analysis.taxonomy import is_implicit_sync, part_name, waits_for_gpu
@@ -55,29 +57,50 @@ def idle_gap_after_sync(ctx: ChainContext, tid: int, syncs: list[str]) -> float 
     enqueue = [op for op in {o for (_, o) in ctx.ops} if part_name(op) in ENQUEUE_PARTS]
     if not syncs or not enqueue:
         return None
-    # One sort of the calls, by start only (a tie-break on the end costs a fifth more on 1 M calls): two calls of
-    # one thread never enter in the same ns, a nested call enters after its caller. A thread's off-CPU intervals
-    # do not overlap, so the off-CPU time inside a gap [a, b) is F(b) - F(a), with F(t) the off-CPU time before
-    # t, read with an ASOF join on the intervals' running total (a range join of every gap with every interval is
-    # quadratic on long recordings).
-    r = ctx.conn.execute(
-        """
-        WITH c AS (SELECT ts_ns, ts_ns + dur_ns AS end_ns, list_contains($syncs, op) AS is_sync FROM cuda_calls
-                   WHERE tid = $tid AND (list_contains($syncs, op) OR list_contains($enq, op))),
-        n AS (SELECT end_ns AS a, lead(ts_ns) OVER w AS b, lead(is_sync) OVER w AS next_sync, is_sync FROM c
-              WINDOW w AS (ORDER BY ts_ns)),
-        g AS (SELECT a, b FROM n WHERE is_sync AND NOT next_sync AND b > a),
-        s AS (SELECT ts_ns, dur_ns, coalesce(sum(dur_ns) OVER (ORDER BY ts_ns ROWS BETWEEN UNBOUNDED PRECEDING
-                     AND 1 PRECEDING), 0) AS before FROM sched WHERE tid = $tid),
-        f AS (SELECT g.a, g.b,
-                     coalesce(at_end.before + least(g.b - at_end.ts_ns, at_end.dur_ns), 0)
-                     - coalesce(at_start.before + least(g.a - at_start.ts_ns, at_start.dur_ns), 0) AS off_ns
-              FROM g ASOF LEFT JOIN s at_start ON g.a >= at_start.ts_ns
-                     ASOF LEFT JOIN s at_end ON g.b >= at_end.ts_ns)
-        SELECT median(greatest(b - a - off_ns, 0)), count(*) FROM f""",
+    # The calls read as columns and paired in numpy: DuckDB's window (lead() over the calls by start) sorted a
+    # training thread's 5 M calls for most of this query (issue 28's cost on the 1-hour recording), and the rows are
+    # stored in time order, so a check replaces the sort. By start only: two calls of one thread never enter in the
+    # same ns, a nested call enters after its caller.
+    c = ctx.conn.execute(
+        "SELECT ts_ns, ts_ns + dur_ns AS end_ns, list_contains($syncs, op) AS is_sync FROM cuda_calls "
+        "WHERE tid = $tid AND (list_contains($syncs, op) OR list_contains($enq, op)) "
+        "AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL",
         {"tid": tid, "syncs": syncs, "enq": enqueue},
-    ).fetchone()
-    return float(r[0]) if r and r[1] else None
+    ).fetchnumpy()
+    ts, end, is_sync = _sorted_by_start(c["ts_ns"], c["end_ns"], c["is_sync"])
+    # a gap: from a sync's return to the start of the next call, an enqueue
+    gap = is_sync[:-1] & ~is_sync[1:] & (ts[1:] > end[:-1])
+    a, b = end[:-1][gap], ts[1:][gap]
+    if not len(a):
+        return None
+    # A thread's off-CPU intervals do not overlap, so the off-CPU time inside a gap [a, b) is F(b) - F(a), with
+    # F(t) the off-CPU time before t: the running total before the last interval starting at or before t, plus
+    # that interval's part before t (binary searches; a range join of every gap with every interval is quadratic)
+    r = ctx.conn.execute(
+        "SELECT ts_ns, dur_ns FROM sched WHERE tid = $tid AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL",
+        {"tid": tid},
+    ).fetchnumpy()
+    st, sd = _sorted_by_start(r["ts_ns"], r["dur_ns"])
+    before = np.concatenate(([0], np.cumsum(sd)))
+
+    def off_before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(st, t, side="right") - 1
+        j = np.maximum(i, 0)
+        inside = before[j] + np.minimum(t - st[j], sd[j]) if len(st) else np.zeros(len(t), dtype=np.int64)
+        return np.where(i >= 0, inside, 0)
+
+    return float(np.median(np.maximum(b - a - (off_before(b) - off_before(a)), 0)))
+
+
+def _sorted_by_start(ts: np.ndarray, *cols: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Return ``ts`` and ``cols`` as plain arrays (int64, bool kept), ordered by ``ts`` (stable; already in order,
+    as stored, they are not sorted again)."""
+    ts = np.asarray(ts, dtype=np.int64)
+    out = [np.asarray(x) if np.asarray(x).dtype == bool else np.asarray(x, dtype=np.int64) for x in cols]
+    if len(ts) > 1 and (np.diff(ts) < 0).any():
+        order = np.argsort(ts, kind="stable")
+        ts, out = ts[order], [x[order] for x in out]
+    return (ts, *out)
 
 
 def detect(ctx: ChainContext) -> list[CausalChain]:
