@@ -675,7 +675,7 @@ class Recorder(Ending):
                     if reason == "idle":
                         only = set()
                         for tid in kernel.tids(pid):
-                            k = kernel.read_thread(pid, tid, clock)
+                            k = kernel.off_cpu(pid, tid, clock)
                             if k is None or k.idle_ns is None or k.idle_ns < IDLE_SNAPSHOT_NS:
                                 continue
                             if self._snapped.get(tid) != k.last_ran:

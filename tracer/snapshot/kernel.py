@@ -148,8 +148,19 @@ def parse_syscall(text: str | None) -> tuple[str | None, tuple[int, ...], int]:
     return SYSCALL_NAMES.get(nr, f"syscall_{nr}"), args, pc
 
 
-def read_thread(pid: int, tid: int, clock: SchedClock | None) -> KernelThread | None:
-    """Thread ``tid`` of ``pid``, or None once it is gone (``clock``: now on each CPU; None: no ``idle_ns``)."""
+@dataclass(frozen=True)
+class OffCpu:
+    """How long a thread has been off CPU, and the clock reading that tells whether it ran since."""
+
+    state: str  # /proc's state letter
+    comm: str
+    idle_ns: int | None  # 0 while running; None: unknown
+    last_ran: int | None  # exec_start on its CPU's clock: unchanged while it has not run since (None: unknown)
+
+
+def off_cpu(pid: int, tid: int, clock: SchedClock | None) -> OffCpu | None:
+    """Thread ``tid``'s time off CPU from two files (stat and sched), or None once it is gone: what the recorder's
+    per-second look for threads idle long enough to snapshot needs (``read_thread`` reads two more)."""
     base = f"/proc/{pid}/task/{tid}"
     stat_text = _read(f"{base}/stat")
     if stat_text is None:
@@ -158,21 +169,31 @@ def read_thread(pid: int, tid: int, clock: SchedClock | None) -> KernelThread | 
         st = procfs.parse_stat(stat_text)
     except (ValueError, IndexError):
         return None
+    if st.state == "R":
+        return OffCpu(st.state, st.comm, 0, None)
+    if clock is None:
+        return OffCpu(st.state, st.comm, None, None)
+    last = exec_start_ns(f"{base}/sched")
+    now_ns = clock.now(st.processor) if last is not None else None
+    if last is None or now_ns is None:
+        return OffCpu(st.state, st.comm, None, last)
+    # never longer than the thread has lived: where the reader cannot move to the thread's CPU, the clocks it
+    # compares are two CPUs' (a thread of a 2.3 s old process read 7.1 s)
+    age = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - st.start_ticks * 1_000_000_000 // _CLK_TCK
+    return OffCpu(st.state, st.comm, min(max(0, now_ns - last), max(age, 0)), last)
+
+
+def read_thread(pid: int, tid: int, clock: SchedClock | None) -> KernelThread | None:
+    """Thread ``tid`` of ``pid``, or None once it is gone (``clock``: now on each CPU; None: no ``idle_ns``)."""
+    off = off_cpu(pid, tid, clock)
+    if off is None:
+        return None
+    base = f"/proc/{pid}/task/{tid}"
     name, args, pc = parse_syscall(_read(f"{base}/syscall"))
     wchan = (_read(f"{base}/wchan") or "").strip()
-    idle = last = None
-    if st.state != "R" and clock is not None:
-        last = exec_start_ns(f"{base}/sched")
-        now_ns = clock.now(st.processor) if last is not None else None
-        idle = max(0, now_ns - last) if last is not None and now_ns is not None else None
-        # never longer than the thread has lived: where the reader cannot move to the thread's CPU, the clocks it
-        # compares are two CPUs' (a thread of a 2.3 s old process read 7.1 s)
-        age = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - st.start_ticks * 1_000_000_000 // _CLK_TCK
-        idle = min(idle, max(age, 0)) if idle is not None else None
-    elif st.state == "R":
-        idle = 0
-    return KernelThread(pid, tid, st.comm, STATE_NAMES.get(st.state, st.state), name if st.state != "R" else "",
-                        args, pc, "" if wchan == "0" else wchan, idle, last)  # fmt: skip
+    running = off.state == "R"
+    return KernelThread(pid, tid, off.comm, STATE_NAMES.get(off.state, off.state), "" if running else name, args, pc,
+                        "" if wchan == "0" else wchan, off.idle_ns, off.last_ran)  # fmt: skip
 
 
 # the calls whose first argument is the file descriptor the thread waits on
