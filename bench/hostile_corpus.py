@@ -232,6 +232,37 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("query as a number", "arguments", "run_sql", {"query": 12345}, needle="valid string"),
     Attack("unknown tool", "arguments", "drop_everything", {}, needle="Unknown tool"),
     Attack("2,000 pids", "arguments", "compare_processes", {"pids": [3247] * 2000}, needle="2,000 pids is too many"),
+    # issue 30 item 4: compare_traces' errors named the server's absolute paths; every answer names files by their
+    # bare names in the served directory (test_attack also checks that no error names the server's directories)
+    Attack(
+        "compare_traces missing name",
+        "disclosure",
+        "compare_traces",
+        {"before": "missing.duckdb"},
+        needle="no recording 'missing.duckdb' here",
+    ),
+    Attack(
+        "compare_traces absolute path of the DB",
+        "disclosure",
+        "compare_traces",
+        {"before": DB},
+        needle="is not a recording's file name",
+    ),
+    Attack(
+        "compare_traces ../ name",
+        "disclosure",
+        "compare_traces",
+        {"before": "../x.duckdb"},
+        needle="is not a recording's file name",
+    ),
+    Attack(
+        "compare_traces /etc/passwd",
+        "disclosure",
+        "compare_traces",
+        {"after": "/etc/passwd"},
+        needle="is not a recording's file name",
+    ),
+    Attack("compare_traces 1 MB name", "arguments", "compare_traces", {"before": BIG}, needle="1,000,000 characters"),
     *(
         # issue 17: the statement check was a regex comment stripper; DuckDB nests /* */ and ends -- at \r. This
         # COPY replaced the served DB with 6 bytes. Refused by the check, and DuckDB has no file system to do it.

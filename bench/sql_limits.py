@@ -157,9 +157,14 @@ def run_corpus(db: Path) -> dict[str, Any]:
         # the probes' own cost on this DB, before any attack: what the figures after each attack compare with
         quiet = [anyio.run(hc.liveness, url) for _ in range(5)]
         quiet_s = {k: median([q[k] for q in quiet]) for k in quiet[0]}
+        windows: list[tuple[str, float, float]] = []
+        load_before = os.getloadavg()
         with Prober(url) as throughout:
             for attack in hc.ATTACKS:
+                t0 = time.perf_counter()
                 attacks.append(_one_attack(hc, url, proc, db, attack, idle))
+                windows.append((attacks[-1]["attack"], t0, time.perf_counter()))
+        load_after = os.getloadavg()
     sha_after = hashlib.sha256(db.read_bytes()).hexdigest()
     classes: dict[str, dict[str, Any]] = {}
     for r in attacks:
@@ -181,7 +186,10 @@ def run_corpus(db: Path) -> dict[str, Any]:
         "classes": classes,
         "db_sha256_unchanged": sha_before == sha_after,
         # another client (another address) probing run_sql('select 1') and get_trace_stats in a loop meanwhile
-        "other_client_throughout": throughout.summary(),
+        "other_client_throughout": throughout.summary(windows),
+        # the machine's load average (1, 5, 15 min) before and after the corpus: the probe's figures move with it
+        "load_average_before": load_before,
+        "load_average_after": load_after,
         "attacks": attacks,
     }
 
@@ -220,6 +228,7 @@ class Prober:
 
         self.url = url
         self.seconds: dict[str, list[float]] = {"run_sql": [], "get_trace_stats": []}
+        self.calls: list[tuple[str, float, float]] = []  # (tool, perf_counter at its start, seconds)
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -242,6 +251,7 @@ class Prober:
                         t = time.perf_counter()
                         r = await c.call_tool(tool, args)
                         self.seconds[tool].append(time.perf_counter() - t)
+                        self.calls.append((tool, t, self.seconds[tool][-1]))
                         if r.is_error:
                             self.errors.append(f"{tool}: {r.content[0].text[:160]}")
                     await anyio.sleep(0.2)
@@ -251,11 +261,24 @@ class Prober:
         except Exception as e:  # reported, not raised: the figures say the probe broke
             self.errors.append(f"probe stopped: {e!r}"[:300])
 
-    def summary(self) -> dict[str, Any]:
-        return {
+    def summary(self, windows: list[tuple[str, float, float]] | None = None) -> dict[str, Any]:
+        """Per tool: calls, median and max seconds; with ``windows`` (attack name, perf_counter start, end) also
+        the slowest calls and the attacks that ran while each was waiting (which attack a slow probe met)."""
+        out: dict[str, Any] = {
             k: {"calls": len(v), "median_s": median(v) if v else None, "max_s": max(v, default=None)}
             for k, v in self.seconds.items()
         } | {"errors": self.errors[:10], "error_count": len(self.errors)}
+        if windows is not None:
+            slow = sorted(self.calls, key=lambda c: -c[2])[:8]
+            out["slowest"] = [
+                {
+                    "tool": tool,
+                    "seconds": took,
+                    "during": [n for n, a, b in windows if a < t0 + took and b > t0],
+                }
+                for tool, t0, took in slow
+            ]
+        return out
 
 
 def print_corpus(res: dict[str, Any]) -> None:
@@ -278,6 +301,9 @@ def print_corpus(res: dict[str, Any]) -> None:
                 f"another client throughout, {k}: {v['calls']} calls, "
                 f"median {v['median_s']:.3f} s, max {v['max_s']:.3f} s"
             )
+    print(f"load average before / after the corpus: {res['load_average_before']} / {res['load_average_after']}")
+    for c in t.get("slowest", [])[:3]:
+        print(f"  slow probe: {c['tool']} {c['seconds']:.2f} s during {', '.join(c['during'][:4]) or 'no attack'}")
     if t["error_count"]:
         print(f"  another client's errors: {t['error_count']}, e.g. {t['errors'][:2]}")
     for r in res["attacks"]:

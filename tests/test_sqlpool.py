@@ -491,7 +491,8 @@ def test_a_third_client_answers_in_the_short_lane(db):
 def test_a_client_already_running_does_not_get_the_lane(db):
     # GIVEN three regular workers (a client may hold two), held by a, b and c, and a second query of a waiting:
     # the fair share lets a have another worker, but not the lane, which is for clients running nothing
-    pool = SqlPool(size=3).start()
+    # (the lane's own limit as long as the held queries': a loaded machine must not cut d's select 1 at 1 s)
+    pool = SqlPool(size=3, lane_timeout_s=30.0).start()
     stop = threading.Event()
     try:
         limit = 30.0
@@ -535,6 +536,40 @@ def test_clients_taking_turns_in_the_short_lane_delay_another_by_one_lane_query(
         # b's query
         lane_s = pool.lane_timeout_s + pool.limits.kill_grace_s
         assert max(took) < lane_s + start_s + bound, (took, lane_s, start_s, bound)
+    finally:
+        stop.set()
+        pool.close()
+
+
+def test_a_client_hogging_the_lane_does_not_delay_another(db):
+    # issue 30: with a fourth client d sending queries DuckDB cannot interrupt to the lane, each held it until its
+    # kill (lane limit + kill grace), and the killed worker's replacement started while a third client c waited:
+    # c's select 1 took 1.9 s median, 3.2 s max on a quiet VM. Now d holds one lane worker at most (the other is
+    # ready for c), and not again for LANE_BARRED_S once its query ran to the lane's limit.
+    pool = SqlPool(size=2).start()
+    stop = threading.Event()
+    try:
+        # GIVEN c's own latency with the pool idle, and the lane's limit well above that bound (a loaded machine
+        # must not cut c's select 1 itself); d's lane query then holds its worker for longer than the bound, so
+        # c waiting for it fails the test
+        bound = victim_bound_s(pool, db, "c")
+        pool.lane_timeout_s = max(LANE_TIMEOUT_S, 3 * bound)
+        for client in ("a", "b"):  # both regular workers held by queries far longer than anything here
+            hold(pool, db, client, 120.0, stop)
+        wait_held(pool, (2, 0))
+        # WHEN d keeps sending a query DuckDB cannot interrupt, and c asks for a trivial query just as d's starts
+        hold(pool, db, "d", 120.0, stop, LEVENSHTEIN)
+        wait_held(pool, (2, 1))
+        took = [timed_select_1(pool, db, "c")]
+        # AND again until d's query was killed and d sent the next one (it waits for a regular worker now)
+        deadline = time.monotonic() + pool.lane_timeout_s + pool.limits.kill_grace_s + 2 * bound
+        while time.monotonic() < deadline:
+            took.append(timed_select_1(pool, db, "c"))
+            time.sleep(0.1)
+        # THEN every call answers about as fast as unloaded: c never waits for d's lane query or its replacement
+        assert max(took) < bound, (took, bound)
+        # AND d, barred from the lane after its query was cut there, does not hold it
+        assert pool.held()[1] == 0, pool.held()
     finally:
         stop.set()
         pool.close()

@@ -17,6 +17,7 @@ held both workers, and a ``select 1`` from another session waited 41 s, then fai
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tracer.analysis.sql.limits import SqlError
@@ -64,11 +65,20 @@ class FairShare:
         self.waiting.append(ticket)
         return ticket
 
-    def next_up(self) -> Ticket | None:
+    def next_up(self, eligible: Callable[[Ticket], bool] | None = None) -> Ticket | None:
         """The waiting query that gets the next free worker: among clients under their share, the one running
         fewest queries, the one served least recently (never first), then the longest waiting; None when every
-        waiting client holds its share."""
-        allowed = [t for t in self.waiting if self.running.get(t.client, 0) < self.per_client]
+        waiting client holds its share.
+
+        Args:
+            eligible: only tickets it accepts are considered (the pool's: those that may take a worker of the
+                kind free now, so a client kept out of the short lane does not hold up the one behind it).
+        """
+        allowed = [
+            t
+            for t in self.waiting
+            if self.running.get(t.client, 0) < self.per_client and (eligible is None or eligible(t))
+        ]
         return min(
             allowed,
             key=lambda t: (self.running.get(t.client, 0), self.last_served.get(t.client, -1), t.seq),

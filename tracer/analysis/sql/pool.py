@@ -30,9 +30,14 @@ regular slot is taken, and cut it at :data:`LANE_TIMEOUT_S` (its kill follows ``
 gets the lane only while it has nothing running, and waiting clients take it in the fair queue's order (the one
 served least recently first), so clients that keep the lane busy delay another by about one lane query each
 (at most ``LANE_TIMEOUT_S + kill_grace_s``, plus a worker's start when that query was killed), never by a long
-query. A lane query runs at :data:`tracer.analysis.sql.limits.LANE_NICE`, above the regular queries' nice 5,
-so the client answered there is not starved by the queries it waits beside. Making the pool bigger instead
-would give hostile clients one more 10 s query to burn; the lane bounds what it can cost to ~2 s per query.
+query. The lane has two workers, and a client whose lane query runs to the lane's limit is kept out of the lane
+for :data:`LANE_BARRED_S`: one client hogging the lane with queries DuckDB cannot interrupt holds one lane worker
+at most, and only once in ten seconds, so another finds the other lane worker ready (with one lane worker a
+fourth client's hog made a third's select 1 wait 1.9 s median, 3.2 s max: up to the hog's 2 s, plus the start of
+the killed worker's replacement). A lane query runs at :data:`tracer.analysis.sql.limits.LANE_NICE`, above the
+regular queries' nice 5, so the client answered there is not starved by the queries it waits beside. Making the
+pool bigger instead would give hostile clients one more 10 s query to burn; the lane bounds what it can cost to
+~2 s per query.
 
 :class:`SqlPool` keeps ``size`` workers started (``start``) so an ordinary query pays a pipe round trip, not a
 process start; a worker keeps its read-only connection open between queries, reopening it when the file changes
@@ -75,11 +80,20 @@ POOL_SIZE = 2  # one query may be killed while the other worker answers the next
 STANDBY_AFTER_S = 0.2
 READY_S = 30.0  # a worker's start (Python + duckdb + pyarrow imports) on a loaded 2-core machine
 CLIENT_WAITING = 4  # queries one client may have waiting for a worker; more are refused at once
-LANE = 1  # workers kept for clients that run nothing while every regular worker is held by others
+# workers kept for clients that run nothing while every regular worker is held by others: two, so that a client
+# whose lane query runs to the lane's limit (or is killed there, its worker replaced by one that takes seconds to
+# start on a loaded machine) holds one and another client finds the other ready (issue 30: with one, a fourth
+# client's uninterruptible queries made a third's select 1 wait 1.9 s median, 3.2 s max, on a quiet VM)
+LANE = 2
 # A query in the short lane is stopped after this long: enough for a lookup on a recording (select 1 answers in
 # milliseconds, a GROUP BY over a million rows in ~0.1 s), short enough that clients taking turns in the lane
 # delay another by seconds, not by a 10 s query each.
 LANE_TIMEOUT_S = 1.0
+# A client whose lane query ran to the lane's limit may not take the lane again for this long (its queries wait
+# for a regular worker meanwhile): one client cannot keep a lane worker busy, nor take the other lane worker the
+# moment its killed one is being replaced.
+LANE_BARRED_S = 10.0
+LANE_BARRED_REMEMBERED = 4096  # clients barred from the lane that are remembered (the oldest bars are dropped)
 _ERRORS: dict[str, type[TracerError]] = {
     c.__name__: c for c in (SqlError, QueryTimeout, QueryOutOfMemory, StoreError, TracerError)
 }
@@ -284,6 +298,7 @@ class SqlPool:
         self.lane_timeout_s = lane_timeout_s
         self.slots = size + self.lane  # workers kept started: the regular ones and the short lane's
         self._held = {False: 0, True: 0}  # queries holding a worker, regular (False) and in the short lane (True)
+        self._lane_barred: dict[str, float] = {}  # client -> monotonic time until which it may not take the lane
         self.limits = limits
         # one worker is always left for another client; a pool of one has nothing to leave
         self._share = FairShare(per_client=max(1, size - 1), max_waiting=CLIENT_WAITING)
@@ -345,9 +360,23 @@ class SqlPool:
         """Which lane ``ticket`` may take a worker in now: False regular, True the short lane, None neither."""
         if self._held[False] < self.size:
             return False
-        if self._held[True] < self.lane and not self._share.running.get(ticket.client):
+        if (
+            self._held[True] < self.lane
+            and not self._share.running.get(ticket.client)
+            and self._lane_barred.get(ticket.client, 0.0) <= time.monotonic()
+        ):
             return True
         return None
+
+    def _bar_from_lane(self, client: str) -> None:
+        """``client``'s lane query ran to the lane's limit: keep it out of the lane for :data:`LANE_BARRED_S`."""
+        with self._cond:
+            now = time.monotonic()
+            if len(self._lane_barred) >= LANE_BARRED_REMEMBERED:
+                self._lane_barred = {c: t for c, t in self._lane_barred.items() if t > now}
+                while len(self._lane_barred) >= LANE_BARRED_REMEMBERED:  # drop the bar that ends first
+                    del self._lane_barred[min(self._lane_barred, key=self._lane_barred.__getitem__)]
+            self._lane_barred[client] = now + LANE_BARRED_S
 
     def _acquire_once(self, deadline: float, client: str, cancel: Cancel | None = None) -> tuple[_Worker, bool]:
         with self._cond:
@@ -363,7 +392,7 @@ class SqlPool:
                     short = self._lane_for(ticket)
                     if (
                         short is not None
-                        and self._share.next_up() is ticket
+                        and self._share.next_up(lambda t: self._lane_for(t) is not None) is ticket
                         and (self._idle or len(self._all) < self.slots)
                     ):
                         if self._idle:
@@ -416,9 +445,18 @@ class SqlPool:
 
     def _release(self, w: _Worker) -> None:
         with self._cond:
-            if self._closed or len(self._all) > self.slots:  # closing, or a standby made it one too many
+            if self._closed:
                 w.kill()
                 self._all.discard(w)
+            elif len(self._all) > self.slots:  # a standby made it one too many: one goes, the one still starting
+                # if any, so the worker that just answered serves the next query at once (issue 30: killing it
+                # handed a lane client a standby still starting, 6 s under load)
+                extra = next((x for x in self._idle if not x.poll_ready()), w)
+                if extra is not w:
+                    self._idle.remove(extra)
+                    self._idle.append(w)
+                extra.kill()
+                self._all.discard(extra)
             else:
                 self._idle.append(w)
             self._cond.notify_all()  # the waiter whose turn it is, not any one waiter
@@ -494,12 +532,12 @@ class SqlPool:
                     # its standby as a regular query's: only a query DuckDB cannot interrupt is killed
                     reply = self._ask(w, lane_request, lane_s, max_bytes, lane_s + STANDBY_AFTER_S)
                     if cut and (reply.get("error") or {}).get("kind") == QueryTimeout.__name__:
-                        raise self._lane_timeout()
+                        raise self._lane_timeout(key)
                 else:
                     reply = self._ask(w, request, timeout_s, max_bytes)
             except QueryTimeout:
                 if short and cut:
-                    raise self._lane_timeout() from None
+                    raise self._lane_timeout(key) from None
                 raise
             except _Gone as e:
                 if cancel is not None and cancel.cancelled:
@@ -524,12 +562,13 @@ class SqlPool:
             raise cls(err.get("message", "the query failed"), err.get("hint", ""))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _lane_timeout(self) -> QueryTimeout:
+    def _lane_timeout(self, client: str) -> QueryTimeout:
+        self._bar_from_lane(client)
         return QueryTimeout(
             f"query stopped after {self.lane_timeout_s:g} s: other clients' queries held every query worker, so it "
             f"ran in the short lane, which stops a query at {self.lane_timeout_s:g} s",
-            "Send it again once the other clients' queries have answered (it then gets the full time limit), or "
-            "narrow it (WHERE, LIMIT, aggregate).",
+            f"For {LANE_BARRED_S:g} s this client's queries wait for a regular worker (they then get the full time "
+            "limit); or narrow it (WHERE, LIMIT, aggregate).",
         )
 
     def held(self) -> tuple[int, int]:
