@@ -49,7 +49,6 @@ class KernelThread:
     user_pc: int
     wchan: str
     idle_ns: int | None  # off CPU for this long (None: unknown)
-    last_ran: int | None = None  # exec_start on its CPU's clock: unchanged while it has not run since (None: unknown)
 
 
 def _read(path: str) -> str | None:
@@ -193,7 +192,7 @@ def read_thread(pid: int, tid: int, clock: SchedClock | None) -> KernelThread | 
     wchan = (_read(f"{base}/wchan") or "").strip()
     running = off.state == "R"
     return KernelThread(pid, tid, off.comm, STATE_NAMES.get(off.state, off.state), "" if running else name, args, pc,
-                        "" if wchan == "0" else wchan, off.idle_ns, off.last_ran)  # fmt: skip
+                        "" if wchan == "0" else wchan, off.idle_ns)  # fmt: skip
 
 
 # the calls whose first argument is the file descriptor the thread waits on
