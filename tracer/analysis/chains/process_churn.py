@@ -6,17 +6,24 @@ Waves: forks of one parent more than FORK_GAP_NS apart, or after a worker of the
 new wave; one wave of long-lived workers is the healthy shape.
 
 Cost, per respawn (:func:`respawn_stalls`): the stall from the wave's first fork until the end of the thread's first
-wait that a worker of the new wave ended (its first batch), less the CUDA time in it, less the thread's usual wait
-for a batch (exact, from ``thread_wakers``: what any batch costs it, respawn or not). A slow loader is
-dataloader_starvation's: in a loop whose workers are too slow for it, a respawn costs only the fork and the first
-batch's extra latency, which is what untraced timings show (the demo's loop: 9.67 s respawning against 9.14 s
-with persistent workers, where the first version of this detector charged 90% of its time to the respawns). A
-recording without wakers falls back to the thread's time outside CUDA calls in the WAVE_WINDOW_NS after each
-respawn above its usual per-second rate.
+wait that a worker of the new wave ended (its first batch), less the CUDA time in it, plus the thread's reads of the
+wave's other workers' first batches (the empty pipeline refilling), less the thread's usual wait per batch for each
+of those batches (exact, from ``thread_wakers``, over its steps: what any batch costs it, respawn or not).
+
+A slow loader is dataloader_starvation's: in a loop whose workers are too slow for it, a respawn costs only the fork
+and the first batches' extra latency, which is what untraced timings show. The demo's loop (workers short of CPU):
+5.13 s respawning against 4.82 s with persistent workers, ~6 ms a respawn; this reads ~12 ms (9 % of the traced
+steps), where counting every wakeup of the first batches as a batch read 15 %, and the first version of this
+detector 90 %. The bias left: what a fresh pool short of CPU does not have ready at once it has ready a few steps
+later, and this counts the first batches' wait as lost though those steps win part of it back. The fixture's loop
+(workers ahead of it): 0.82 s against 0.58 s, ~27 ms a respawn, 29 %; this reads 24-32 %. A recording without
+wakers falls back to the thread's time outside CUDA calls in the WAVE_WINDOW_NS after each respawn above its usual
+per-second rate.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass
 
@@ -25,6 +32,7 @@ import numpy as np
 from tracer.analysis.chains.applies import helper_pids, is_dataloader_worker
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, ProcessChurnEvidence, WaveLoss
+from tracer.analysis.steps import step_markers
 from tracer.analysis.taxonomy import CALL_PART_NAMES
 
 CATEGORY = "process_churn"
@@ -127,13 +135,14 @@ def respawn_windows(ctx: ChainContext, s: Subject) -> dict[int, tuple[int, int]]
 
 @dataclass(frozen=True)
 class Stall:
-    """What one respawn wave cost a thread: from the wave's first fork to the end of its first batch."""
+    """What one respawn wave cost a thread: from the wave's first fork until each of its workers delivered a first
+    batch."""
 
     start_ns: int  # the wave's first fork
-    end_ns: int  # the end of the thread's first wait ended by a worker of the wave
+    end_ns: int  # the end of the thread's last wait ended by a first batch of a worker of the wave
     workers: int
-    batch_wait_ns: int  # that wait, blocked (outside calls): what dataloader_starvation leaves to this detector
-    cost_ns: float  # the stall less its CUDA time and less the thread's usual wait for a batch
+    batch_wait_ns: int  # those waits, blocked (outside calls): what dataloader_starvation leaves to this detector
+    cost_ns: float  # the stall less its CUDA time and less the thread's usual wait per batch
 
 
 def respawn_stalls(ctx: ChainContext, s: Subject) -> list[Stall] | None:
@@ -154,43 +163,114 @@ def respawn_stalls(ctx: ChainContext, s: Subject) -> list[Stall] | None:
     return out
 
 
+@dataclass
+class _Read:
+    """The thread's waits for one batch from one worker: the wakeups that worker gave it within one step (a batch
+    is read in chunks, a header and then the payload, each a wait of its own when the worker is slow)."""
+
+    waker: int
+    end_ns: int  # the end of the first wait
+    first_ns: int  # the first wait's blocked time
+    blocked_ns: int  # every wait's blocked time (outside calls)
+    last_end_ns: int
+
+
+@dataclass
+class _FirstBatches:
+    """The reads of a wave's workers' first batches, in time order."""
+
+    end_ns: int  # the end of the first read's first wait: the stall up to there is counted whole (the forks are in it)
+    blocked_ns: list[int]  # each read's blocked time
+    later_ns: int  # the blocked time after that first wait: the rest of its read and the later reads
+    last_end_ns: int
+
+
+def _reads(ctx: ChainContext, s: Subject, pids: list[int]) -> list[_Read]:
+    """Return the thread's reads from workers ``pids`` (outside calls), in time order: its wakeups by one worker
+    within one step are one read (sched keeps every off-CPU interval >= 1 ms, and a first batch takes longer than
+    that). A thread with fewer than three steps has each wakeup for a read."""
+    ends = [e for e in step_markers(ctx.conn, s.tid).ends if s.start_ns < e <= s.end_ns]
+    by_step = len(ends) >= 3
+    out: list[_Read] = []
+    prev = None
+    for ts, dur, runq, waker in ctx.conn.execute(
+        # a semi join on the workers, not list_contains: that compares every row with every worker
+        "SELECT ts_ns, dur_ns, runq_ns, waker_pid FROM sched SEMI JOIN (SELECT unnest($pids) AS w) ON waker_pid = w "
+        "WHERE tid = $tid AND NOT coalesce(in_call, false) ORDER BY ts_ns",
+        {"tid": s.tid, "pids": pids},
+    ).fetchall():
+        end, blocked = int(ts + dur), int(dur - (runq or 0))
+        key = (waker, bisect.bisect_left(ends, end)) if by_step else None
+        if key is not None and key == prev:
+            out[-1].blocked_ns += blocked
+            out[-1].last_end_ns = end
+        else:
+            out.append(_Read(waker, end, blocked, blocked, end))
+        prev = key
+    return out
+
+
 def _stalls(ctx: ChainContext, s: Subject, waves: list[list[tuple]]) -> list[Stall]:
     # a child the thread only waited for to finish (a start-up shell command) delivers no first batch: a wave
     # of them is no respawn
     helpers = helper_pids(ctx, s.tid)
     respawned = {f[2]: i for i, w in enumerate(waves[1:]) for f in w if f[2] and f[2] not in helpers}
-    # the thread's waits that a respawned worker ended (sched keeps every off-CPU interval >= 1 ms, and a first
-    # batch takes longer than that)
-    firsts: dict[int, tuple[int, int]] = {}
-    for ts, dur, runq, waker in ctx.conn.execute(
-        # a semi join on the workers, not list_contains: that compares every row with every worker
-        "SELECT ts_ns, dur_ns, runq_ns, waker_pid FROM sched SEMI JOIN (SELECT unnest($pids) AS w) ON waker_pid = w "
-        "WHERE tid = $tid AND NOT coalesce(in_call, false) ORDER BY ts_ns",
-        {"tid": s.tid, "pids": list(respawned)},
-    ).fetchall():
-        i = respawned[waker]
+    # The reads of the wave's workers' first batches. Not only the wave's first: a new pool starts empty, so the
+    # thread waits for the second and third workers' first batches too, where persistent workers had them ready
+    # (the fixture's untraced loop: 15, 6.5 and 0.8 ms for batches 0-2 of an epoch against 0.2 ms once the
+    # pipeline is full; counting only the first read 17 % for a 29 % truth). A loader hands batches over in its
+    # workers' order (torch's round robin), so the first batches are the reads whose workers follow the fork
+    # order; a worker read again, or one out of order, is a later batch: a steady one.
+    order = {f[2]: k for w in waves for k, f in enumerate(w)}
+    firsts: dict[int, _FirstBatches] = {}
+    closed: set[int] = set()
+    last: dict[int, int] = {}  # wave -> fork order of the last worker whose first batch was counted
+    for r in _reads(ctx, s, list(respawned)):
+        i = respawned[r.waker]
         start = waves[i + 1][0][0]
         nxt = waves[i + 2][0][0] if i + 2 < len(waves) else None
-        if i not in firsts and start <= ts + dur and (nxt is None or ts + dur <= nxt):
-            firsts[i] = (int(ts + dur), int(dur - (runq or 0)))
-    usual = _usual_batch_wait(ctx, s, [b for _, b in firsts.values()])
+        if i in closed or not (start <= r.end_ns and (nxt is None or r.end_ns <= nxt)):
+            continue
+        if order[r.waker] <= last.get(i, -1):
+            closed.add(i)
+            continue
+        last[i] = order[r.waker]
+        got = firsts.get(i)
+        if got is None:
+            firsts[i] = _FirstBatches(r.end_ns, [r.blocked_ns], r.blocked_ns - r.first_ns, r.last_end_ns)
+        else:
+            got.blocked_ns.append(r.blocked_ns)
+            got.later_ns += r.blocked_ns
+            got.last_end_ns = r.last_end_ns
+    usual = _usual_batch_wait(ctx, s, [b for f in firsts.values() for b in f.blocked_ns])
     kept = [(i, w) for i, w in enumerate(waves[1:]) if i in firsts and s.start_ns <= w[0][0] < s.end_ns]
-    busy = _in_calls(ctx, s.tid, [(w[0][0], firsts[i][0]) for i, w in kept])
+    busy = _in_calls(ctx, s.tid, [(w[0][0], firsts[i].end_ns) for i, w in kept])
     out = []
     for (i, w), in_calls in zip(kept, busy, strict=True):
-        start, (end, wait) = w[0][0], firsts[i]
-        out.append(Stall(start, end, len(w), wait, max(end - start - in_calls - usual, 0.0)))
+        f = firsts[i]
+        stall = f.end_ns - w[0][0] - in_calls + f.later_ns
+        cost = max(stall - usual * len(f.blocked_ns), 0.0)
+        out.append(Stall(w[0][0], f.last_end_ns, len(w), sum(f.blocked_ns), cost))
     return out
 
 
-def _usual_batch_wait(ctx: ChainContext, s: Subject, first_waits: list[int]) -> float:
-    """Return the thread's mean blocked time per wakeup by a data worker (outside calls, within its steps),
-    the respawns' first batches left out: what a batch costs it anyway."""
+def _usual_batch_wait(ctx: ChainContext, s: Subject, first_reads: list[int]) -> float:
+    """Return the thread's mean blocked time per batch from a data worker (outside calls, within its steps), the
+    respawns' first batches (``first_reads``, blocked ns each) left out: what a batch costs it anyway.
+
+    Per batch, not per wakeup: a batch is read in chunks (a header, then the payload), and a loader short of CPU
+    wakes the thread several times a batch, so per wakeup the usual wait read a third of a batch's (2.6 against
+    ~8 ms in the demo) and each respawn's first batches looked ~15 ms dearer than steady ones, where untraced the
+    demo's respawns cost ~6 ms each: its workers are CPU-bound, and what a fresh pool does not have ready at once it
+    has ready a few steps later. A training loop reads a batch a step, so the batches are the steps (the one step
+    definition, :func:`tracer.analysis.steps.step_markers`); a thread with fewer than three steps is counted per
+    wakeup."""
     trainers = {x.pid for x in ctx.subjects if x.launches}
     helpers = helper_pids(ctx, s.tid)
     workers = [w for w in ctx.wakers(s) if w.holder == "tree" and w.pid not in trainers and w.pid not in helpers]
-    n = sum(w.wakeups for w in workers) - len(first_waits)
-    blocked = sum((w.blocked_ms - w.in_call_ms) * MS for w in workers) - sum(first_waits)
+    steps = sum(1 for e in step_markers(ctx.conn, s.tid).ends if s.start_ns < e <= s.end_ns)
+    n = (steps if steps >= 3 else sum(w.wakeups for w in workers)) - len(first_reads)
+    blocked = sum((w.blocked_ms - w.in_call_ms) * MS for w in workers) - sum(first_reads)
     return max(blocked, 0.0) / n if n > 0 else 0.0
 
 
