@@ -220,15 +220,18 @@ class _Worker:
 
     def _read(self, deadline: float, max_bytes: int) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _Late
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
+            try:
+                fd = self.proc.stdout.fileno()
+                ready, _, _ = select.select([fd], [], [], left)
+                chunk = os.read(fd, 1 << 20) if ready else None
+            except (OSError, ValueError):  # the pool closed the pipe under this read (close() from another thread)
+                raise _Gone from None
+            if chunk is None:
                 continue
-            chunk = os.read(fd, 1 << 20)
             if not chunk:
                 raise _Gone
             self._buf += chunk

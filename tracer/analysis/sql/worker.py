@@ -108,7 +108,7 @@ class _Connections:
         try:
             self.conn = open_query_db(path, self.duckdb_config, validate=key != self.validated)
             self.validated = key
-            self.conn.execute("SELECT 1").to_arrow_table()  # start DuckDB's threads before measuring
+            self.conn.sql("SELECT 1").to_arrow_table()  # start DuckDB's threads before measuring
         finally:
             _limit_address_space(int(self.cfg["memory_bytes"]))
         if self.idle_rss is None:
