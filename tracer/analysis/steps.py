@@ -233,16 +233,17 @@ def _series(
     out = []
     for p in patterns:
         added = p.added
+        shown = round(added, 2)  # the summary says what added_ms says (67.748 read +67.7 ms beside 67.75)
         first = p.members[0]
         out.append(
             StepPattern(
                 every=p.every,
                 first_step=number(first),
                 count=len(p.members),
-                added_ms=round(added, 2),
+                added_ms=shown,
                 first_s=round(bounds[first] / S, 3),
                 extra=extra.parts(p.members, len(durations), added) if extra else [],
-                summary=f"every {_nth(p.every)} {unit}: +{added:,.1f} ms ({len(p.members)} {unit}s, from {unit} "
+                summary=f"every {_nth(p.every)} {unit}: +{shown:,.1f} ms ({len(p.members)} {unit}s, from {unit} "
                 f"{number(first)} at {bounds[first] / S:.1f} s)",
             )
         )
