@@ -79,7 +79,10 @@ def test_the_lock_chain_follows_the_holder_to_its_read_from_outside_the_job(two_
         # training thread -> the reader, which woke it -> the reader's read, ended by the storage process
         assert [(h.tid, h.edge) for h in ch.path] == [(r.pid, "start"), (reader, "woken_by")], ch.path
         assert ch.path[0].role == "training" and ch.path[0].site.endswith(f"lock_io.py:{wait} main")
-        assert ch.path[1].share >= 0.8 and ch.path[1].state == "blocked"
+        # the reader woke the thread from (nearly) all its lock waits: its hop carries the first hop's share. Both
+        # are of ALL the thread's lost time, whose other parts (waits for a CPU) grow with the machine's load: 0.90
+        # on a quiet VM, 0.73 in a suite run under two loads, where an absolute >= 0.8 failed
+        assert ch.path[1].share >= 0.95 * ch.path[0].share and ch.path[1].state == "blocked", ch.path
         assert ch.root.kind == "external_wait" and ch.root.site.endswith(f"lock_io.py:{io} fetch"), ch.root
         assert f"storage_feed (pid {feeder_pid}), a process outside the job" in ch.root.detail, ch.root
         assert " in read " in ch.root.detail
