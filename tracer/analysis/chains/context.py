@@ -31,7 +31,7 @@ from tracer.analysis.chains.model import CausalChain, Culprit, Evidence
 from tracer.analysis.code_site import code_site
 from tracer.analysis.gcpause import gc_paused
 from tracer.analysis.recording import RecordingInfo, load_recording
-from tracer.analysis.steps import SPAN_PARTS, step_spans
+from tracer.analysis.steps import SPAN_PARTS, step_markers, step_spans
 from tracer.analysis.taxonomy import CALL_PART_NAMES, RUNQ_PART_NAMES, part_name
 from tracer.hist import OpHistogram
 
@@ -287,6 +287,15 @@ class ChainContext:
             if runq > 0 or n >= 0.5
         ]
         return sorted(out, key=lambda h: (-h.runq_ms, h.pid))
+
+    def step_ends(self, tid: int) -> list[int]:
+        """Return the end of each of thread ``tid``'s steps (:func:`tracer.analysis.steps.step_markers`, the one step
+        definition), in time order. Read once per thread: process_churn and hang ask, and each read is a scan of the
+        thread's waits for the GPU. Callers must not change the list."""
+        key = ("step_ends", tid)
+        if key not in self.memo:
+            self.memo[key] = step_markers(self.conn, tid).ends
+        return self.memo[key]
 
     def wakers(self, s: Subject, limit: int | None = None) -> list[Waker]:
         """Return who woke the subject, within its steps: every waker unless ``limit`` (detectors sum them; a

@@ -29,7 +29,6 @@ from tracer.analysis.chains.context import ChainContext
 from tracer.analysis.chains.model import CausalChain, Culprit, HangEvidence, Hop, HungThread, Root
 from tracer.analysis.code_site import is_library, site_of
 from tracer.analysis.collective_progress import behind_summary, comm_progress
-from tracer.analysis.steps import step_markers
 from tracer.analysis.thread_dump import DumpThread, thread_dump
 
 CATEGORY = "hang"
@@ -173,7 +172,7 @@ def _detect(ctx: ChainContext) -> list[CausalChain]:
         if tid is None:
             continue
         snap = by_pid[pid][tid]
-        ends = step_markers(ctx.conn, tid).ends
+        ends = ctx.step_ends(tid)
         if ends:
             stepped_any = True
             step = statistics.median([b - a for a, b in zip(ends, ends[1:], strict=False)]) if len(ends) > 1 else None

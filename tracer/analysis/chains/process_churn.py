@@ -32,7 +32,6 @@ import numpy as np
 from tracer.analysis.chains.applies import helper_pids, is_dataloader_worker
 from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, Subject, grade
 from tracer.analysis.chains.model import CausalChain, Culprit, ProcessChurnEvidence, WaveLoss
-from tracer.analysis.steps import step_markers
 from tracer.analysis.taxonomy import CALL_PART_NAMES
 
 CATEGORY = "process_churn"
@@ -185,11 +184,15 @@ class _FirstBatches:
     last_end_ns: int
 
 
-def _reads(ctx: ChainContext, s: Subject, pids: list[int]) -> list[_Read]:
+def _step_ends(ctx: ChainContext, s: Subject) -> list[int]:
+    """The ends of the subject's steps within its span."""
+    return [e for e in ctx.step_ends(s.tid) if s.start_ns < e <= s.end_ns]
+
+
+def _reads(ctx: ChainContext, s: Subject, pids: list[int], ends: list[int]) -> list[_Read]:
     """Return the thread's reads from workers ``pids`` (outside calls), in time order: its wakeups by one worker
-    within one step are one read (sched keeps every off-CPU interval >= 1 ms, and a first batch takes longer than
-    that). A thread with fewer than three steps has each wakeup for a read."""
-    ends = [e for e in step_markers(ctx.conn, s.tid).ends if s.start_ns < e <= s.end_ns]
+    within one step (``ends``: the subject's step ends) are one read (sched keeps every off-CPU interval >= 1 ms,
+    and a first batch takes longer than that). A thread with fewer than three steps has each wakeup for a read."""
     by_step = len(ends) >= 3
     out: list[_Read] = []
     prev = None
@@ -225,7 +228,8 @@ def _stalls(ctx: ChainContext, s: Subject, waves: list[list[tuple]]) -> list[Sta
     firsts: dict[int, _FirstBatches] = {}
     closed: set[int] = set()
     last: dict[int, int] = {}  # wave -> fork order of the last worker whose first batch was counted
-    for r in _reads(ctx, s, list(respawned)):
+    ends = _step_ends(ctx, s)
+    for r in _reads(ctx, s, list(respawned), ends):
         i = respawned[r.waker]
         start = waves[i + 1][0][0]
         nxt = waves[i + 2][0][0] if i + 2 < len(waves) else None
@@ -242,7 +246,7 @@ def _stalls(ctx: ChainContext, s: Subject, waves: list[list[tuple]]) -> list[Sta
             got.blocked_ns.append(r.blocked_ns)
             got.later_ns += r.blocked_ns
             got.last_end_ns = r.last_end_ns
-    usual = _usual_batch_wait(ctx, s, [b for f in firsts.values() for b in f.blocked_ns])
+    usual = _usual_batch_wait(ctx, s, [b for f in firsts.values() for b in f.blocked_ns], len(ends))
     kept = [(i, w) for i, w in enumerate(waves[1:]) if i in firsts and s.start_ns <= w[0][0] < s.end_ns]
     busy = _in_calls(ctx, s.tid, [(w[0][0], firsts[i].end_ns) for i, w in kept])
     out = []
@@ -254,7 +258,7 @@ def _stalls(ctx: ChainContext, s: Subject, waves: list[list[tuple]]) -> list[Sta
     return out
 
 
-def _usual_batch_wait(ctx: ChainContext, s: Subject, first_reads: list[int]) -> float:
+def _usual_batch_wait(ctx: ChainContext, s: Subject, first_reads: list[int], steps: int) -> float:
     """Return the thread's mean blocked time per batch from a data worker (outside calls, within its steps), the
     respawns' first batches (``first_reads``, blocked ns each) left out: what a batch costs it anyway.
 
@@ -263,12 +267,11 @@ def _usual_batch_wait(ctx: ChainContext, s: Subject, first_reads: list[int]) -> 
     ~8 ms in the demo) and each respawn's first batches looked ~15 ms dearer than steady ones, where untraced the
     demo's respawns cost ~6 ms each: its workers are CPU-bound, and what a fresh pool does not have ready at once it
     has ready a few steps later. A training loop reads a batch a step, so the batches are the steps (the one step
-    definition, :func:`tracer.analysis.steps.step_markers`); a thread with fewer than three steps is counted per
+    definition, ``steps`` of them in the subject's span); a thread with fewer than three steps is counted per
     wakeup."""
     trainers = {x.pid for x in ctx.subjects if x.launches}
     helpers = helper_pids(ctx, s.tid)
     workers = [w for w in ctx.wakers(s) if w.holder == "tree" and w.pid not in trainers and w.pid not in helpers]
-    steps = sum(1 for e in step_markers(ctx.conn, s.tid).ends if s.start_ns < e <= s.end_ns)
     n = (steps if steps >= 3 else sum(w.wakeups for w in workers)) - len(first_reads)
     blocked = sum((w.blocked_ms - w.in_call_ms) * MS for w in workers) - sum(first_reads)
     return max(blocked, 0.0) / n if n > 0 else 0.0
