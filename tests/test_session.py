@@ -80,7 +80,7 @@ def _sizes(rec: Recorder) -> dict[str, int]:
         "py_parents": len(py.parents),
         "py_codes": len(py._codes),
         "py_pending": len(rec._py_pending),
-        "stack_hashes": len(r._frames) + len(r._ref_op) + len(r._refs_of) + len(r._ustacks),
+        "stack_hashes": len(r._frames) + len(r._pending) + len(r._ref_op) + len(r._refs_of) + len(r._ustacks),
         "kernel_names": len(r.handle_names) + len(r._kernels),
         "calls_by_tid": len(rec._calls_by_tid),
         "placement": len(rec.placement._last),

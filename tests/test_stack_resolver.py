@@ -9,7 +9,9 @@ import numpy as np
 
 from probes.catalog import OP_IDS
 from tracer.recorder import events
+from tracer.recorder.cpython.layouts import TABLE, BinaryInfo, PyTarget
 from tracer.recorder.procmaps import MapCache
+from tracer.recorder.pyruntime import PyRuntimeManager
 from tracer.recorder.stack_resolver import StackResolver, merge_stacks
 
 
@@ -76,3 +78,78 @@ def test_stack_ids_are_shared_by_equal_stacks_and_missing_ones_are_null() -> Non
     ids = r.stack_ids(np.array([0x11, 0x21, 0x31, 0, 0x99], dtype=np.uint64), np.full(5, op))
     assert ids[0] == ids[1] and ids[2] != ids[0] and ids[3] is None and ids[4] is None
     assert written == [ids[0], ids[2]]  # each stack written once
+
+
+def _pystack(ref: int, pid: int, codes: list[int]) -> bytes:
+    """A stack record of pid with Python frames (code address, lasti 0), innermost first."""
+    h = np.zeros(1, dtype=events.STACK_HEADER_DTYPE)
+    h["stack_ref"], h["pid"], h["tid"], h["native_id"], h["n_py"] = ref, pid, pid, -1, len(codes)
+    fr = np.zeros(len(codes), dtype=events.PY_FRAME_DTYPE)
+    fr["code"] = codes
+    return h.tobytes() + fr.tobytes()
+
+
+def _code_event(pid: int, code: int, name: bytes) -> np.ndarray:
+    ev = np.zeros(1, dtype=events.CODE_DTYPE)
+    ev["pid"], ev["code"], ev["qualname"], ev["filename"], ev["firstlineno"] = pid, code, name, b"w.py", 7
+    return ev
+
+
+def _py_resolver(written: list) -> tuple[StackResolver, PyRuntimeManager]:
+    # a process gone by the time its stack is resolved (no /proc to read a code object from): only BPF's code
+    # events can name its frames
+    pid = 2**22 + 11
+    pyrt = PyRuntimeManager(None)
+    info = BinaryInfo("x", "b", (3, 12), "ET_DYN", 0, 0, dict(TABLE[(3, 12)]), "table")
+    pyrt.targets[pid] = PyTarget(pid, info, 0)
+    r = StackResolver(
+        MapCache(),
+        pyrt,
+        native_walk=lambda _id: [],
+        put_stack=lambda sid, f: written.append(f),
+        parent_of=lambda p: None,
+    )
+    return r, pyrt
+
+
+def _names(frames) -> list[str]:
+    return [f[2] for f in frames if f[0] == "python"]
+
+
+def test_a_stack_whose_code_objects_come_a_drain_later_is_named_by_them() -> None:
+    # GIVEN a stack drained before the code object the kernel read just after it (pycode.h submits the stack first)
+    written: list = []
+    r, pyrt = _py_resolver(written)
+    pid = next(iter(pyrt.targets))
+    pyrt.add_code_events(_code_event(pid, 0x9000, b"outer"))
+    r.add_stacks([_pystack(0x11, pid, [0x9100, 0x9000])])
+    # WHEN the missing code object arrives at the next drain, and an off-CPU event then asks for the stack
+    pyrt.add_code_events(_code_event(pid, 0x9100, b"inner"))
+    r.add_stacks([])
+    (sid,) = r.plain_stack_ids(np.array([0x11], dtype=np.uint64))
+    # THEN both frames are named, outermost first
+    assert sid is not None and _names(written[0]) == ["outer", "inner"]
+
+
+def test_an_event_that_asks_for_a_waiting_stack_resolves_it_at_once() -> None:
+    # GIVEN a stack whose second code object is still missing
+    written: list = []
+    r, pyrt = _py_resolver(written)
+    pid = next(iter(pyrt.targets))
+    pyrt.add_code_events(_code_event(pid, 0x9000, b"outer"))
+    r.add_stacks([_pystack(0x21, pid, [0x9100, 0x9000])])
+    # WHEN a call of the same drain refers to it (its code objects never came: lost in a full ring)
+    (sid,) = r.stack_ids(np.array([0x21], dtype=np.uint64), np.array([OP_IDS["cudaMalloc"]]))
+    # THEN it gets a stack at once, with the missing frame marked unresolved rather than dropped
+    assert sid is not None
+    assert _names(written[0]) == ["outer", "<unresolved 0x9100>"]
+
+
+def test_a_stack_that_waited_one_drain_is_resolved_even_without_its_code_objects() -> None:
+    written: list = []
+    r, pyrt = _py_resolver(written)
+    pid = next(iter(pyrt.targets))
+    r.add_stacks([_pystack(0x31, pid, [0x9100])])
+    assert r.resolved == 0  # waiting
+    r.add_stacks([])
+    assert r.resolved == 1 and 0x31 in r._frames

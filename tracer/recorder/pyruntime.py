@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,6 +227,18 @@ class PyRuntimeManager:
                 self._codes.setdefault(q, {})[addr] = info
                 return info, t
         return None, None
+
+    def codes_missing(self, pid: int, frames: Sequence[tuple[int, int]]) -> bool:
+        """Whether a frame's code object has not come from BPF yet, for pid or an ancestor it was forked from."""
+        chain: list[dict[int, CodeInfo]] = []
+        p: int | None = pid
+        seen: set[int] = set()
+        while p is not None and p not in seen:
+            seen.add(p)
+            if (codes := self._codes.get(p)) is not None:
+                chain.append(codes)
+            p = self.parents.get(p)
+        return any(code and not any(code in c for c in chain) for code, _ in frames)
 
     def resolve(self, pid: int, frames: list[tuple[int, int]]) -> list[PyFrameInfo]:
         """Frames (code object address, lasti) as walked in BPF, innermost first, to PyFrameInfo. Slots with

@@ -80,6 +80,7 @@ class StackResolver:
         self._ustacks: dict[int, tuple[int, events.UstackRecord]] = {}  # hash -> (drain no., copy)
         self._drains = 0
         self._frames: dict[int, tuple[Frame, ...]] = {}  # stack hash -> frames without the CUDA entry point
+        self._pending: dict[int, events.StackRecord] = {}  # stack hash -> a record waiting for its code objects
         self._ids: dict[tuple[Frame, ...], int] = {}  # full frames -> stack_id
         self._ref_op: dict[int, dict[int, int]] = {}  # stack hash -> op (-1: none) -> stack_id
         # The kernel's stack hashes are per process (cuda.bpf.c seeds them with the tgid): each process's, so that
@@ -110,26 +111,40 @@ class StackResolver:
             self._ustacks[rec.stack_ref] = (self._drains, rec)
 
     def add_stacks(self, raws: Sequence[bytes]) -> None:
-        """Resolve each stack record (a distinct stack of its process) to merged frames."""
+        """Resolve each stack record (a distinct stack of its process) to merged frames.
+
+        A record whose Python code objects have not all arrived waits one drain (or until an event asks for its
+        stack_id): the kernel submits a stack before the code objects it reads after it (pycode.h), so a drain
+        between the two would name those frames ``<unresolved>`` once the process has exited. An event that
+        refers to the stack was submitted after its code objects, so by the time one is drained they are here."""
+        waited, self._pending = self._pending, {}
+        for rec in waited.values():
+            self._resolve(rec)
         for raw in raws:
             rec = events.decode_stack(raw)
-            if rec.stack_ref in self._frames:
+            if rec.stack_ref in self._frames or rec.stack_ref in self._pending:
                 continue  # resent after the kernel's LRU forgot it
-            native = self._native(rec)
-            py: list[Frame] = []
-            if rec.frames and self.pyrt is not None:
-                try:
-                    infos = self.pyrt.resolve(rec.pid, list(rec.frames))
-                except Exception as e:  # a stack that cannot be named is still a stack
-                    log.debug("python frames of %d unresolved: %s", rec.pid, e)
-                    infos = []
-                py = [("python", fi.filename, fi.qualname, fi.filename, fi.line, fi.approx) for fi in reversed(infos)]
-            self._frames[rec.stack_ref] = tuple(merge_stacks(py, native))
             self._refs_of.setdefault(rec.pid, []).append(rec.stack_ref)
-            self.resolved += 1
+            if rec.frames and self.pyrt is not None and self.pyrt.codes_missing(rec.pid, rec.frames):
+                self._pending[rec.stack_ref] = rec
+            else:
+                self._resolve(rec)
         self._drains += 1
         for ref in [r for r, (n, _) in self._ustacks.items() if n < self._drains - 2]:
             del self._ustacks[ref]  # its stack record was lost
+
+    def _resolve(self, rec: events.StackRecord) -> None:
+        native = self._native(rec)
+        py: list[Frame] = []
+        if rec.frames and self.pyrt is not None:
+            try:
+                infos = self.pyrt.resolve(rec.pid, list(rec.frames))
+            except Exception as e:  # a stack that cannot be named is still a stack
+                log.debug("python frames of %d unresolved: %s", rec.pid, e)
+                infos = []
+            py = [("python", fi.filename, fi.qualname, fi.filename, fi.line, fi.approx) for fi in reversed(infos)]
+        self._frames[rec.stack_ref] = tuple(merge_stacks(py, native))
+        self.resolved += 1
 
     def _native(self, rec: events.StackRecord) -> list[Frame]:
         """Native frames outermost first: the unwound user-stack copy, else the frame-pointer walk."""
@@ -172,6 +187,9 @@ class StackResolver:
         known = self._ref_op.get(ref)
         if known is not None and key in known:
             return known[key]
+        waiting = self._pending.pop(ref, None)
+        if waiting is not None:
+            self._resolve(waiting)
         frames = self._frames.get(ref)
         if frames is None:
             return None  # not cached: a later resend can still resolve it
@@ -196,6 +214,7 @@ class StackResolver:
         stacks themselves (frames -> stack_id) are shared by every process and stay."""
         for ref in self._refs_of.pop(pid, ()):
             self._frames.pop(ref, None)
+            self._pending.pop(ref, None)
             self._ref_op.pop(ref, None)
             self._ustacks.pop(ref, None)
         self.handle_names.pop(pid, None)
