@@ -9,6 +9,10 @@ sequence (:func:`markers_per_step`), and the step ends with its last wait.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
 from probes.catalog import CATALOG
 
 MAX_PER_STEP = 16  # waits per step tried when looking for the loop's period
@@ -18,12 +22,18 @@ WAIT_OP_IDS: frozenset[int] = frozenset(i for i, s in enumerate(CATALOG) if s.wa
 RUNTIME_OP_IDS: frozenset[int] = frozenset(i for i, s in enumerate(CATALOG) if s.layer_name == "runtime")
 
 
-def markers_per_step(keys: list[tuple[str, int]]) -> int:
+def markers_per_step(keys: Sequence[Hashable] | np.ndarray) -> int:
     """Return the shortest period (1..MAX_PER_STEP) with which the sequence of wait sites repeats; 1 when none
-    does (each wait is then a step)."""
-    n = len(keys)
+    does (each wait is then a step). ``keys``: one per wait, equal for equal (op, call site); an integer array is
+    compared as it is (a long recording's millions of waits), anything else is numbered first."""
+    if isinstance(keys, np.ndarray):
+        codes = keys
+    else:
+        ids: dict[Hashable, int] = {}
+        codes = np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+    n = len(codes)
     for k in range(1, min(MAX_PER_STEP, n // 2) + 1):
-        same = sum(keys[i] == keys[i + k] for i in range(n - k))
+        same = int(np.count_nonzero(codes[: n - k] == codes[k:]))
         if same >= PERIOD_MATCH * (n - k):
             return k
     return 1

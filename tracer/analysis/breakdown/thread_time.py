@@ -183,7 +183,8 @@ class LazyThreads(Sequence[ThreadTime]):
 
     def index_of(self, tid: int) -> int | None:
         if self._by_tid is None:  # a tid the kernel reused: its first thread, as a scan in (pid, tid) order finds
-            self._by_tid = {t: i for i, t in reversed(list(enumerate(self.tids.tolist())))}
+            tids, first = np.unique(self.tids, return_index=True)
+            self._by_tid = dict(zip(tids.tolist(), first.tolist(), strict=True))
         return self._by_tid.get(tid)
 
     def of_pid(self, pid: int) -> list[ThreadTime]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
+import numpy as np
 
 from tracer.analysis.breakdown.holders import (
     Holder,
@@ -288,7 +289,7 @@ class ChainContext:
         ]
         return sorted(out, key=lambda h: (-h.runq_ms, h.pid))
 
-    def step_ends(self, tid: int) -> list[int]:
+    def step_ends(self, tid: int) -> np.ndarray:
         """Return the end of each of thread ``tid``'s steps (:func:`tracer.analysis.steps.step_markers`, the one step
         definition), in time order. Read once per thread: process_churn and hang ask, and each read is a scan of the
         thread's waits for the GPU. Callers must not change the list."""

@@ -25,6 +25,8 @@ from __future__ import annotations
 import signal
 import statistics
 
+import numpy as np
+
 from tracer.analysis.chains.context import ChainContext
 from tracer.analysis.chains.model import CausalChain, Culprit, HangEvidence, Hop, HungThread, Root
 from tracer.analysis.code_site import is_library, site_of
@@ -173,11 +175,11 @@ def _detect(ctx: ChainContext) -> list[CausalChain]:
             continue
         snap = by_pid[pid][tid]
         ends = ctx.step_ends(tid)
-        if ends:
+        if len(ends):
             stepped_any = True
-            step = statistics.median([b - a for a, b in zip(ends, ends[1:], strict=False)]) if len(ends) > 1 else None
+            step = float(np.median(np.diff(ends))) if len(ends) > 1 else None
             threshold = max(FLOOR_NS, STEPS_FOR_HANG * step) if step else FLOOR_NS
-            gap = until - ends[-1]
+            gap = until - int(ends[-1])
             judged.append((pid, snap, gap >= threshold, gap, step, threshold))
             continue
         blocked = blocked_ns(ctx, snap, until)

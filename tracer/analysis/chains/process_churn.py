@@ -23,7 +23,6 @@ per-second rate.
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from dataclasses import dataclass
 
@@ -184,12 +183,13 @@ class _FirstBatches:
     last_end_ns: int
 
 
-def _step_ends(ctx: ChainContext, s: Subject) -> list[int]:
-    """The ends of the subject's steps within its span."""
-    return [e for e in ctx.step_ends(s.tid) if s.start_ns < e <= s.end_ns]
+def _step_ends(ctx: ChainContext, s: Subject) -> np.ndarray:
+    """The ends of the subject's steps within its span, in time order."""
+    ends = ctx.step_ends(s.tid)
+    return ends[np.searchsorted(ends, s.start_ns, "right") : np.searchsorted(ends, s.end_ns, "right")]
 
 
-def _reads(ctx: ChainContext, s: Subject, pids: list[int], ends: list[int]) -> list[_Read]:
+def _reads(ctx: ChainContext, s: Subject, pids: list[int], ends: np.ndarray) -> list[_Read]:
     """Return the thread's reads from workers ``pids`` (outside calls), in time order: its wakeups by one worker
     within one step (``ends``: the subject's step ends) are one read (sched keeps every off-CPU interval >= 1 ms,
     and a first batch takes longer than that). A thread with fewer than three steps has each wakeup for a read."""
@@ -203,7 +203,7 @@ def _reads(ctx: ChainContext, s: Subject, pids: list[int], ends: list[int]) -> l
         {"tid": s.tid, "pids": pids},
     ).fetchall():
         end, blocked = int(ts + dur), int(dur - (runq or 0))
-        key = (waker, bisect.bisect_left(ends, end)) if by_step else None
+        key = (waker, int(np.searchsorted(ends, end))) if by_step else None
         if key is not None and key == prev:
             out[-1].blocked_ns += blocked
             out[-1].last_end_ns = end
