@@ -43,17 +43,17 @@ def helper_pids(ctx: ChainContext, tid: int) -> frozenset[int]:
         return ctx.memo[key]
     out: set[int] = set()
     if ctx.info.has("sched", "waker_pid"):
-        woke: dict[int, list[int]] = {}
-        for wp, end in ctx.conn.execute(
-            "SELECT waker_pid, ts_ns + dur_ns - coalesce(runq_ns, 0) FROM sched WHERE tid = ? AND waker_pid > 0",
+        # every wait it ended, within EXIT_WAKE_NS of its exit: its first and last are (a per-waker range, not
+        # the thread's waits as rows: a training thread has hundreds of thousands)
+        for wp, first, last in ctx.conn.execute(
+            "SELECT waker_pid, min(e), max(e) FROM (SELECT waker_pid, ts_ns + dur_ns - coalesce(runq_ns, 0) AS e "
+            "FROM sched WHERE tid = ? AND waker_pid > 0) GROUP BY waker_pid",
             [tid],
         ).fetchall():
-            woke.setdefault(int(wp), []).append(int(end))
-        for wp, ends in woke.items():
             p = ctx.info.procs.get(wp)
             if p is None or p.exit_ns is None or p.role == TRACER_ROLE or is_dataloader_worker(ctx, wp):
                 continue
-            if all(abs(e - p.exit_ns) <= EXIT_WAKE_NS for e in ends):
-                out.add(wp)
+            if p.exit_ns - EXIT_WAKE_NS <= first and last <= p.exit_ns + EXIT_WAKE_NS:
+                out.add(int(wp))
     ctx.memo[key] = frozenset(out)
     return ctx.memo[key]
