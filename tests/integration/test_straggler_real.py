@@ -182,10 +182,19 @@ def test_the_straggler_chain_comes_first_and_the_waits_are_not_causes(slow: Job)
 
 
 def test_a_job_with_no_slow_rank_has_no_straggler(healthy: Job):
+    # Every rank runs the same code, so none is slow in a phase of its own work (on CPU, launching, waiting for the
+    # GPU, copying). Three ranks share two CPUs with whatever else runs on the machine, though: under load one of
+    # them really is held back waiting for a CPU, for seconds, and the others really wait for it (a suite run under
+    # two loads: rank 1 waited 0.77 ms a step more for a CPU, 8% of the steps). That straggler is the machine's,
+    # and the tool must say so: waiting for a CPU, never a phase of the job's own.
     res = healthy.tracer("ranks")
-    assert [r["rank"] for r in res["ranks"]] == [0, 1, 2] and res["straggler"] is None
+    st = res["straggler"]
+    assert [r["rank"] for r in res["ranks"]] == [0, 1, 2]
+    assert st is None or st["phase"] == "runq", st
     chains = healthy.tracer("chains", "--limit", "100")["chains"]
-    assert not [c for c in chains if c["category"] == "straggler_rank"]
+    stragglers = [c for c in chains if c["category"] == "straggler_rank"]
+    assert all(c["evidence"]["phase"] == "runq" for c in stragglers), stragglers
+    assert len(stragglers) == (st is not None)  # the table and the chains agree
 
 
 def test_a_rank_slow_on_the_cpu_is_the_straggler_in_its_cpu_phase(compute: Job):
