@@ -158,6 +158,11 @@ def test_the_sleeping_rank_is_the_straggler_and_the_others_wait_for_it(tmp_path)
     assert rows[0].phases_ms_per_step["collective"] == pytest.approx(20 + EXCHANGE_MS, abs=PER_STEP_MS)
     assert rows[2].phases_ms_per_step["collective"] == pytest.approx(EXCHANGE_MS, abs=PER_STEP_MS)
     assert rep.launchers[0].pid == AGENT and rep.chain_id == ch.id
+    # the path (issue 28): the waiting rank waited in the collective for rank 2, which carries all of that time
+    assert [(h.pid, h.edge, h.role, h.share, h.ms) for h in ch.path[:2]] == [
+        (ch.tid, "start", "rank", 1.0, ev.lost_ms),
+        (3003, "collective", "rank", 1.0, ev.lost_ms),
+    ]
 
 
 def test_a_rank_slow_on_cpu(tmp_path):
@@ -166,6 +171,9 @@ def test_a_rank_slow_on_cpu(tmp_path):
     assert (ch.evidence.rank, ch.evidence.phase) == (0, "cpu")
     assert ch.evidence.phase_excess_ms_per_step == pytest.approx(10, abs=PER_STEP_MS)
     assert ch.evidence.lost_ms_per_step == pytest.approx(10, abs=PER_STEP_MS)
+    # its path ends on rank 0's CPU: the straggler's own work is the root
+    assert [(h.pid, h.edge, h.state) for h in ch.path] == [(ch.tid, "start", "blocked"), (3001, "collective", "on_cpu")]
+    assert ch.root is not None and ch.root.kind == "on_cpu"
 
 
 def test_a_short_job_is_compared_over_its_one_whole_second(tmp_path):

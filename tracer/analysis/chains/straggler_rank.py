@@ -13,14 +13,24 @@ the GPU include the straggler's delay and are not a cause of their own.
 
 from __future__ import annotations
 
+from tracer.analysis import waitgraph
 from tracer.analysis.chains.applies import has_dataloader
-from tracer.analysis.chains.context import HIGH_SHARE, LOW_SHARE, MEDIUM_SHARE, ChainContext, grade
-from tracer.analysis.chains.model import CausalChain, Culprit, RankWaitTime, StragglerRankEvidence
+from tracer.analysis.chains.context import (
+    HIGH_SHARE,
+    LOW_SHARE,
+    MEDIUM_SHARE,
+    ChainContext,
+    Subject,
+    clip,
+    grade,
+)
+from tracer.analysis.chains.model import CausalChain, Culprit, Hop, RankWaitTime, Root, StragglerRankEvidence
 from tracer.analysis.db import session_row
 from tracer.analysis.ranks import sites
-from tracer.analysis.ranks.phases import LABELS
+from tracer.analysis.ranks.phases import BLOCKED_PHASES, LABELS
 from tracer.analysis.ranks.straggler import Straggler, find_straggler
 from tracer.analysis.ranks.table import RankTable, rank_table
+from tracer.analysis.taxonomy import RUNQ_PART_NAMES
 
 CATEGORY = "straggler_rank"
 HIGH = HIGH_SHARE
@@ -177,28 +187,78 @@ def detect(ctx: ChainContext) -> list[CausalChain]:
         straggler_stretch=slow_at.text() if slow_at else None,
         wait_stretch=wait_at.text() if wait_at else None,
     )
-    return [
-        ctx.chain(
-            affected,
-            category=CATEGORY,
-            severity=sev,
-            cost_ns=st.lost_ns,
-            culprit=Culprit(
-                kind="rank",
-                pid=st.pid,
-                tid=st.tid,
-                comm=proc.comm if proc else "?",
-                relation="peer_rank",
-                code_site=None,  # no stack is taken off CUDA calls: the stretch (evidence) says where
-            ),
-            summary=summary,
-            evidence=evidence,
-            recommendations=recs,
-            start_ns=st.start_ns,
-            end_ns=st.end_ns,
-            pids=[r.pid for r in table.ranks],
-        )
+    chain = ctx.chain(
+        affected,
+        category=CATEGORY,
+        severity=sev,
+        cost_ns=st.lost_ns,
+        culprit=Culprit(
+            kind="rank",
+            pid=st.pid,
+            tid=st.tid,
+            comm=proc.comm if proc else "?",
+            relation="peer_rank",
+            code_site=None,  # no stack is taken off CUDA calls: the stretch (evidence) says where
+        ),
+        summary=summary,
+        evidence=evidence,
+        recommendations=recs,
+        start_ns=st.start_ns,
+        end_ns=st.end_ns,
+        pids=[r.pid for r in table.ranks],
+    )
+    path, root = _path(ctx, affected, st, by_tid.get(st.tid))
+    return [chain.model_copy(update={"path": path, "root": root})] if path else [chain]
+
+
+def _phase_parts(phase: str) -> tuple[str, ...]:
+    """The parts of a thread's time breakdown that make up a rank phase (ranks/phases.py)."""
+    if phase == "runq":
+        return RUNQ_PART_NAMES
+    if phase in BLOCKED_PHASES:
+        return ("blocked",)
+    return (phase,)
+
+
+def _path(
+    ctx: ChainContext, affected: Subject, st: Straggler, straggler: Subject | None
+) -> tuple[list[Hop], Root | None]:
+    """The chain's wait path (issue 28): the waiting rank waited in collectives for the straggler, whose excess
+    phase is followed to its root (waitgraph.trace) within the window where it straggled: who held its CPU, the
+    line it ran, what it was blocked on. ([], None) when the straggler is not a subject here (a --pid view)."""
+    if straggler is None or st.lost_ns <= 0:
+        return [], None
+    a, b = max(st.start_ns, straggler.start_ns), min(st.end_ns, straggler.end_ns)
+    if b <= a:
+        return [], None
+    window = Subject(clip(straggler.time, a, b), straggler.training, straggler.launches, a, b)
+    t = waitgraph.trace(ctx, window, _phase_parts(st.phase))
+    if not t.path:
+        return [], None
+    ms = round(st.lost_ns / MS, 1)
+    first = Hop(
+        tid=affected.tid,
+        pid=affected.pid,
+        comm=affected.time.comm,
+        role="rank",
+        edge="start",
+        state="blocked",
+        share=1.0,
+        ms=ms,
+        site=None,  # it waits inside the collective (the evidence's wait_stretch says between which calls)
+    )
+    # the straggler's hops carry the waiting rank's lost time in proportion to the followed part of its phase
+    head = t.path[0]
+    k = 1.0 / head.share if head.share > 0 else 0.0
+    rest = [
+        h.model_copy(update={"share": round(min(h.share * k, 1.0), 3), "ms": round(ms * min(h.share * k, 1.0), 1)})
+        for h in t.path[1:]
     ]
+    return [
+        first,
+        head.model_copy(update={"edge": "collective", "role": "rank", "share": 1.0, "ms": ms}),
+        *rest,
+    ], t.root
 
 
 def mark_explained(ctx: ChainContext, chains: list[CausalChain]) -> list[CausalChain]:
