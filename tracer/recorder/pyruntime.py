@@ -208,11 +208,7 @@ class PyRuntimeManager:
     def _code(self, pid: int, addr: int) -> tuple[CodeInfo | None, PyTarget | None]:
         """The code object at ``addr`` as ``pid`` saw it, and the layout to decode it with: from BPF's code events
         (of the process or an ancestor it was forked from), else read from the live process or its ancestors."""
-        chain: list[int] = []
-        p: int | None = pid
-        while p is not None and p not in chain:
-            chain.append(p)
-            p = self.parents.get(p)
+        chain = self._lineage(pid)
         layout = next((self.targets[q] for q in chain if q in self.targets), None)
         for q in chain:
             info = self._codes.get(q, {}).get(addr)
@@ -228,17 +224,19 @@ class PyRuntimeManager:
                 return info, t
         return None, None
 
+    def _lineage(self, pid: int) -> list[int]:
+        """``pid`` and the ancestors it was forked from (note_fork), nearest first: whose code objects it shares."""
+        chain: list[int] = []
+        p: int | None = pid
+        while p is not None and p not in chain:
+            chain.append(p)
+            p = self.parents.get(p)
+        return chain
+
     def codes_missing(self, pid: int, frames: Sequence[tuple[int, int]]) -> bool:
         """Whether a frame's code object has not come from BPF yet, for pid or an ancestor it was forked from."""
-        chain: list[dict[int, CodeInfo]] = []
-        p: int | None = pid
-        seen: set[int] = set()
-        while p is not None and p not in seen:
-            seen.add(p)
-            if (codes := self._codes.get(p)) is not None:
-                chain.append(codes)
-            p = self.parents.get(p)
-        return any(code and not any(code in c for c in chain) for code, _ in frames)
+        known = [c for q in self._lineage(pid) if (c := self._codes.get(q)) is not None]
+        return any(code and not any(code in c for c in known) for code, _ in frames)
 
     def resolve(self, pid: int, frames: list[tuple[int, int]]) -> list[PyFrameInfo]:
         """Frames (code object address, lasti) as walked in BPF, innermost first, to PyFrameInfo. Slots with

@@ -292,7 +292,7 @@ class ChainContext:
     def step_ends(self, tid: int) -> np.ndarray:
         """Return the end of each of thread ``tid``'s steps (:func:`tracer.analysis.steps.step_markers`, the one step
         definition), in time order. Read once per thread: process_churn and hang ask, and each read is a scan of the
-        thread's waits for the GPU. Callers must not change the list."""
+        thread's waits for the GPU. Callers must not change the array."""
         key = ("step_ends", tid)
         if key not in self.memo:
             self.memo[key] = step_markers(self.conn, tid).ends
