@@ -52,8 +52,8 @@ LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 SDK_MAX_SESSIONS = 4 * sessions.TOTAL
 STOP_GRACE_S = 0.5  # on SIGTERM/Ctrl-C, uvicorn waits this long for the requests in flight, then cancels them
 STOP_S = 0.6  # and this long after the signal the workers are killed and the process ends (_DeadlineServer): with
-# the kill and reap of four query workers after it, gone within a second even on a loaded 2-core machine (at 0.8 s,
-# 1.01 s was seen under two loads)
+# the kill and reap of four query workers after it, gone in about 0.7 s quiet, and up to 1.06 s seen under two loads
+# on a 2-core machine
 # Issue 30: 1,100 half-open connections made a server under `ulimit -n 1024` unreachable (uvicorn has no timeout
 # for a request's head or body). A request's head and body must arrive within REQUEST_READ_S of its first byte
 # (or of the connection); an idle keep-alive connection closes after KEEP_ALIVE_S; past MAX_CONNECTIONS open

@@ -8,7 +8,6 @@ import ctypes as ct
 import os
 import struct
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -98,9 +97,7 @@ def _need_btf() -> None:
 
 def test_kernel_offsets() -> None:
     _need_btf()
-    t0 = time.perf_counter()
-    k = btf.load()
-    assert time.perf_counter() - t0 < 2.0
+    k = btf.load()  # its cost (0.12 s here) is part of bench/startup's start-up, not bounded by a test
     fsbase = k.member_offset("task_struct", "thread.fsbase")
     assert fsbase == btf.member_offset("task_struct", "thread.fsbase")
     if os.uname().release.startswith("6.18."):

@@ -287,7 +287,7 @@ def test_host_is_checked_before_the_slash_redirect(db: Path):
         anyio.run(liveness, f"{base}/mcp")
 
 
-def test_sigterm_stops_within_a_second_with_a_query_in_flight(db: Path):
+def test_sigterm_stops_without_waiting_for_a_query_in_flight(db: Path):
     with server(db) as (proc, base):
         anyio.run(liveness, f"{base}/mcp")
         workers = children(proc.pid)
@@ -312,7 +312,10 @@ def test_sigterm_stops_within_a_second_with_a_query_in_flight(db: Path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
         stopped = time.monotonic() - t
-        assert stopped < 1.0, stopped
+        # The query would run for minutes, and without the deadline the stop waited 7 s for it (issue 17); with it
+        # the server is gone STOP_S after the signal, plus the time a loaded machine takes to run the timer, kill
+        # the workers and exit (0.6-1.06 s seen under two loads on 2 CPUs): bounded here well under the 7 s
+        assert stopped < 3.0, stopped
         assert proc.returncode == -signal.SIGTERM
         time.sleep(0.2)
         assert not [w for w in workers if _alive(w)], "query workers outlived the server"

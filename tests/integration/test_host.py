@@ -100,12 +100,14 @@ def test_blocking_sync_is_sleep_not_preempted(sync):
     )
     assert reasons.get("sleep", 0) > 0, reasons
     assert reasons.get("sleep", 0) >= 0.9 * sum(reasons.values()), reasons
-    # AND those calls were mostly off CPU, hardly any of it waiting for a CPU
+    # AND those calls were mostly off CPU, mostly asleep rather than waiting for a CPU. A sleeper waits for a CPU
+    # only from its wake-up until it runs, which load on the machine stretches (10% of its off-CPU time quiet,
+    # 15% seen under two loads on 2 CPUs); a preempted thread waits all its off-CPU time (the contention test).
     dur = sum(r[1] for r in slow)
     off = sum(r[2] or 0 for r in slow)
     runq = sum(r[3] or 0 for r in slow)
     assert off >= 0.5 * dur, (off, dur)
-    assert runq <= 0.1 * off, (runq, off)
+    assert runq <= 0.5 * off, (runq, off)
     # per call too: most slow syncs were >= 50 % off CPU
     assert sum(1 for r in slow if (r[2] or 0) >= 0.5 * r[1]) >= 0.8 * len(slow)
 

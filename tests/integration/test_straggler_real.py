@@ -54,6 +54,7 @@ class Job:
     db: Path
     pids: dict[int, int]  # rank -> pid, as the ranks print them
     cpu_s: dict[int, float]  # rank -> its main thread's CPU time over the loop, by its own clock (thread_time)
+    slow_s: dict[int, float]  # rank -> the wall seconds its slow steps spanned, by its own clock
 
     def tracer(self, *args: str) -> dict:
         r = subprocess.run(
@@ -71,10 +72,10 @@ def _record(tmp: Path, name: str, slow_ms: float, steps: int = STEPS, *more: str
     proc = record(["--db", str(db), "--", *cmd], timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    lines = re.findall(r"straggler: rank=(\d+) .* cpu_s=([\d.]+) .* pid=(\d+)", out)
-    pids = {int(r): int(p) for r, _, p in lines}
+    lines = re.findall(r"straggler: rank=(\d+) .* cpu_s=([\d.]+) slow_s=([\d.]+) .* pid=(\d+)", out)
+    pids = {int(r): int(p) for r, _, _, p in lines}
     assert sorted(pids) == [0, 1, 2], out
-    return Job(db, pids, {int(r): float(c) for r, c, _ in lines})
+    return Job(db, pids, {int(r): float(c) for r, c, _, _ in lines}, {int(r): float(w) for r, _, w, _ in lines})
 
 
 @pytest.fixture(scope="module")
@@ -226,11 +227,14 @@ def test_a_straggler_confined_to_a_window_of_steps(window: Job):
     res = window.tracer("chains", "--limit", "100")
     (ch,) = [c for c in res["chains"] if c["category"] == "straggler_rank"]
     ev = ch["evidence"]
-    # THEN rank 1 is the straggler, asleep, but not persistent: confined to the seconds its slow steps ran in (80
-    # steps of ~27 ms: about 2 s, whole seconds at the breakdown's grain), not the ~11 s all ranks stepped
+    # THEN rank 1 is the straggler, asleep, but not persistent: confined to the seconds its slow steps ran in, not
+    # the ~11 s all ranks stepped. The truth is the wall time those 80 steps spanned by the rank's own clock (~27 ms
+    # a step, about 2 s on a quiet machine; load on the machine stretches it, 5-6 s seen under two loads), at the
+    # breakdown's grain of whole seconds: an edge second the slow steps only partly filled may be in or out.
     assert (ev["rank"], ev["pid"], ev["phase"], ev["persistent"]) == (1, window.pids[1], "asleep", False), ev
-    hot_s = (ch["end_ns"] - ch["start_ns"]) / 1e9
-    assert 2 <= hot_s <= 4 and hot_s < 0.5 * (ev["window_end_s"] - ev["window_start_s"]), (hot_s, ev)
+    hot_s, truth_s = (ch["end_ns"] - ch["start_ns"]) / 1e9, window.slow_s[1]
+    assert truth_s - 1 <= hot_s <= truth_s + 2, (hot_s, truth_s, ev)
+    assert hot_s < 0.5 * (ev["window_end_s"] - ev["window_start_s"]), (hot_s, ev)
     assert f"confined to t = {ch['start_ns'] / 1e9:.1f}" in ch["summary"]
     # AND its excess blocked time over the whole window is the sleep the workload added, 80 x 20 ms: asleep, or
     # blocked by an unseen waker where the probes missed a sleep's wakeup (1 of 80 in one run: 1,565 + 20 ms),
