@@ -4,13 +4,13 @@ DataLoader workers found once (dataloader_pids) are the processes whose role is 
 
 from __future__ import annotations
 
-from tracer.analysis.recording import Proc, RecordingInfo
+from tracer.analysis.recording import Proc, ProcTable, RecordingInfo
 from tracer.vocabulary import DATALOADER_COMM, DATALOADER_ROLE, TRACER_ROLE
 
 
 def _info(rows: list[tuple[int, int | None, str, str]]) -> RecordingInfo:
     info = RecordingInfo(columns={})
-    info.procs = {pid: Proc(pid, ppid, comm, role, 0, None, None) for pid, ppid, comm, role in rows}
+    info.procs = ProcTable.of(Proc(pid, ppid, comm, role, 0, None, None) for pid, ppid, comm, role in rows)
     return info
 
 

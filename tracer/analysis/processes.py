@@ -236,12 +236,7 @@ def grouped_processes(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> l
     which share a role (the name tells a DataLoader worker from another child) and so a group; those sums are then
     grouped as group_processes groups processes, each keyed by its first process."""
     procs = info.procs
-    special = (
-        set(info.tracer_pids)
-        | set(info.rank_pids)
-        | set(info.nccl_ranked)
-        | {p.pid for p in procs.values() if p.launcher or p.role == TRACER_ROLE}
-    )
+    special = set(info.tracer_pids) | set(info.rank_pids) | set(info.nccl_ranked) | {p.pid for p in info.launchers()}
     if info.main_pid is not None:
         special.add(info.main_pid)
     rank = "p.rank" if info.has("processes", "rank") else "NULL"

@@ -13,6 +13,7 @@ there the recorder is recognised by its process name (:data:`TRACER_COMMS`).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -58,6 +59,65 @@ class Proc(NamedTuple):
     host: str | None = None  # its recording's host, in a job of several recordings (tracer.analysis.job)
 
 
+class ProcTable(Mapping[int, Proc]):
+    """The recording's processes by pid, held as :class:`Proc`'s columns (lists of Python values, in pid order); a
+    Proc is built when one is asked for. Built as 200 K named tuples up front, a fork-heavy recording's processes
+    took 0.35 s of every analysis's start (issue 28's 2 s per tool); most analyses read a few hundred of them, and
+    the questions asked of all of them (who is the tracer, a rank, a worker) read one or two columns."""
+
+    def __init__(self, columns: list[list[Any]]) -> None:
+        assert len(columns) == len(Proc._fields), columns
+        self._cols = columns
+        self._row = dict(zip(columns[0], range(len(columns[0])), strict=True))
+        self._changed: dict[int, Proc] = {}  # a process given a rank after loading (an NCCL communicator's)
+
+    @classmethod
+    def of(cls, procs: Iterable[Proc]) -> ProcTable:
+        rows = sorted(procs, key=lambda p: p.pid)
+        return cls([list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in Proc._fields])
+
+    def __getitem__(self, pid: int) -> Proc:
+        p = self._changed.get(pid)
+        if p is not None:
+            return p
+        i = self._row[pid]
+        return Proc._make([c[i] for c in self._cols])
+
+    def get(self, pid: int | None, default: Proc | None = None) -> Proc | None:  # type: ignore[override]
+        return self[pid] if pid in self._row else default
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._row
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._cols[0])
+
+    def __len__(self) -> int:
+        return len(self._cols[0])
+
+    def replace(self, pid: int, **changes: Any) -> None:
+        """Change fields of process ``pid`` (its columns are left as loaded: :meth:`column` applies the change)."""
+        self._changed[pid] = self[pid]._replace(**changes)
+
+    def column(self, name: str) -> list[Any]:
+        """Return field ``name`` of every process, in pid order (not to be modified)."""
+        col = self._cols[Proc._fields.index(name)]
+        if not self._changed:
+            return col
+        col = list(col)
+        for pid, p in self._changed.items():
+            col[self._row[pid]] = getattr(p, name)
+        return col
+
+    def pids_in(self, name: str, values: Collection[Any]) -> list[int]:
+        """Return the pids whose field ``name`` is one of ``values``, in pid order."""
+        return [pid for pid, v in zip(self._cols[0], self.column(name), strict=True) if v in values]
+
+    def pids_set(self, name: str) -> list[int]:
+        """Return the pids whose field ``name`` is set (not NULL, not empty), in pid order."""
+        return [pid for pid, v in zip(self._cols[0], self.column(name), strict=True) if v is not None and v != ""]
+
+
 @dataclass
 class RecordingInfo:
     """Facts about one recording that every analysis needs (see the module docstring)."""
@@ -68,7 +128,7 @@ class RecordingInfo:
     mem_bytes: int = 0
     target: str = ""
     recorder_pid: int | None = None
-    procs: dict[int, Proc] = field(default_factory=dict)
+    procs: ProcTable = field(default_factory=lambda: ProcTable.of([]))
     main_pid: int | None = None
     has_breakdown: bool = False
     has_wakers: bool = False
@@ -87,7 +147,7 @@ class RecordingInfo:
     def tracer_pids(self) -> frozenset[int]:
         """The recorder's own pids. Computed once: roles and holders ask per process, and a fork-heavy recording
         has tens of thousands (rebuilt per call, this set was 59% of `tracer stats` at 16 K processes)."""
-        pids = {p.pid for p in self.procs.values() if p.role == TRACER_ROLE}
+        pids = set(self.procs.pids_in("role", (TRACER_ROLE,)))
         if self.recorder_pid:
             pids.add(self.recorder_pid)
         return frozenset(pids)
@@ -96,9 +156,9 @@ class RecordingInfo:
     def children(self) -> dict[int, list[int]]:
         """{pid: the pids it forked}, built once for :meth:`descendants`."""
         kids: dict[int, list[int]] = {}
-        for p in self.procs.values():
-            if p.ppid is not None and p.ppid != p.pid:
-                kids.setdefault(p.ppid, []).append(p.pid)
+        for pid, ppid in zip(self.procs, self.procs.column("ppid"), strict=True):
+            if ppid is not None and ppid != pid:
+                kids.setdefault(ppid, []).append(pid)
         return kids
 
     def is_tracer(self, pid: int | None, comm: str | None = None, flagged: bool | None = None) -> bool:
@@ -119,8 +179,9 @@ class RecordingInfo:
         """{pid: rank} of each rank's own process: a process with a rank whose parent is not that rank of that job
         (a rank's forked DataLoader workers inherit its environment, so its rank, and are not ranks)."""
         out: dict[int, int] = {}
-        for p in self.procs.values():
-            if p.rank is None or p.role == TRACER_ROLE:
+        for pid in self.procs.pids_set("rank"):
+            p = self.procs[pid]
+            if p.role == TRACER_ROLE:
                 continue
             parent = self.procs.get(p.ppid) if p.ppid is not None else None
             if parent is None or (parent.rank, parent.job_id) != (p.rank, p.job_id):
@@ -149,15 +210,29 @@ class RecordingInfo:
         """The pids whose :meth:`process_role` is ``dataloader_worker``, found once: the chains ask it of every
         process (200 K role look-ups were a tenth of `tracer chains` on issue 21's recording). Only a process named
         as a worker can have the role, so only those are asked."""
-        return frozenset(
-            pid
-            for pid, p in self.procs.items()
-            if p.comm == DATALOADER_COMM and self.process_role(pid) == DATALOADER_ROLE
-        )
+        named = self.procs.pids_in("comm", (DATALOADER_COMM,))
+        return frozenset(pid for pid in named if self.process_role(pid) == DATALOADER_ROLE)
 
     def target_pids(self) -> list[int]:
         """Return the traced tree's pids (tracer processes left out), in pid order."""
-        return sorted(p.pid for p in self.procs.values() if p.role != TRACER_ROLE and p.pid not in self.tracer_pids)
+        tracer = self.tracer_pids
+        return [
+            pid
+            for pid, role in zip(self.procs, self.procs.column("role"), strict=True)
+            if role != TRACER_ROLE and pid not in tracer
+        ]
+
+    def named(self, comms: set[str] | frozenset[str]) -> list[int]:
+        """Return the pids of the processes whose name is one of ``comms``, in pid order."""
+        return self.procs.pids_in("comm", comms)
+
+    def children_of(self, pid: int) -> list[Proc]:
+        """Return the processes ``pid`` forked, in pid order."""
+        return [self.procs[c] for c in sorted(self.children.get(pid, []))]
+
+    def launchers(self) -> list[Proc]:
+        """Return the processes that started ranks (torchrun's agent, mpirun), in pid order."""
+        return [self.procs[pid] for pid in self.procs.pids_set("launcher")]
 
     def descendants(self, pid: int) -> list[Proc]:
         """Return every process forked (directly or not) from ``pid``, in pid order."""
@@ -227,8 +302,7 @@ def load_recording(conn: duckdb.DuckDBPyConnection) -> RecordingInfo:
             f"{dist_sql} FROM processes ORDER BY pid"
         )
     )
-    # each row in Proc's field order, as is: 200 K processes (issue 21)
-    info.procs = dict(zip(cols[0], map(Proc._make, zip(*cols, strict=True)), strict=True))
+    info.procs = ProcTable(cols)  # in Proc's field order, as is: 200 K processes (issue 21)
     if info.has("nccl_comms"):
         _ranks_from_nccl(conn, info)
     info.main_pid = _main_pid(info)
@@ -274,7 +348,7 @@ def _ranks_from_nccl(conn: duckdb.DuckDBPyConnection, info: RecordingInfo) -> No
         p = info.procs.get(pid)
         if p is not None and p.rank is None and p.role != TRACER_ROLE:
             info.nccl_ranked = info.nccl_ranked | {pid}
-            info.procs[pid] = p._replace(rank=int(rank), world_size=int(nranks), job_id=f"nccl:{int(id_hash):016x}")
+            info.procs.replace(pid, rank=int(rank), world_size=int(nranks), job_id=f"nccl:{int(id_hash):016x}")
 
 
 def _main_pid(info: RecordingInfo) -> int | None:
@@ -287,12 +361,17 @@ def _main_pid(info: RecordingInfo) -> int | None:
             pass
     # the root of the traced tree: a target process whose parent is not a target process (the recorder that
     # launched the command is in processes as role tracer, so it cannot be the root)
-    tree = {p.pid for p in info.procs.values() if p.role != TRACER_ROLE and p.pid not in info.tracer_pids}
-    roots = (p for p in info.procs.values() if p.pid in tree and (p.ppid is None or p.ppid not in tree))
+    procs = info.procs
+    tree = set(info.target_pids())
+    roots = (
+        (first_ns, pid)
+        for pid, ppid, first_ns in zip(procs, procs.column("ppid"), procs.column("first_ns"), strict=True)
+        if pid in tree and (ppid is None or ppid not in tree)
+    )
     # the first root, not every root sorted: a monitoring loop's 200 K commands whose shell is not in the recording
     # are each a root (issue 21's recording)
-    first = min(roots, key=lambda p: (p.first_ns, p.pid), default=None)
-    return first.pid if first else None
+    first = min(roots, default=None)
+    return first[1] if first else None
 
 
 def main_pid(conn: duckdb.DuckDBPyConnection) -> int | None:

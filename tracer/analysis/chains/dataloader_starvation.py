@@ -204,7 +204,7 @@ def _pool_pids(ctx: ChainContext, s: Subject, workers: set[int]) -> frozenset[in
         trainers = {x.pid for x in ctx.subjects if x.launches}
         comms = {ctx.info.comm(p) for p in workers}
         # the few processes so named, each walked up to s.pid, not the whole tree walked down from it
-        named = {p.pid for p in ctx.info.procs.values() if p.comm in comms} | ctx.info.dataloader_pids
+        named = {*ctx.info.named(comms), *ctx.info.dataloader_pids}
         sibs = {p for p in named if ctx.info.descends_from(p, s.pid)}
         ctx.memo[key] = frozenset({*trainers, s.pid, *workers, *sibs})
     return ctx.memo[key]
@@ -479,7 +479,7 @@ def _chain(ctx: ChainContext, s: Subject, lw: LoaderWait, woken: float, sev: str
     # a shell) is not a worker (issue 28)
     comms = {ctx.info.comm(p) for p in by_pid}
     # the few candidates, each walked up to s.pid, not the whole tree (200 K processes) walked down from it
-    named = ctx.info.dataloader_pids if dl else {*by_pid, *(p.pid for p in ctx.info.procs.values() if p.comm in comms)}
+    named = ctx.info.dataloader_pids if dl else {*by_pid, *ctx.info.named(comms)}
     pool = [
         ctx.info.procs[p]
         for p in sorted(named)

@@ -328,9 +328,7 @@ def _nccl_behind(
 def _exited_children(ctx: ChainContext, pid: int) -> str:
     """Return 'its child pid N (comm) exited at T s (code C)' for the children of ``pid`` that exited during the
     recording (a data worker that died leaves its loop waiting for a batch), '' when none."""
-    kids = [
-        p for p in ctx.info.procs.values() if p.ppid == pid and p.exit_ns is not None and not ctx.info.is_tracer(p.pid)
-    ]
+    kids = [p for p in ctx.info.children_of(pid) if p.exit_ns is not None and not ctx.info.is_tracer(p.pid)]
     if not kids:
         return ""
     return "; ".join(

@@ -93,7 +93,7 @@ def ranks_report(conn: duckdb.DuckDBPyConnection) -> RanksResult:
     info = ctx.info
     job = job_alignment(conn)  # several recordings: how well their clocks line up
     job_note = job.note if job is not None else ""
-    launchers = [LauncherProc(pid=p.pid, comm=p.comm, launcher=p.launcher) for p in info.procs.values() if p.launcher]
+    launchers = [LauncherProc(pid=p.pid, comm=p.comm, launcher=p.launcher) for p in info.launchers()]
     table = table_of(ctx)
     if table is None:
         n = len(info.rank_pids)

@@ -202,6 +202,6 @@ def rank_table(conn: duckdb.DuckDBPyConnection, info: RecordingInfo, times: Thre
         end_ns=end,
         job_id=job,
         world_size=sizes.pop() if len(sizes) == 1 else None,
-        launchers=sorted(p.pid for p in info.procs.values() if p.launcher),
+        launchers=[p.pid for p in info.launchers()],
         note=note,
     )
