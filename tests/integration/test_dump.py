@@ -228,6 +228,49 @@ def test_recording_stores_snapshots_of_threads_blocked_before_it(tmp_path: Path)
     assert any(t["frames"] and t["frames"][0]["function"] == "in_lock" for t in r.structured_content["threads"])
 
 
+IDLE_JOB = """
+import threading, time
+def work():
+    t = time.monotonic()
+    while time.monotonic() - t < 1.5:  # on CPU: no snapshot while it runs
+        pass
+    time.sleep(5)  # SLEEPS
+t = threading.Thread(target=work)
+t.start()
+t.join()
+"""
+
+
+def test_a_thread_that_stops_during_the_recording_is_snapshotted_once(tmp_path: Path) -> None:
+    """The recorder's per-second look: a thread that stops running during the recording is read once it has been
+    off CPU for a second (the look skips threads that ran since the last tick), and not again while it stays
+    stopped; one blocked from the start (the main thread, in join) once too."""
+    import duckdb
+
+    from tests.integration._helpers import TRACER as TRACER_BIN
+    from tests.integration._helpers import skip_without_bpf
+
+    skip_without_bpf()
+    db = tmp_path / "idle.duckdb"
+    out = subprocess.run([str(TRACER_BIN), "record", "--db", str(db), "--", str(DEBIAN_PYTHON), "-c", IDLE_JOB],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    with duckdb.connect(str(db), read_only=True) as c:
+        rows = c.execute(
+            "SELECT tid, ts_ns, blocked_since_ns, syscall FROM thread_snapshots WHERE reason = 'idle' ORDER BY ts_ns"
+        ).fetchall()
+    by_tid: dict[int, list[tuple]] = {}
+    for r in rows:
+        by_tid.setdefault(r[0], []).append(r)
+    sleeper = [v for v in by_tid.values() if v[0][3] == "clock_nanosleep"]
+    assert len(sleeper) == 1 and len(sleeper[0]) == 1, rows  # once, though it stayed asleep ~3 more ticks
+    _, ts, since, _ = sleeper[0][0]
+    # read a second or two after it stopped (a tick is a second, later on a loaded machine): not before it had been
+    # off CPU a second (0.1 s for the clocks the two figures come from), and not a tick late or more
+    assert 0.9 <= (ts - since) / 1e9 < 3.0, rows
+    assert all(len(v) == 1 for v in by_tid.values()), rows
+
+
 def test_thread_dump_of_a_recording_without_snapshots(tmp_path: Path) -> None:
     import duckdb
 

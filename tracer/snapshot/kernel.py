@@ -170,9 +170,9 @@ def off_cpu(pid: int, tid: int, clock: SchedClock | None) -> OffCpu | None:
         return None
     if st.state == "R":
         return OffCpu(st.state, st.comm, 0, None)
-    if clock is None:
-        return OffCpu(st.state, st.comm, None, None)
     last = exec_start_ns(f"{base}/sched")
+    if clock is None:  # whether it ran since an earlier look, not for how long it has not
+        return OffCpu(st.state, st.comm, None, last)
     now_ns = clock.now(st.processor) if last is not None else None
     if last is None or now_ns is None:
         return OffCpu(st.state, st.comm, None, last)
