@@ -89,9 +89,10 @@ def _pystack(ref: int, pid: int, codes: list[int]) -> bytes:
     return h.tobytes() + fr.tobytes()
 
 
-def _code_event(pid: int, code: int, name: bytes) -> np.ndarray:
+def _code_event(pid: int, code: int, name: bytes, first: int = 7, flags: int = 0) -> np.ndarray:
     ev = np.zeros(1, dtype=events.CODE_DTYPE)
-    ev["pid"], ev["code"], ev["qualname"], ev["filename"], ev["firstlineno"] = pid, code, name, b"w.py", 7
+    ev["pid"], ev["code"], ev["qualname"], ev["filename"], ev["firstlineno"] = pid, code, name, b"w.py", first
+    ev["flags"] = flags
     return ev
 
 
@@ -153,3 +154,23 @@ def test_a_stack_that_waited_one_drain_is_resolved_even_without_its_code_objects
     assert r.resolved == 0  # waiting
     r.add_stacks([])
     assert r.resolved == 1 and 0x31 in r._frames
+
+
+def test_a_forked_childs_unreadable_name_is_its_parents_for_the_same_code_object() -> None:
+    # GIVEN a parent that sent code object 0x9000 ("a", first line 7), and a child forked from it that has exited
+    # (no /proc to read), whose own event for 0x9000 says BPF could not read the name (suite run 9)
+    written: list = []
+    r, pyrt = _py_resolver(written)
+    parent = next(iter(pyrt.targets))
+    child, later = parent + 1, parent + 2
+    pyrt.add_code_events(_code_event(parent, 0x9000, b"a"))
+    pyrt.note_fork(parent, child)
+    pyrt.note_fork(parent, later)
+    unread = events.C.CODE_F_NAME_UNREAD
+    pyrt.add_code_events(_code_event(child, 0x9000, b"", flags=unread))
+    # and another child whose object at that address was made after the fork: another first line
+    pyrt.add_code_events(_code_event(later, 0x9000, b"", first=30, flags=unread))
+    r.add_stacks([_pystack(0x41, child, [0x9000]), _pystack(0x42, later, [0x9000])])
+    assert None not in r.plain_stack_ids(np.array([0x41, 0x42], dtype=np.uint64))
+    # THEN the child's frame has the parent's name; the other's says it could not be read
+    assert sorted(_names(f)[0] for f in written) == ["<unreadable 0x9000>", "a"]

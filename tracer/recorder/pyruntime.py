@@ -267,14 +267,30 @@ class PyRuntimeManager:
         log.debug("%d code objects read in BPF, pids %s", len(ev), sorted(set(ev["pid"].tolist())))
         for e in ev:
             pid, code, flags = int(e["pid"]), int(e["code"]), int(e["flags"])
-            name, file = cstr1(e["qualname"]), cstr1(e["filename"])
-            if flags & (C.CODE_F_NAME_UNREAD | C.CODE_F_FILE_UNREAD) and pid in self.targets:
-                live = read_code(pid, self.targets[pid], code)
-                if live is not None:
-                    name = live.qualname if flags & C.CODE_F_NAME_UNREAD else name
-                    file = live.filename if flags & C.CODE_F_FILE_UNREAD else file
+            name, file, first = cstr1(e["qualname"]), cstr1(e["filename"]), int(e["firstlineno"])
+            if flags & (C.CODE_F_NAME_UNREAD | C.CODE_F_FILE_UNREAD):
+                other = self._named_elsewhere(pid, code, first)
+                if other is not None:
+                    name = other.qualname if flags & C.CODE_F_NAME_UNREAD else name
+                    file = other.filename if flags & C.CODE_F_FILE_UNREAD else file
             n = int(e["lt_len"])
             truncated = bool(flags & C.CODE_F_LT_UNREAD) or int(e["lt_full"]) > n
             self._codes.setdefault(pid, {})[code] = CodeInfo(
-                file, name or f"<unreadable {code:#x}>", int(e["firstlineno"]), e["linetable"][:n].tobytes(), truncated
+                file, name or f"<unreadable {code:#x}>", first, e["linetable"][:n].tobytes(), truncated
             )
+
+    def _named_elsewhere(self, pid: int, code: int, first: int) -> CodeInfo | None:
+        """The code object at ``code`` whose name or file BPF could not read in ``pid``: from the process itself if it
+        still runs, else from the processes it was forked from, which hold the same object when it was made before
+        the fork (their code event, or their memory), the same first line telling it from one made after the fork at
+        the same address. A forked worker that exits right after its calls is gone before its events are drained
+        (suite run 9: its frame of a function defined before the fork was ``<unreadable>``)."""
+        for q in self._lineage(pid):
+            known = self._codes.get(q, {}).get(code) if q != pid else None
+            if known is not None and known.firstlineno == first and not known.qualname.startswith("<unreadable "):
+                return known
+            t = self.targets.get(q)
+            live = read_code(q, t, code) if t is not None else None
+            if live is not None and (q == pid or live.firstlineno == first):
+                return live
+        return None
