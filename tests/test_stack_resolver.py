@@ -174,3 +174,27 @@ def test_a_forked_childs_unreadable_name_is_its_parents_for_the_same_code_object
     assert None not in r.plain_stack_ids(np.array([0x41, 0x42], dtype=np.uint64))
     # THEN the child's frame has the parent's name; the other's says it could not be read
     assert sorted(_names(f)[0] for f in written) == ["<unreadable 0x9000>", "a"]
+
+
+def test_a_call_drained_before_its_stacks_code_objects_reads_them_once_more() -> None:
+    # GIVEN a stack whose code object is not in yet, and a call that refers to it in the same drain: the kernel
+    # sends a call whose stack it took at the call's return before that stack's code objects (call_with_stack)
+    written: list = []
+    r, pyrt = _py_resolver(written)
+    pid = next(iter(pyrt.targets))
+    late = [_code_event(pid, 0x9100, b"inner")]  # in the code objects' ring, not yet read
+    reads = []
+
+    def more_codes() -> None:
+        reads.append(1)
+        while late:
+            pyrt.add_code_events(late.pop())
+
+    r.more_codes = more_codes
+    pyrt.add_code_events(_code_event(pid, 0x9000, b"outer"))
+    r.add_stacks([_pystack(0x51, pid, [0x9100, 0x9000])])
+    # WHEN the call asks for its stack
+    (sid,) = r.stack_ids(np.array([0x51], dtype=np.uint64), np.array([OP_IDS["cudaMalloc"]]))
+    # THEN the ring is read once more first, and both frames are named
+    assert sid is not None and reads == [1]
+    assert _names(written[0]) == ["outer", "inner"]

@@ -289,6 +289,7 @@ class Recorder(Ending):
             native_walk=lambda sid: [int(a) for a in native.walk(sid)],
             put_stack=lambda sid, frames: self.store.put("stacks", columns.stack_columns(sid, frames)),
             parent_of=lambda pid: self.tree.procs[pid].ppid if pid in self.tree.procs else None,
+            more_codes=self._drain_codes,
         )
         self.cycler = DutyCycler(count_calls=lambda: calls_by_pid_op(self.bpf), on_closed=self._links_closed)
         self.attacher = Attacher(
@@ -522,10 +523,7 @@ class Recorder(Ending):
         self._handle_maps(self.rb_maps.drain())
         # a full maps ring dropped mappings (it does not say whose): every process re-reads /proc at its next miss
         self.maps.note_lost(self._lost(events.C.LOST_MAPS))
-        if self.pyrt is not None:
-            codes = self.rb_codes.drain()
-            if len(codes):
-                self.pyrt.add_code_events(codes)
+        self._drain_codes()
         kn = self.rb_knames.drain()
         if len(kn):
             found = self.resolver.add_knames(kn)
@@ -607,6 +605,13 @@ class Recorder(Ending):
         """A held process is about to run on: configure its Python walker while it cannot race us."""
         if self.pyrt is not None and pid in self._py_pending:
             self._pyrt_configure(pid)
+
+    def _drain_codes(self) -> None:
+        """Take the Python code objects BPF read (the names of the stacks' frames)."""
+        if self.pyrt is not None:
+            codes = self.rb_codes.drain()
+            if len(codes):
+                self.pyrt.add_code_events(codes)
 
     def _handle_proc(self, ev: np.ndarray) -> None:
         if len(ev) == 0:

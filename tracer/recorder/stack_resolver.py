@@ -67,8 +67,11 @@ class StackResolver:
         native_walk: Callable[[int], list[int]],
         put_stack: Callable[[int, Sequence[Frame]], None],
         parent_of: Callable[[int], int | None],
+        more_codes: Callable[[], None] = lambda: None,
     ) -> None:
         self.maps = maps
+        self.more_codes = more_codes  # drains the code objects' ring once more (see _stack_id)
+        self._codes_redrained = False  # more_codes has run in this drain
         self.pyrt = pyrt
         self.native_walk = native_walk
         self.put_stack = put_stack
@@ -116,8 +119,10 @@ class StackResolver:
         A record whose Python code objects have not all arrived waits one drain (or until an event asks for its
         stack_id): the kernel submits a stack before the code objects it reads after it (pycode.h), so a drain
         between the two would name those frames ``<unresolved>`` once the process has exited. An event that
-        refers to the stack was submitted after its code objects, so by the time one is drained they are here."""
+        refers to the stack resolves it at once, after one more read of the code objects' ring: an off-CPU interval
+        is submitted after them, but a call whose stack was taken at its return before them (_stack_id)."""
         waited, self._pending = self._pending, {}
+        self._codes_redrained = False
         for rec in waited.values():
             self._resolve(rec)
         for raw in raws:
@@ -189,6 +194,17 @@ class StackResolver:
             return known[key]
         waiting = self._pending.pop(ref, None)
         if waiting is not None:
+            # A call whose stack was taken at its return is submitted before that stack's code objects (cuda.bpf.c
+            # call_with_stack sends the call, then tail-calls py_read_codes): drained in between, the call finds
+            # them missing. By now the tail call has long ended, so the code objects' ring is read once more
+            # before naming the frames (suite runs: a forked child gone by the next drain kept <unresolved>).
+            if (
+                not self._codes_redrained
+                and self.pyrt is not None
+                and self.pyrt.codes_missing(waiting.pid, waiting.frames)
+            ):
+                self._codes_redrained = True
+                self.more_codes()
             self._resolve(waiting)
         frames = self._frames.get(ref)
         if frames is None:
