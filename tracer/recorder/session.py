@@ -785,6 +785,9 @@ class Recorder(Ending):
         if not gone.procs and not gone.threads:
             return
         finalize.write_retired(self.store, gone, self._calls_by_tid, self._rewritable)
+        for t in gone.threads:  # the idle look's per-thread clocks (a reused tid is only read once more)
+            self._snapped.pop(t.tid, None)
+            self._last_ran.pop(t.tid, None)
         for p in gone.procs:
             if p.pid in self.tree.procs:
                 continue  # its pid was reused (ProcessTree.apply): the caches under it are the new process's
