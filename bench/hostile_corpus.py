@@ -13,13 +13,14 @@ not go through the SDK client.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tracer import procfs
 
 DEFAULT_TIMEOUT_S = 10  # the server's run_sql wall clock (mcp_server.state.ToolLimits.sql_timeout_s)
 MiB = 1 << 20
@@ -531,26 +532,27 @@ async def liveness(url: str) -> dict[str, float]:
     return out
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """RSS of ``pid`` plus all its descendants (the server and its query workers), from /proc."""
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and all its descendants (the server and its query workers)."""
     children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    total, todo, page = 0, [pid], os.sysconf("SC_PAGE_SIZE")
+    for p, st in procfs.processes().items():
+        children.setdefault(st.ppid, []).append(p)
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
         todo += children.get(p, [])
-        try:
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+    return out
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """RSS of ``pid`` plus all its descendants, from /proc."""
+    return sum(procfs.resident_bytes(p) or 0 for p in tree_pids(pid))
+
+
+def cpu_wait_s(pids: list[int]) -> float:
+    """Seconds the threads of ``pids`` have spent runnable but waiting for a CPU, summed (procfs.cpu_wait_ns)."""
+    return sum(procfs.cpu_wait_ns(p) or 0 for p in pids) / 1e9
 
 
 class RssSampler:

@@ -57,10 +57,16 @@ FINISH = "record's finish: chains"
 TARGET_FINISH_MS = 3000
 # the wait-for graph's own row: part of the chains tools' time, within TARGET_MS with them
 GRAPH = "wait-for graph (root-found share)"
+# the chains computed afresh, in-process (every detector, the graph, the coverage): what a tool costs where the
+# answer stored at the recording's end does not serve (a live snapshot, a pid filter, a job), within TARGET_MS
+COMPUTED = "chains computed (no stored answer)"
 
 
 def generate(path: Path, k: int, procs: int, rows: int, duration_s: int) -> Path:
-    """Write the size-``k`` recording to ``path`` (see the module docstring); return it."""
+    """Write the size-``k`` recording to ``path`` (see the module docstring), ended as `tracer record` ends one:
+    its causal chains computed and stored (tracer.analysis.chains.stored); return it."""
+    from tracer.analysis.chains import store_chains
+
     seconds = k * duration_s
     generate_large(path, k * rows, duration_s=seconds)
     con = duckdb.connect(str(path))
@@ -71,6 +77,7 @@ def generate(path: Path, k: int, procs: int, rows: int, duration_s: int) -> Path
         con.execute("UPDATE session SET target = 'python train.py'")
     finally:
         con.close()
+    store_chains(path)
     return path
 
 
@@ -223,18 +230,32 @@ def measure(db: Path, runs: int) -> dict[str, float]:
         res[name] = _time(run, runs)
     res[FINISH] = _finish_ms(db, runs)
     res[GRAPH] = _graph_ms(db, runs)
+    res[COMPUTED] = _computed_ms(db, runs)
     return res
+
+
+def _computed_ms(db: Path, runs: int) -> float:
+    """Median ms of the chains computed afresh on ``db``, in-process, as get_causal_chains computes them where
+    no stored answer serves."""
+    from tracer.analysis.chains import compute_all
+    from tracer.analysis.db import open_trace
+
+    def chains() -> None:
+        with open_trace(db) as conn:
+            compute_all(conn)
+
+    return _time(chains, runs)
 
 
 def graph_only(db: Path, runs: int, out: Path | None) -> int:
     """Time the wait-for graph alone and the chains' analysis it is part of (compute_chains, in-process) on ``db``;
     write them as ``scaling_graph``."""
-    from tracer.analysis.chains import compute_chains
+    from tracer.analysis.chains import compute_all
     from tracer.analysis.db import open_trace
 
     def chains() -> None:
         with open_trace(db) as conn:
-            compute_chains(conn, limit=100)
+            compute_all(conn)
 
     load_before = os.getloadavg()[0]  # the VM is shared: the timings are read against the load they ran under
     c0 = time.process_time()

@@ -143,7 +143,8 @@ struct stack_event {
 #define CODE_F_LT_UNREAD 4   /* the line table could not be read */
 
 /* A Python code object read in BPF the first time a process shows it in a stack: what names a frame and maps
- * its instruction offset to the executing line, read while the object surely exists (no stop needed). 4.5 KiB. */
+ * its instruction offset to the executing line, read while the object surely exists (no stop needed). At most
+ * 4.5 KiB; sent as CODE_EVENT_HEAD bytes plus the lt_len bytes of the line table that were read. */
 struct code_event {
     u64 code;        /* code object address */
     u32 pid;
@@ -156,6 +157,7 @@ struct code_event {
     char filename[CODE_FILE_MAX];
     u8 linetable[CODE_LT_MAX];
 };
+#define CODE_EVENT_HEAD (sizeof(struct code_event) - CODE_LT_MAX)
 
 /* sched_event.reason */
 #define SCHED_PREEMPTED 0

@@ -106,16 +106,15 @@ static __always_inline int read_pystr(char *out, u32 size, u64 str, struct py_cf
     return read_user_str(out, size, (void *)(str + cfg->str_data)) > 0 ? 0 : -1;
 }
 
+/* The code event being read: one per CPU, sent with only the bytes of its line table that were read. */
+BPF_PERCPU_ARRAY(code_scratch, struct code_event, 1);
+
 static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
 {
-    struct code_event *e = codes_rb.ringbuf_reserve(sizeof(struct code_event));
-    if (!e) {
-        u32 *g = exec_gen.lookup(&tgid);
-        struct code_key k = {.pid = tgid, .gen = g ? *g : 0, .code = code};
-        seen_code.delete(&k); /* read it at the next capture instead */
-        count_lost(LOST_CODES);
+    u32 zero = 0;
+    struct code_event *e = code_scratch.lookup(&zero);
+    if (!e)
         return;
-    }
     e->code = code;
     e->pid = tgid;
     e->flags = 0;
@@ -134,18 +133,29 @@ static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
     if (read_pystr(e->filename, CODE_FILE_MAX, fn, cfg))
         e->flags |= CODE_F_FILE_UNREAD;
     s64 len = 0; /* PyBytesObject: ob_size at 16, ob_sval at 32, in every supported version */
+    u32 n = 0;
     if (!lt || read_user(&len, sizeof(len), (void *)(lt + 16)) || len < 0) {
         e->flags |= CODE_F_LT_UNREAD;
     } else {
-        u32 n = len < CODE_LT_MAX ? (u32)len : CODE_LT_MAX - 1;
+        n = len < CODE_LT_MAX ? (u32)len : CODE_LT_MAX - 1;
         n &= CODE_LT_MAX - 1;
         e->lt_full = (u32)len;
-        if (n && read_user(e->linetable, n, (void *)(lt + 32)))
+        if (n && read_user(e->linetable, n, (void *)(lt + 32))) {
             e->flags |= CODE_F_LT_UNREAD;
-        else
-            e->lt_len = n;
+            n = 0;
+        }
+        e->lt_len = n;
     }
-    codes_rb.ringbuf_submit(e, 0);
+    /* Only the table's bytes are sent (a record of CODE_EVENT_HEAD + lt_len; user space pads it): a table is tens
+     * to hundreds of bytes, so the ring holds ~5x the code objects it would at the full 4.5 KiB. A fork's child
+     * shows its new code objects once, at its first stacks: one lost to a full ring is never read again there
+     * (suite runs: a forked child's frames <unresolved> after two interpreters started in one drain). */
+    if (codes_rb.ringbuf_output(e, CODE_EVENT_HEAD + (n & (CODE_LT_MAX - 1)), 0)) {
+        u32 *g = exec_gen.lookup(&tgid);
+        struct code_key k = {.pid = tgid, .gen = g ? *g : 0, .code = code};
+        seen_code.delete(&k); /* read it at the next capture instead */
+        count_lost(LOST_CODES);
+    }
 }
 
 /* Read CODE_READS_PER_CALL of the queued code objects; return 1 when more are left for another run. */

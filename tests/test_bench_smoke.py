@@ -270,3 +270,22 @@ def test_elf_cache_bench_parses_this_process_files() -> None:
     assert files
     parse_ms, save_ms = elf_cache.parse_all(files, None)
     assert parse_ms > 0 and save_ms == 0
+
+
+def test_stability_names_tests_that_exist_and_reads_pytest_outcomes() -> None:
+    from bench import stability
+
+    # every test the bench repeats exists (a renamed test would silently drop out of it)
+    for t in stability.TESTS:
+        path, _, name = t.partition("::")
+        text = (Path(__file__).resolve().parents[1] / path).read_text()
+        assert not name or f"def {name}(" in text, t
+    out = (
+        "tests/integration/test_two_hop_real.py::test_x PASSED [ 50%]\n"
+        "tests/integration/test_diagnosis_real.py::test_top_cause[respawn] FAILED [100%]\n"
+    )
+    found = {m.group(1): m.group(2) for m in stability.RESULT.finditer(out)}
+    assert found == {
+        "tests/integration/test_two_hop_real.py::test_x": "PASSED",
+        "tests/integration/test_diagnosis_real.py::test_top_cause[respawn]": "FAILED",
+    }

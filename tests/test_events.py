@@ -164,6 +164,29 @@ def test_drain_rejects_a_wrong_size_record() -> None:
         buf.drain()
 
 
+def test_code_events_sent_to_their_line_tables_end_are_padded_back() -> None:
+    # GIVEN two code events as pycode.h sends them: the head, then only the line table's bytes that were read
+    rec = np.zeros(2, dtype=events.CODE_DTYPE)
+    rec["code"], rec["lt_len"], rec["qualname"] = [0x10, 0x20], [3, 0], [b"f", b"g"]
+    rec["linetable"][0][:3] = [1, 2, 3]
+    buf = events.TailBuffer(events.CODE_DTYPE, head=events.CODE_EVENT_HEAD)
+    for r in rec:
+        _feed(buf, r.tobytes()[: events.CODE_EVENT_HEAD + int(r["lt_len"])])
+    # WHEN drained; THEN both come back whole, the rest of each table zero
+    assert buf.drain().tolist() == rec.tolist()
+    # AND a record shorter than the head, or longer than the struct, is refused rather than misread
+    for size in (events.CODE_EVENT_HEAD - 1, events.CODE_DTYPE.itemsize + 8):
+        _feed(buf, bytes(size))
+        with pytest.raises(events.DecodeError, match=str(size)):
+            buf.drain()
+
+
+@pytest.mark.bpf
+def test_code_event_head_is_the_bytes_before_the_line_table(leaves: dict[str, type]) -> None:
+    # the head user space pads from is where common.h's line table starts (CODE_EVENT_HEAD in C)
+    assert _c_fields(leaves["code_ev"])["linetable"][0] == events.CODE_EVENT_HEAD
+
+
 def test_decode_stack_keeps_frames_and_rejects_a_short_header() -> None:
     h = np.zeros(1, dtype=events.STACK_HEADER_DTYPE)
     h["stack_ref"], h["pid"], h["tid"], h["native_id"], h["n_py"] = 9, 1, 2, -1, 2

@@ -3,7 +3,8 @@ real ``tracer mcp serve --http`` subprocess on a hand-built trace DB.
 
 Each attack must get its expected answer, and right after it a plain ``run_sql("select 1")`` and
 ``get_trace_stats`` must answer within 2 s, or within a few times their own latency measured just before the attack
-when the machine is loaded (:func:`live_bounds`): a liveness check with a wide margin (each takes well under 0.2 s
+when the machine is loaded (:func:`live_bounds`), or within 2 s less the time they waited for a CPU
+(:func:`answered`): a liveness check with a wide margin (each takes well under 0.2 s
 on a quiet machine; a wedged server never answers), not a benchmark. A fixed 2 s failed at load 14. The served
 DB's bytes and its directory must be unchanged after each attack and after the whole corpus, no reply may name
 the server's directory, and the server's temp directory must stay empty (nothing spills or is written). During
@@ -30,7 +31,18 @@ import httpx
 import pytest
 from tracedb import build
 
-from bench.hostile_corpus import ATTACKS, Attack, RssSampler, arguments, call, evaluate, liveness, tree_rss_bytes
+from bench.hostile_corpus import (
+    ATTACKS,
+    Attack,
+    RssSampler,
+    arguments,
+    call,
+    cpu_wait_s,
+    evaluate,
+    liveness,
+    tree_pids,
+    tree_rss_bytes,
+)
 from tests.support.serving import wait_healthy
 from tracer import procfs
 
@@ -170,6 +182,30 @@ def within(live: dict[str, float], bounds: dict[str, float]) -> bool:
     return all(live[k] < bounds[k] for k in bounds)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """Both liveness probes' latencies, and how long the server's and this client's threads waited for a CPU
+    meanwhile (summed over threads: at least the part of the latencies that was a wait for a CPU)."""
+
+    seconds: dict[str, float]
+    cpu_wait_s: float
+
+
+def probe(server: Server) -> Probe:
+    pids = [os.getpid(), *tree_pids(server.proc.pid)]
+    before = cpu_wait_s(pids)
+    live = anyio.run(liveness, server.url)
+    return Probe(live, cpu_wait_s(pids) - before)
+
+
+def answered(p: Probe, bounds: dict[str, float]) -> bool:
+    """True when both probes answered within their bounds (:func:`live_bounds`), or within LIVE_S together once the
+    time their threads waited for a CPU is taken out. Other tenants' load comes and goes between the bounds'
+    samples and the probe (get_trace_stats took 3.94 s against a bound of 3.61 s after a one-row PIVOT); a server
+    that waits for a hostile query, or is wedged, waits without wanting a CPU, and still fails."""
+    return within(p.seconds, bounds) or sum(p.seconds.values()) - p.cpu_wait_s < LIVE_S
+
+
 def test_corpus_is_complete():
     # every class of the issue is present, and none of the attack names repeats
     classes = {a.cls for a in ATTACKS}
@@ -203,8 +239,8 @@ def test_attack(server: Server, db: Path, pristine: DiskState, attack: Attack):
     if attack.memory:
         assert rss.peak - server.idle_rss <= RSS_ABOVE_IDLE, (rss.peak >> 20, server.idle_rss >> 20)
     # AND the server still answers both probes at once
-    live = anyio.run(liveness, server.url)
-    assert within(live, bounds), (live, bounds)
+    live = probe(server)
+    assert answered(live, bounds), (live, bounds)
     assert server.proc.poll() is None
     # AND nothing changed on disk: the recording, its directory, the server's temp directory
     assert disk_state(db) == pristine
@@ -222,7 +258,7 @@ def test_wrong_host_and_origin(server: Server):
     prefix_host = httpx.post(server.url, json=INIT, headers={**ACCEPT, "host": "127.0.0.1:evil.com"})
     prefix_origin = httpx.post(server.url, json=INIT, headers={**ACCEPT, "origin": f"http://localhost:{port}.evil.com"})
     assert (prefix_host.status_code, prefix_origin.status_code) == (421, 403)
-    assert within(anyio.run(liveness, server.url), bounds)
+    assert answered(probe(server), bounds)
 
 
 def test_healthz_names_the_db_only_to_allowed_hosts(server: Server, db: Path):
@@ -238,7 +274,7 @@ def test_request_body_limit(server: Server):
     big = {**INIT, "params": {**INIT["params"], "pad": "x" * (5 << 20)}}
     r = httpx.post(server.url, json=big, headers=ACCEPT, timeout=30)
     assert r.status_code == 413
-    assert within(anyio.run(liveness, server.url), bounds)
+    assert answered(probe(server), bounds)
 
 
 def test_concurrent_slow_queries_then_answers(server: Server):
@@ -260,7 +296,7 @@ def test_concurrent_slow_queries_then_answers(server: Server):
 
     results = anyio.run(both)
     assert all(r.is_error and "after 10 s" in r.content[0].text for r in results)  # type: ignore[attr-defined]
-    assert within(anyio.run(liveness, server.url), bounds)
+    assert answered(probe(server), bounds)
 
 
 def test_corpus_left_the_disk_as_it_was(server: Server, db: Path, pristine: DiskState):

@@ -118,6 +118,23 @@ def resident_bytes(pid: int | str = "self") -> int | None:
         return None
 
 
+def cpu_wait_ns(pid: int | str = "self") -> int | None:
+    """Return the time every thread of ``pid`` has spent runnable but waiting for a CPU, summed, in ns
+    (/proc/PID/task/*/schedstat's run_delay); None if it is gone. A thread that exited is no longer counted."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+    return total
+
+
 # --- CPU placement and limits: affinity, the cgroup's cpuset and CPU quota, each CPU's idle time ----------------
 #
 # cgroup v2 (``0::/path`` in /proc/PID/cgroup: cpu.max, cpu.stat throttled_usec, cpuset.cpus.effective) and v1

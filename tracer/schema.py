@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 SCHEMA_VERSION = 3
 APP_ID = "cuda-host-tracer"
+# the table of the chains' whole answer, stored at a recording's end (tracer.analysis.chains.stored)
+CHAINS_RESULT = "chains_result"
 
 
 @dataclass(frozen=True)
@@ -542,6 +544,17 @@ TABLES: tuple[Table, ...] = (
         ("summary", "VARCHAR", "one-sentence diagnosis"),
         ("evidence", "JSON", "measured numbers behind it, and the wait path: evidence->'path' (hops), ->'root'"),
         ("recommendations", "JSON", "fixes specific to this trace"),
+    ),
+    _t(
+        CHAINS_RESULT,
+        "The causal chains' whole answer as `tracer record` computed it at the recording's end (every chain, the "
+        "counts and the coverage): get_causal_chains, get_trace_stats and compare_traces serve it when they ask of "
+        "the whole recording, if the same analysis code reads the same rows. A job of several recordings, a "
+        "Parquet dataset, a live snapshot or a pid filter computes the chains afresh.",
+        ("analysis", "VARCHAR", "hash of the tracer's analysis code that computed it"),
+        ("row_counts", "VARCHAR", "every table's row count then (table:count,...): rows changed since, it is stale"),
+        ("computed_at", "TIMESTAMPTZ", "when"),
+        ("result", "JSON", "the answer: get_causal_chains' output with every chain"),
     ),
     _t(
         "kernel_names",

@@ -138,6 +138,7 @@ CODE_DTYPE = np.dtype(
         ("linetable", "u1", (C.CODE_LT_MAX,)),
     ]
 )
+CODE_EVENT_HEAD = CODE_DTYPE.fields["linetable"][1]  # probes/common.h: the bytes before the line table
 MAP_DTYPE = np.dtype(
     [
         ("start", "<u8"),
@@ -286,6 +287,24 @@ class RawBuffer:
             bad = next(len(c) for c in chunks if len(c) != self.dtype.itemsize)
             raise DecodeError(f"ring-buffer record of {bad} bytes, expected {self.dtype.itemsize}")
         return np.frombuffer(blob, dtype=self.dtype)
+
+
+@dataclass
+class TailBuffer(RawBuffer):
+    """Records whose last field, an array, is sent only as far as it was filled (a code event's line table:
+    probes/pycode.h sends CODE_EVENT_HEAD + lt_len bytes); drained zero-padded to the dtype's size."""
+
+    head: int = 0  # bytes before the array: no record is shorter
+
+    def drain(self) -> np.ndarray:
+        if not self.chunks:
+            return np.empty(0, dtype=self.dtype)
+        chunks, self.chunks = self.chunks, []
+        size = self.dtype.itemsize
+        bad = next((len(c) for c in chunks if not self.head <= len(c) <= size), None)
+        if bad is not None:
+            raise DecodeError(f"ring-buffer record of {bad} bytes, expected {self.head} to {size}")
+        return np.frombuffer(b"".join(c.ljust(size, b"\0") for c in chunks), dtype=self.dtype)
 
 
 @dataclass(frozen=True)

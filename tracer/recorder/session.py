@@ -391,7 +391,7 @@ class Recorder(Ending):
         """Ring buffers, each into a buffer drained by the loop (the callbacks only copy bytes)."""
         self.rb_maps = events.RawBuffer(events.MAP_DTYPE)
         self.rb_proc = events.RawBuffer(events.PROC_DTYPE)
-        self.rb_codes = events.RawBuffer(events.CODE_DTYPE)
+        self.rb_codes = events.TailBuffer(events.CODE_DTYPE, head=events.CODE_EVENT_HEAD)
         self.rb_knames = events.RawBuffer(events.KNAME_DTYPE)
         self.rb_comms = events.RawBuffer(events.COMM_DTYPE)
         self.rb_gc = events.RawBuffer(events.GC_DTYPE)

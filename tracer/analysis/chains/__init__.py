@@ -33,6 +33,7 @@ from tracer.analysis.chains import (
     lock_contention,
     memory_pressure,
     process_churn,
+    stored,
     straggler_rank,
     sync_stall,
     yielding,
@@ -99,8 +100,11 @@ __all__ = [
     "StragglerRankEvidence",
     "Subject",
     "SyncStallEvidence",
+    "compute_all",
     "compute_chains",
     "detect_all",
+    "select",
+    "store_chains",
     "write_chains",
 ]
 
@@ -162,7 +166,6 @@ def with_path(ctx: ChainContext, c: CausalChain) -> CausalChain:
     return c.model_copy(update={"path": t.path, "root": t.root, "branches": t.branches}) if t.path else c
 
 
-@gc_paused()  # the coverage after the detectors makes as many small objects as they do (see gcpause)
 def compute_chains(
     conn: duckdb.DuckDBPyConnection,
     pid: int | None = None,
@@ -172,11 +175,32 @@ def compute_chains(
 ) -> ChainsResult:
     """Return causal chains worst first, optionally only for ``pid`` and at one ``severity`` (high|medium|low).
 
+    Of the whole recording (no ``pid``), the answer ``tracer record`` stored at its end is served where it still
+    holds (:mod:`stored`); otherwise every detector runs.
+
     ``ctx``: the detectors' inputs when the caller has loaded them already (``ChainContext.load(conn, pid)``):
     trace_stats shares them with its own breakdown, which would otherwise load every thread's time twice."""
     sev = severity.upper() if severity else None
     if sev is not None and sev not in SEVERITIES:
         raise ValueError(f"unknown severity {severity!r}; use one of high, medium, low")
+    kept = stored.load(conn) if pid is None else None
+    if kept is not None:
+        return select(kept, sev, limit)
+    return select(compute_all(conn, pid, ctx), sev, limit)
+
+
+def select(found: ChainsResult, severity: str | None, limit: int) -> ChainsResult:
+    """Return ``found`` (every chain) cut to the chains at ``severity`` (upper case; None: all), then to ``limit``;
+    the counts by severity and the coverage stay those of every chain found."""
+    chains = [c for c in found.chains if c.severity == severity] if severity else found.chains
+    return found.model_copy(update={"chains": chains[: max(limit, 0)], "total": len(chains)})
+
+
+@gc_paused()  # the coverage after the detectors makes as many small objects as they do (see gcpause)
+def compute_all(
+    conn: duckdb.DuckDBPyConnection, pid: int | None = None, ctx: ChainContext | None = None
+) -> ChainsResult:
+    """Run every detector (no stored answer read); return every chain found, with the counts and the coverage."""
     ctx = ctx or ChainContext.load(conn, pid)
     chains = detect_all(ctx)
     counts = {s: sum(1 for c in chains if c.severity == s) for s in SEVERITIES}
@@ -184,17 +208,14 @@ def compute_chains(
     if ctx.times.basis != "exact" and not ctx.info.has_wakers:
         note = (note + "; " if note else "") + "dataloader_starvation needs wakers, which this recording lacks"
     training = ctx.training
-    covered = coverage(ctx, chains)  # every chain found: a severity filter or the limit explains nothing less
-    if sev:
-        chains = [c for c in chains if c.severity == sev]
     return ChainsResult(
-        chains=chains[: max(limit, 0)],
+        chains=chains,
         total=len(chains),
         by_severity=counts,
         basis=ctx.times.basis,
         note=note,
         training_tid=training.tid if training else None,
-        coverage=covered,
+        coverage=coverage(ctx, chains),  # every chain found: a severity filter or the limit explains nothing less
     )
 
 
@@ -236,14 +257,16 @@ def write_chains(rw_conn: duckdb.DuckDBPyConnection, chains: Sequence[CausalChai
 
 
 def store_chains(db: str | Path, limit: int = 100) -> int:
-    """Compute the chains of the finished recording ``db`` and write them into its ``causal_chains`` (the step
-    ``tracer record`` runs after the recorder has closed the file); return how many were written."""
+    """Compute the chains of the finished recording ``db`` and write them into it (the step ``tracer record`` runs
+    after the recorder has closed the file): the worst ``limit`` as ``causal_chains`` rows, and the whole answer
+    for the tools to serve (:mod:`stored`); return how many rows were written."""
     with duckdb.connect(str(db)) as rw_conn:
         # No vacuum at this connection's closing checkpoint: it would rewrite the finished file for a few rows, past
         # a --max-db-size cap (tracer/recorder/sizecap.py).
         rw_conn.execute("SET max_vacuum_tasks = 0")
-        found = compute_chains(rw_conn, limit=limit)
+        found = compute_all(rw_conn)
         rw_conn.execute("BEGIN")
-        write_chains(rw_conn, found.chains)
+        written = write_chains(rw_conn, found.chains[: max(limit, 0)])
+        stored.save(rw_conn, found)
         rw_conn.execute("COMMIT")
-    return len(found.chains)
+    return written

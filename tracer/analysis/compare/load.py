@@ -10,6 +10,7 @@ import duckdb
 import numpy as np
 
 from tracer.analysis.chains import CausalChain, ChainContext, Subject, detect_all
+from tracer.analysis.chains.stored import load as stored_answer
 from tracer.analysis.stats import OpStat, op_stats
 from tracer.hist import OpHistogram
 
@@ -91,7 +92,7 @@ def load_side(conn: duckdb.DuckDBPyConnection, name: str) -> Side:
         ops={(o.op, o.layer): o for o in op_stats(conn)},
         hists=hists,
         errors=errors,
-        chains=detect_all(ctx),
+        chains=kept.chains if (kept := stored_answer(conn)) is not None else detect_all(ctx),
     )
     for op, layer, n, dur in conn.execute(
         "SELECT op, coalesce(layer, ''), count(*), sum(dur_ns) FROM cuda_calls GROUP BY ALL"
