@@ -5,10 +5,11 @@ every fixture again (tests/integration/_helpers.py caches a recording for one se
 the sessions it passed in.
 
 The tests are the issue's fixtures and the two workloads whose answer flipped before (workers re-forked every
-epoch; a host-bound tokenizer loop, both in test_diagnosis_real's ``test_top_cause``), and the healthy loops,
-which must get no HIGH chain. A test that fails keeps the last lines of its failure in the result.
+epoch, in test_diagnosis_real's ``test_top_cause``; a host-bound batch-building loop, the tokenizer of the issue),
+and the healthy loops, which must get no HIGH chain. A test that fails keeps the last lines of its failure in the
+result.
 
-    sudo .venv/bin/python -m bench.stability [--runs N] [--quick]
+    sudo .venv/bin/python -m bench.stability [--runs N] [--match SUBSTR] [--quick]
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ TESTS = [
     "tests/integration/test_gc_pause_real.py::test_gc_pause_is_the_cause_with_the_allocating_line",
     "tests/integration/test_torch_loader.py::test_workers_waiting_on_storage_root_at_the_service",
     "tests/integration/test_torch_loader.py::test_a_starved_loop_names_the_workers_python_transform_line",
+    "tests/integration/test_stack_chains_real.py::test_host_bound_loop_names_the_batch_building_line",
     "tests/integration/test_diagnosis_real.py::test_top_cause",
     "tests/integration/test_diagnosis_real.py::test_healthy_loops_have_nothing_high",
 ]
@@ -56,10 +58,15 @@ def session(tests: list[str], basetemp: Path) -> tuple[dict[str, str], str]:
 def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, help=f"fresh sessions (default {RUNS}; --quick {QUICK_RUNS})")
+    p.add_argument("--match", help="only the tests whose id contains this (and the result named stability_MATCH)")
     a = p.parse_args(argv)
     need_root("bench.stability (the tests record with BPF)")
     runs = a.runs or (QUICK_RUNS if a.quick else RUNS)
     tests = QUICK_TESTS if a.quick else TESTS
+    if a.match:
+        tests = [t for t in tests if a.match in t]
+        if not tests:
+            raise SystemExit(f"no test of bench.stability matches {a.match!r}")
     passed: dict[str, int] = {}
     failures: dict[str, list[str]] = {}
     t0 = time.monotonic()
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     table = [[t.split("tests/integration/")[-1], f"{n}/{runs}"] for t, n in sorted(passed.items())]
     print_table(table, ["test", "passed"])
     write_result(
-        "stability",
+        "stability_" + re.sub(r"\W+", "_", a.match) if a.match else "stability",
         {
             "runs": runs,
             "passed": passed,
