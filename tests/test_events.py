@@ -173,7 +173,7 @@ def test_code_events_sent_to_their_line_tables_end_are_padded_back() -> None:
     for r in rec:
         _feed(buf, r.tobytes()[: events.CODE_EVENT_HEAD + int(r["lt_len"])])
     # WHEN drained; THEN both come back whole, the rest of each table zero
-    assert buf.drain().tolist() == rec.tolist()
+    assert buf.drain().tobytes() == rec.tobytes()
     # AND a record shorter than the head, or longer than the struct, is refused rather than misread
     for size in (events.CODE_EVENT_HEAD - 1, events.CODE_DTYPE.itemsize + 8):
         _feed(buf, bytes(size))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+import tracer
 from tracer.analysis.chains.model import ChainsResult
 from tracer.schema import CHAINS_RESULT as TABLE
 
@@ -30,8 +31,9 @@ PACKAGE = Path(__file__).resolve().parents[2]  # the tracer package
 
 @functools.cache
 def analysis_version() -> str:
-    """Return a hash of the tracer package's Python source: the code that computes an answer."""
-    h = hashlib.sha256()
+    """Return a hash of the tracer package's Python source, and its version (an install without sources still
+    changes it): the code that computes an answer."""
+    h = hashlib.sha256(tracer.__version__.encode())
     for f in sorted(PACKAGE.rglob("*.py")):
         h.update(str(f.relative_to(PACKAGE)).encode())
         h.update(f.read_bytes())
