@@ -73,10 +73,16 @@ def test_idle_is_read_on_the_blocked_threads_own_cpu(child_cpu: int) -> None:
 
 def test_an_unknown_cpu_reads_the_readers_own_clock() -> None:
     # GIVEN a CPU number no thread can run on  WHEN now is read on it  THEN it is this CPU's clock, and the reader
-    # may still run where it could
-    home = os.sched_getaffinity(0)
-    with kernel.SchedClock() as clock:
-        far = clock.now(100_000)
-        assert far is not None and abs(far - kernel.now_exec_ns()) < 1_000_000_000
+    # may still run where it could. The reader stays on one CPU for the test: two CPUs' clocks differ by their
+    # stolen time, so a reader moved between the two reads compared two clocks (2.98 s apart under two loads)
+    outer = os.sched_getaffinity(0)
+    home = {min(outer)}
+    os.sched_setaffinity(0, home)
+    try:
+        with kernel.SchedClock() as clock:
+            far = clock.now(100_000)
+            assert far is not None and abs(far - kernel.now_exec_ns()) < 1_000_000_000
+            assert os.sched_getaffinity(0) == home
         assert os.sched_getaffinity(0) == home
-    assert os.sched_getaffinity(0) == home
+    finally:
+        os.sched_setaffinity(0, outer)
