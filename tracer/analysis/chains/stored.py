@@ -23,6 +23,7 @@ import duckdb
 import tracer
 from tracer.analysis.chains.model import ChainsResult
 from tracer.schema import CHAINS_RESULT as TABLE
+from tracer.sqltext import ident, literal
 
 # written after the answer, or the answer itself: not part of the rows it was computed from
 NOT_INPUTS = frozenset({TABLE, "causal_chains"})
@@ -55,9 +56,11 @@ def row_counts(conn: duckdb.DuckDBPyConnection) -> str | None:
     counted = [t for t in tables if t not in NOT_INPUTS]
     if not counted:
         return ""
-    # exact counts, in one query: a table's estimated_size counts rows deleted since its last checkpoint
-    union = " UNION ALL ".join(f"SELECT '{t}', count(*) FROM main.\"{t}\"" for t in counted)
-    return ",".join(f"{t}:{n}" for t, n in conn.execute(union).fetchall())
+    # exact counts, in one query: a table's estimated_size counts rows deleted since its last checkpoint. A UNION
+    # ALL's rows come in no set order, so they are put in the tables' order here.
+    union = " UNION ALL ".join(f"SELECT {literal(t)}, count(*) FROM main.{ident(t)}" for t in counted)
+    n_of = dict(conn.execute(union).fetchall())
+    return ",".join(f"{t}:{n_of[t]}" for t in counted)
 
 
 def load(conn: duckdb.DuckDBPyConnection) -> ChainsResult | None:
