@@ -158,6 +158,8 @@ def test_resolve_live_code_objects(name: str) -> None:
         # not a code object (the type check rejects it) -> unresolved, not garbage
         (bad,) = mgr.resolve(p.pid, [(t.runtime_addr, 0)])
         assert not bad.resolved
+        # a torn pointer past the user half (pread's offset is signed) -> unresolved, not an OverflowError
+        assert [f.resolved for f in mgr.resolve(p.pid, [(2**64 - 16, 0), (2**63, 0), (2**63 - 8, 0)])] == [False] * 3
     finally:
         p.communicate("\n", timeout=10)
 

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 from tracer.recorder.cpython.layouts import PyTarget, ascii_data_offset
 
+# x86_64's user half ends below 2**47 (2**56 with 5-level paging); pread's offset is a signed 64-bit off_t
+USER_TOP = 1 << 63
+
 
 class ProcessMemory:
     """Reads of another process's memory through /proc/PID/mem."""
@@ -17,6 +20,12 @@ class ProcessMemory:
         self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
 
     def read(self, addr: int, n: int) -> bytes:
+        """``n`` bytes at ``addr``; OSError for any that cannot be read. An address comes from the target's memory or
+        from BPF and may be garbage: one past the user half (>= 2**63, a kernel or torn pointer) is an OSError too,
+        not the OverflowError pread's signed offset raises (CI run of stop 38: a forked child's torn code pointer
+        crashed the recording's drain)."""
+        if not 0 <= addr <= USER_TOP - n:
+            raise OSError(f"address {addr:#x} is outside the user address space")
         data = os.pread(self.fd, n, addr)
         if len(data) != n:
             raise OSError(f"short read at {addr:#x}")
