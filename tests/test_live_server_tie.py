@@ -124,8 +124,9 @@ def test_the_live_server_dies_with_its_recorder_killed(db: Path):
         assert gone is not None and gone < 1.5, gone
         assert not listening(url)
         assert not snapshots.exists()
-        time.sleep(0.6)  # a worker left alone exits within half a second of its server
-        assert not [w for w in workers if alive(w)]
+        # AND its query workers, which wait on a pidfd of their server, exit with it
+        last = max(wait_gone(w, 5) or 0.0 for w in workers) if workers else 0.0
+        assert not [w for w in workers if alive(w)] and last < 0.5, last
 
 
 def test_the_live_server_stops_within_a_second_of_sigterm(db: Path):

@@ -196,7 +196,7 @@ def _watch(recorder: int, snapshots: Path) -> None:
     _remove_snapshots(snapshots)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(EXIT_S)
-    os._exit(1)  # the query workers watch this process and exit within half a second of it
+    os._exit(1)  # the query workers wait on a pidfd of this process and exit with it
 
 
 def _remove_snapshots(snapshots: Path) -> None:
