@@ -226,6 +226,22 @@ def test_a_lone_hot_second_is_left_out_of_the_straggler_s_range(tmp_path):
     assert ch.end_ns < sync[1699] and not ch.evidence.persistent
 
 
+@pytest.mark.parametrize("after", [1, 2])
+def test_a_hot_second_of_another_cause_near_the_slowdown_is_left_out_of_its_range(tmp_path, after: int):
+    # GIVEN the confined straggler above, asleep, and a step ``after`` seconds past its slowdown where it was on the
+    # CPU 300 ms longer (a busy host took its CPU): a hot second one cool second from the slowdown, or beside it
+    steps_per_s = round(1000 / (LOAD_MS + COMPUTE_MS + EXCHANGE_MS + GPU_MS + 0.1))  # a healthy step: 178 a second
+    blip = 1100 + after * steps_per_s
+    b = job(slow_rank=1, slow_ms=20, steps=2100, slow_steps=(1000, 1100), blip=(blip, 300.0))
+    sync = sorted(r["ts_ns"] for r in b.cuda_calls if r["op"] == "cudaStreamSynchronize" and r["pid"] == 3002)
+    with _write(tmp_path, b) as c:
+        (ch,) = _straggler_chains(c)
+    # THEN the range is the seconds it was asleep in, not stretched to the second it was slow on the CPU
+    assert ch.evidence.phase == "asleep" and not ch.evidence.persistent
+    assert ch.start_ns <= sync[999] < ch.start_ns + 10**9 and ch.end_ns - 10**9 < sync[1099] <= ch.end_ns
+    assert ch.end_ns <= sync[blip - 1], (ch.end_ns, sync[blip - 1])
+
+
 def test_waiting_ranks_gpu_waits_are_explained_by_the_straggler(tmp_path):
     # each step also waits 30 ms for the GPU after the all_reduce: every rank gets a sync_stall chain of its own
     with _write(tmp_path, job(slow_rank=2, slow_ms=20, gpu_ms=30)) as c:

@@ -24,7 +24,12 @@ Each truth is measured by the workload itself or in the test, never taken from t
   the D-state waits and the writes' kernel CPU, which is that own time: expected within [0.6, 1.4] x it.
 - lock_wait.py: the loop's wall time untraced with and without its logging thread (which holds the lock the loop
   takes each step for 8 ms of every 8.5), measured here (the shorter of two runs each): 1.28 s against 2.64 s
-  for 300 steps, 51% lost. The chain counts the lock waits alone: expected within [0.7, 1.25] x the loss share.
+  for 300 steps, 51% lost; 1.68 s against 3.79 s beside the suite, 56%. The chain counts the lock waits alone,
+  in the run it recorded, so it is held to that run's own clock: the time in the lock's acquire less the loop's
+  waits for a CPU meanwhile, over its wall (``lock_blocked_share``; 0.49 untraced beside the suite), within
+  [0.7, 1.25] x it. Against the untraced loss it read 1.39 x under two loads (suite run 1 of stop 37): the load
+  delays the holder's wake-up from its 8 ms write while it holds the lock, which lengthens the waits of the run
+  recorded, and the shorter of two untraced runs is the one the load touched least.
 - batch_build.py: the run's own clock in ``build_batch`` less its run-queue waits (``build_own_share``): 0.30-0.48
   untraced under load with 3 ms kernels (0.76-0.79 wall clock with the waits; 1.0 s vs 5.1-8.4 s for 300 steps
   with --rows 0); 0.81 on a quiet, faster VM with the fixture's 1 ms kernels (see its docstring). The
@@ -99,7 +104,7 @@ def lock(tmp_path_factory):
     without = min(untraced_wall(script, "--no-logger") for _ in range(2))
     with_ = min(untraced_wall(script) for _ in range(2))
     r = cached("stack-lock", tmp_path_factory, workload("lock_wait.py"), timeout=300)
-    return r, 1 - without / with_
+    return r, printed(r, "lock_blocked_share"), 1 - without / with_
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +141,8 @@ def test_gil_contention_outranks_the_syncs_it_stretches(gil):
 
 
 def test_lock_contention_names_the_waiting_line_and_the_holders_line(lock):
-    r, truth = lock
+    r, truth, loss = lock
+    assert loss >= 0.3, loss  # the logger's lock costs the loop untraced (51 % on a quiet VM)
     ch = one(chains_of(r), "lock_contention")
     logger_tid = int(re.search(r"logger_tid=(\d+)", r.output).group(1))
     assert ch.severity == "HIGH" and ch.evidence.holders[0].tid == logger_tid == ch.culprit.tid

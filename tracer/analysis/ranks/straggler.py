@@ -10,7 +10,8 @@ spends the most time above the median of the other ranks; the excesses of all it
 others' extra wait, and ``explained`` says how much of it they do.
 
 When: a second of the common window is *hot* when the other ranks' median collective wait exceeds the straggler's by
-:data:`HOT_SECOND_FRAC` of the second; the straggler is *persistent* when the hot seconds cover at least
+:data:`HOT_SECOND_FRAC` of the second and the straggler's time in its slow phase exceeds theirs by half that; the
+straggler is *persistent* when the hot seconds cover at least
 :data:`PERSISTENT_FRAC` of the window, else confined to the range of its hot seconds.
 
 Noise: in a healthy job some rank always waits least, by a little, and on a busy host one rank can get less of the
@@ -90,12 +91,6 @@ def find_straggler(table: RankTable) -> Straggler | None:
     # slow throughout, else its hot range. Against the whole window, a straggler confined to 80 steps (~1.6 s) fell
     # under the 5 % when a loaded machine stretched the window from 11 s to 26 s, and in an hour's recording any
     # confined one would
-    hot = _hot_range(table, slow, others)
-    if hot is None:
-        return None
-    a, b, persistent = hot
-    if min(w.extra_ns for w in waits) < MIN_WAIT_SHARE * (window if persistent else b - a):
-        return None
     excess = {}
     for p in PHASES:
         if p == COLLECTIVE:
@@ -103,15 +98,24 @@ def find_straggler(table: RankTable) -> Straggler | None:
         e = slow.total.get(p, 0.0) - median(r.total.get(p, 0.0) for r in others)
         if e > 0:
             excess[p] = e
+    if not excess:
+        return None
+    phase = max(excess, key=lambda p: (excess[p], p))
+    hot = _hot_range(table, slow, others, phase)
+    if hot is None:
+        return None
+    a, b, persistent = hot
+    if min(w.extra_ns for w in waits) < MIN_WAIT_SHARE * (window if persistent else b - a):
+        return None
     lost = median(w.extra_ns for w in waits)
     explained = sum(excess.values()) / lost if lost > 0 else 0.0
-    if not excess or explained < MIN_EXPLAINED:
+    if explained < MIN_EXPLAINED:
         return None
     return Straggler(
         rank=slow.rank,
         pid=slow.pid,
         tid=slow.tid,
-        phase=max(excess, key=lambda p: (excess[p], p)),
+        phase=phase,
         excess_ns=excess,
         waits=waits,
         lost_ns=lost,
@@ -123,14 +127,24 @@ def find_straggler(table: RankTable) -> Straggler | None:
     )
 
 
-def _hot_range(table: RankTable, slow: RankTime, others: list[RankTime]) -> tuple[int, int, bool] | None:
+def _hot_range(table: RankTable, slow: RankTime, others: list[RankTime], phase: str) -> tuple[int, int, bool] | None:
+    """The range of the straggler's hot seconds that last (:func:`_lasting`), and whether it is persistent. A hot
+    second must also hold the straggler's time in its slow ``phase`` above the others', at least half the
+    others' extra wait's bar (MIN_EXPLAINED x HOT_SECOND_FRAC of the second): a second in which it was slow for
+    another reason is not this slowdown's (suite run 1 of stop 38, two loads: a rank asleep for 2.2 s read as
+    slow for 5 s, the range stretched to a second in which the load had taken its CPU)."""
     hot: dict[int, float] = {}  # hot second -> the straggler's time in the window in it
     all_wall = 0.0
     for sec in sorted(slow.by_sec):
-        wall = sum(slow.by_sec[sec].values())  # its time in the window in that second (edge seconds: a part)
+        mine = slow.by_sec[sec]
+        wall = sum(mine.values())  # its time in the window in that second (edge seconds: a part)
         all_wall += wall
-        theirs = [r.by_sec[sec][COLLECTIVE] for r in others if sec in r.by_sec]
-        if wall > 0 and theirs and median(theirs) - slow.by_sec[sec][COLLECTIVE] >= HOT_SECOND_FRAC * wall:
+        present = [r.by_sec[sec] for r in others if sec in r.by_sec]
+        if wall <= 0 or not present:
+            continue
+        extra = median(r[COLLECTIVE] for r in present) - mine[COLLECTIVE]
+        own = mine.get(phase, 0.0) - median(r.get(phase, 0.0) for r in present)
+        if extra >= HOT_SECOND_FRAC * wall and own >= MIN_EXPLAINED * HOT_SECOND_FRAC * wall:
             hot[sec] = wall
     kept = _lasting(sorted(hot))
     if not kept:
