@@ -134,8 +134,13 @@ def test_the_slow_rank_is_the_straggler_asleep_and_the_others_wait(slow: Job):
     res = slow.tracer("ranks")
     st = res["straggler"]
     assert (st["rank"], st["pid"], st["phase"]) == (SLOW_RANK, slow.pids[SLOW_RANK], "asleep")
-    # its extra sleep per step is the one the workload adds
-    assert SLOW_MS - EDGE_MS <= st["phase_excess_ms_per_step"] <= SLOW_MS + EDGE_MS, st
+    # its extra sleep per step is the one the workload adds: asleep, or blocked by an unseen waker where the probes
+    # missed a sleep's wake-up (the kernel skips a tracepoint's program while another BPF program runs on that
+    # CPU, as when the timer's interrupt lands in one: 2 of 113 sleeps under two loads, suite run 1 of stop 38)
+    ex = st["excess_ms"]
+    slept = (ex.get("asleep", 0.0) + ex.get("other_blocked", 0.0)) / st["steps"]
+    assert SLOW_MS - EDGE_MS <= slept <= SLOW_MS + EDGE_MS, st
+    assert ex.get("other_blocked", 0.0) <= 0.05 * ex["asleep"], st  # a miss is rare
     # ranks 0 and 1 wait for it in the all_reduce: its sleep, less the time they spent working (on CPU, or waiting
     # for one) instead of waiting; at most the untraced extra step time
     rows = {r["rank"]: r for r in res["ranks"]}
