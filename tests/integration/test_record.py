@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -195,6 +196,11 @@ def test_the_summary_separates_start_up_recording_and_finish(train: Recording) -
         f"{startup:.1f} s start-up, {pct:.1f}% of a core while recording, {flush:.1f} s finishing"
         in train.proc.stderr.replace("\n", " ")
     ), train.proc.stderr[-2000:]
+    # AND what each process traced cost, the recording's CPU over them (issue 33: what process churn costs)
+    m = re.search(r"(\d+) processes \(([\d,.]+) ms of the recorder's CPU each\)", train.proc.stderr)
+    assert m, train.proc.stderr[-2000:]
+    n, each = int(m.group(1)), float(m.group(2).replace(",", ""))
+    assert n >= 5 and each == pytest.approx(pct * 10 * (duration - startup) / n, abs=0.051), (n, each)
 
 
 def test_train_workers_are_traced_and_named(train: Recording) -> None:

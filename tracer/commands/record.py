@@ -27,9 +27,14 @@ def print_summary(s: RecordSummary, *, ops_table: bool = True) -> None:
         "interrupted": "stopped by Ctrl-C",
         "target_exited": "target exited",
     }
+    each = ""
+    if s.processes > 1 and s.recording_cpu_pct is not None and s.duration_s > s.startup_s:
+        # what process churn costs (issue 33): each process traced brings new stacks, maps and ELF files to read
+        ms = s.recording_cpu_pct * 10 * (s.duration_s - s.startup_s) / s.processes
+        each = f" ({ms:,.1f} ms of the recorder's CPU each)"
     err.print(
         f"[bold]recorded {s.duration_s:.1f} s[/] ({how.get(s.status, s.status)}): {s.events_traced:,} CUDA calls "
-        f"traced, {s.events_stored:,} stored, {s.events_lost:,} lost, {s.processes} processes"
+        f"traced, {s.events_stored:,} stored, {s.events_lost:,} lost, {s.processes} processes{each}"
     )
     first = f"first call recorded at {s.first_event_s:.1f} s" if s.first_event_s is not None else "no call recorded"
     steady = f"{s.recording_cpu_pct:.1f}% of a core while recording" if s.recording_cpu_pct is not None else ""
