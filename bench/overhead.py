@@ -24,6 +24,7 @@ numbers, where a uprobe hit costs ~16 µs against 1-2 µs on bare metal):
 from __future__ import annotations
 
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -93,11 +94,18 @@ def run_once(cmd: list[str], variant: str | None, db: Path) -> dict[str, Any]:
     extra = VARIANTS[variant] if variant else []
     full = [str(TRACER), "record", "--db", str(db), "--force", *extra, "--", *cmd] if variant else cmd
     t0 = time.monotonic()
+    cpu0 = _children_cpu_s()
     p = subprocess.run(full, capture_output=True, text=True)
     outer = time.monotonic() - t0
+    tree_cpu = _children_cpu_s() - cpu0  # the job's processes (each reaped by its parent) and, traced, the recorder's
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(full)} exited {p.returncode}:\n{p.stderr[-2000:]}")
-    r: dict[str, Any] = {"variant": variant or "untraced", **parse_train_summary(p.stderr), "outer_wall_s": outer}
+    r: dict[str, Any] = {
+        "variant": variant or "untraced",
+        **parse_train_summary(p.stderr),
+        "outer_wall_s": outer,
+        "tree_cpu_s": tree_cpu,
+    }
     if variant:
         with duckdb.connect(str(db), read_only=True) as con:
             row = con.execute(
@@ -118,7 +126,15 @@ def run_once(cmd: list[str], variant: str | None, db: Path) -> dict[str, Any]:
             ms = [v for (v,) in con.execute("SELECT tracer_cpu_ms FROM host_samples ORDER BY ts_ns").fetchall()]
             r["recorder_cpu_pct"] = median([m / 10.0 for m in ms[1:] if m is not None])  # per second, one core
             r["recorder_ms_per_1k_events"] = ms_per_1k_events(r)
+    # the job's own CPU: traced, what the probes cost it (traps, BPF in its threads) is in it; the recorder's apart
+    r["job_cpu_s"] = tree_cpu - (r.get("recorder_cpu_s") or 0.0)
     return r
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's reaped children and their reaped descendants."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def ms_per_1k_events(r: dict[str, Any]) -> float | None:
@@ -153,6 +169,16 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 {"estimate_pct": b["overhead_pct"], "measured_pct": 100 * (1 - b["steps_per_s"] / u["steps_per_s"])}
             )
     res["estimate_vs_measured"] = pairs
+    # What tracing costs in CPU, which a VM's idle states do not move (its vCPUs wake slower from idle untraced, so the
+    # traced loop can step faster than the untraced one: 1.06 on 2026-11-29): per pair, the job's CPU traced plus the
+    # recorder's, over the job's CPU untraced, less one (percent); and the job's own CPU alone, traced / untraced
+    cost, job = [], []
+    for u, d in zip(by["untraced"], by["default"], strict=False):
+        if u.get("job_cpu_s") and d.get("job_cpu_s") is not None:
+            cost.append(100 * ((d["job_cpu_s"] + (d.get("recorder_cpu_s") or 0.0)) / u["job_cpu_s"] - 1))
+            job.append(d["job_cpu_s"] / u["job_cpu_s"])
+    res["cpu_cost_pct_default"] = median(cost) if cost else None
+    res["job_cpu_ratio_default"] = median(job) if job else None
     return res
 
 
@@ -192,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"recorder CPU in steady state: {'-' if cpu is None else f'{cpu:.1f}%'} of one core")
     per = res["recorder_ms_per_1k_events"]
     print(f"recorder CPU per 1,000 traced calls: {'-' if per is None else f'{per:.1f} ms'}")
+    cost, job = res["cpu_cost_pct_default"], res["job_cpu_ratio_default"]
+    if cost is not None and job is not None:
+        print(f"CPU added by tracing (job + recorder, over the job's untraced): {cost:+.1f}%; job's CPU x{job:.3f}")
     print(f"wrote {write_result('overhead', res, args.out)}")
     return 0
 
