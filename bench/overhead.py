@@ -131,6 +131,12 @@ def run_once(cmd: list[str], variant: str | None, db: Path) -> dict[str, Any]:
     return r
 
 
+def _recording_cpu_s(r: dict[str, Any]) -> float:
+    """The recorder's CPU seconds from its probes being live to its final flush."""
+    pct, dur, start = (r.get(k) for k in ("recording_cpu_pct", "duration_s", "startup_s"))
+    return pct / 100 * (dur - start) if pct is not None and dur is not None and start is not None else 0.0
+
+
 def _children_cpu_s() -> float:
     """User + system CPU seconds of this process's reaped children and their reaped descendants."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -172,10 +178,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     # What tracing costs in CPU, which a VM's idle states do not move (its vCPUs wake slower from idle untraced, so the
     # traced loop can step faster than the untraced one: 1.06 on 2026-11-29): per pair, the job's CPU traced plus the
     # recorder's, over the job's CPU untraced, less one (percent); and the job's own CPU alone, traced / untraced
+    # (the recorder's while recording: its start-up and finish are bench/startup's)
     cost, job = [], []
     for u, d in zip(by["untraced"], by["default"], strict=False):
         if u.get("job_cpu_s") and d.get("job_cpu_s") is not None:
-            cost.append(100 * ((d["job_cpu_s"] + (d.get("recorder_cpu_s") or 0.0)) / u["job_cpu_s"] - 1))
+            cost.append(100 * ((d["job_cpu_s"] + _recording_cpu_s(d)) / u["job_cpu_s"] - 1))
             job.append(d["job_cpu_s"] / u["job_cpu_s"])
     res["cpu_cost_pct_default"] = median(cost) if cost else None
     res["job_cpu_ratio_default"] = median(job) if job else None
@@ -220,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"recorder CPU per 1,000 traced calls: {'-' if per is None else f'{per:.1f} ms'}")
     cost, job = res["cpu_cost_pct_default"], res["job_cpu_ratio_default"]
     if cost is not None and job is not None:
-        print(f"CPU added by tracing (job + recorder, over the job's untraced): {cost:+.1f}%; job's CPU x{job:.3f}")
+        print(
+            f"CPU added by tracing (job + recorder while recording, over the job's untraced): {cost:+.1f}%; "
+            f"job's CPU x{job:.3f}"
+        )
     print(f"wrote {write_result('overhead', res, args.out)}")
     return 0
 

@@ -54,11 +54,27 @@ def test_overhead_parse_and_summary() -> None:
         overhead.parse_train_summary("nothing here")
     runs = [
         {"variant": "untraced", "steps_per_s": 200.0, "job_cpu_s": 10.0},
-        {"variant": "default", "steps_per_s": 150.0, "recorder_cpu_pct": 6.0, "job_cpu_s": 10.5, "recorder_cpu_s": 0.5},
+        {
+            "variant": "default",
+            "steps_per_s": 150.0,
+            "recorder_cpu_pct": 6.0,
+            "job_cpu_s": 10.5,
+            "recording_cpu_pct": 5.0,
+            "duration_s": 11.0,
+            "startup_s": 1.0,
+        },
         {"variant": "budget_1", "steps_per_s": 190.0, "overhead_pct": 1.0},
         {"variant": "no_python", "steps_per_s": 170.0},
         {"variant": "untraced", "steps_per_s": 210.0, "job_cpu_s": 8.0},
-        {"variant": "default", "steps_per_s": 140.0, "recorder_cpu_pct": 8.0, "job_cpu_s": 8.0, "recorder_cpu_s": 1.0},
+        {
+            "variant": "default",
+            "steps_per_s": 140.0,
+            "recorder_cpu_pct": 8.0,
+            "job_cpu_s": 8.0,
+            "recording_cpu_pct": 10.0,
+            "duration_s": 11.0,
+            "startup_s": 1.0,
+        },
         {"variant": "budget_1", "steps_per_s": 200.0, "overhead_pct": 1.2},
         {"variant": "no_python", "steps_per_s": 180.0},
     ]
@@ -78,7 +94,7 @@ def test_overhead_parse_and_summary() -> None:
     assert res["ratio_budget_1"] == pytest.approx(195.0 / 205.0)
     assert res["recorder_cpu_pct"] == pytest.approx(7.0)
     assert res["estimate_vs_measured"][0] == {"estimate_pct": 1.0, "measured_pct": pytest.approx(5.0)}
-    # the CPU tracing added, per pair: (10.5 + 0.5) / 10 and (8 + 1) / 8, less one; the job's own: 1.05 and 1.0
+    # the CPU tracing added, per pair: (10.5 + 5% of 10 s) / 10 and (8 + 10% of 10 s) / 8, less one; the job's own
     assert res["cpu_cost_pct_default"] == pytest.approx((10.0 + 12.5) / 2)
     assert res["job_cpu_ratio_default"] == pytest.approx(1.025)
 
