@@ -3,14 +3,15 @@
 Runs `tracer demo` N times (default 5; --quick 2), each into a fresh DB, and reads each recording's session row: the
 recorder's CPU while recording (`recording_cpu_pct`: probes live to the final flush, start-up and finish apart), its
 start-up and finish, its CPU in all, and the processes the job forked (the `processes` rows: DataLoader workers
-re-forked every epoch). Per process: the recording's CPU seconds over the processes, in ms, as the closing line of
-`tracer record` says it.
+re-forked every epoch). Per process: the closing line's figure, the recorder's CPU from its probes being live to its
+final flush over the processes it traced, in ms.
 
     sudo .venv/bin/python -m bench.demo [--runs N] [--quick]
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -21,6 +22,7 @@ import duckdb
 from bench.common import TRACER, base_parser, build_fixtures, median, need_root, print_table, spread, write_result
 
 TARGET_PCT = 5.0  # % of one core while recording (issue 33)
+EACH = re.compile(r"processes \(([\d,.]+) ms of the recorder's CPU each\)")
 
 
 def run_once(db: Path) -> dict[str, Any]:
@@ -33,7 +35,8 @@ def run_once(db: Path) -> dict[str, Any]:
             "SELECT recording_cpu_pct, duration_s, startup_s, flush_s, recorder_cpu_s, events_traced FROM session"
         ).fetchone()
         (procs,) = con.execute("SELECT count(*) FROM processes").fetchone()
-    recording_cpu_s = pct / 100 * (duration - startup)
+    # as the closing line says it (its CPU from the probes being live to the final flush, over the processes)
+    each = EACH.search(p.stderr)
     return {
         "recording_cpu_pct": pct,
         "duration_s": duration,
@@ -42,7 +45,7 @@ def run_once(db: Path) -> dict[str, Any]:
         "recorder_cpu_s": cpu,
         "calls": calls,
         "processes": procs,
-        "ms_per_process": 1000 * recording_cpu_s / procs if procs else None,
+        "ms_per_process": float(each.group(1).replace(",", "")) if each else None,
     }
 
 

@@ -196,11 +196,13 @@ def test_the_summary_separates_start_up_recording_and_finish(train: Recording) -
         f"{startup:.1f} s start-up, {pct:.1f}% of a core while recording, {flush:.1f} s finishing"
         in train.proc.stderr.replace("\n", " ")
     ), train.proc.stderr[-2000:]
-    # AND what each process traced cost, the recording's CPU over them (issue 33: what process churn costs)
+    # AND what each process traced cost, the recording's CPU over them (issue 33: what process churn costs): a part of
+    # all the CPU the recorder used. (Not derived from duration - startup: the start-up counts from the process's
+    # start, the duration from the session's, and a short job under load ended 1.2 s after a 1.5 s start-up.)
     m = re.search(r"(\d+) processes \(([\d,.]+) ms of the recorder's CPU each\)", train.proc.stderr)
     assert m, train.proc.stderr[-2000:]
     n, each = int(m.group(1)), float(m.group(2).replace(",", ""))
-    assert n >= 5 and each == pytest.approx(pct * 10 * (duration - startup) / n, abs=0.051), (n, each)
+    assert n >= 5 and 0 < each * n / 1e3 <= cpu + 0.05 + n * 0.05e-3, (n, each, cpu)
 
 
 def test_train_workers_are_traced_and_named(train: Recording) -> None:

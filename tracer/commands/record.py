@@ -28,9 +28,9 @@ def print_summary(s: RecordSummary, *, ops_table: bool = True) -> None:
         "target_exited": "target exited",
     }
     each = ""
-    if s.processes > 1 and s.recording_cpu_pct is not None and s.duration_s > s.startup_s:
+    if s.processes > 1 and s.recording_cpu_pct is not None and s.recording_s:
         # what process churn costs (issue 33): each process traced brings new stacks, maps and ELF files to read
-        ms = s.recording_cpu_pct * 10 * (s.duration_s - s.startup_s) / s.processes
+        ms = s.recording_cpu_pct * 10 * s.recording_s / s.processes
         each = f" ({ms:,.1f} ms of the recorder's CPU each)"
     err.print(
         f"[bold]recorded {s.duration_s:.1f} s[/] ({how.get(s.status, s.status)}): {s.events_traced:,} CUDA calls "

@@ -261,6 +261,7 @@ class RecordSummary:
     first_event_s: float | None = None
     flush_s: float = 0.0
     recording_cpu_pct: float | None = None  # the recorder's CPU while recording, % of a core (start-up, finish apart)
+    recording_s: float | None = None  # while recording: from the probes being live to the final flush
     recorder_cpu_s: float = 0.0
     recorder_peak_rss_bytes: int = 0
     holds: int = 0
@@ -322,6 +323,8 @@ class Ending:
         """
         t_flush = time.monotonic()
         self._recording_cpu_pct = self._cpu_pct_since_live(t_flush)
+        since = getattr(self, "_live_since", None)
+        self._recording_s = t_flush - since[0] if since is not None else None
         if hasattr(self, "placement"):  # before a launched command is ended: a changed placement, read once more
             self.placement.recheck(
                 self.tree.alive(),
@@ -442,6 +445,7 @@ class Ending:
             first_event_s=self._first_event_s(),
             flush_s=self.flush_s,
             recording_cpu_pct=getattr(self, "_recording_cpu_pct", None),
+            recording_s=getattr(self, "_recording_s", None),
             recorder_cpu_s=cpu_s(),
             recorder_peak_rss_bytes=usage.ru_maxrss * 1024,
             holds=self.attacher.holds.count,
