@@ -131,10 +131,10 @@ def run_once(cmd: list[str], variant: str | None, db: Path) -> dict[str, Any]:
     return r
 
 
-def _recording_cpu_s(r: dict[str, Any]) -> float:
-    """The recorder's CPU seconds from its probes being live to its final flush."""
+def _recording_cpu_s(r: dict[str, Any]) -> float | None:
+    """The recorder's CPU seconds from its probes being live to its final flush (None: not recorded)."""
     pct, dur, start = (r.get(k) for k in ("recording_cpu_pct", "duration_s", "startup_s"))
-    return pct / 100 * (dur - start) if pct is not None and dur is not None and start is not None else 0.0
+    return pct / 100 * (dur - start) if pct is not None and dur is not None and start is not None else None
 
 
 def _children_cpu_s() -> float:
@@ -145,10 +145,8 @@ def _children_cpu_s() -> float:
 
 def ms_per_1k_events(r: dict[str, Any]) -> float | None:
     """The recorder's CPU ms while recording (probes live to the final flush) per 1,000 traced calls."""
-    pct, dur, start, n = (r.get(k) for k in ("recording_cpu_pct", "duration_s", "startup_s", "events_traced"))
-    if pct is None or dur is None or start is None or not n:
-        return None
-    return pct / 100 * (dur - start) * 1e3 / (n / 1e3)
+    cpu, n = _recording_cpu_s(r), r.get("events_traced")
+    return cpu * 1e3 / (n / 1e3) if cpu is not None and n else None
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -182,7 +180,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     cost, job = [], []
     for u, d in zip(by["untraced"], by["default"], strict=False):
         if u.get("job_cpu_s") and d.get("job_cpu_s") is not None:
-            cost.append(100 * ((d["job_cpu_s"] + _recording_cpu_s(d)) / u["job_cpu_s"] - 1))
+            cost.append(100 * ((d["job_cpu_s"] + (_recording_cpu_s(d) or 0.0)) / u["job_cpu_s"] - 1))
             job.append(d["job_cpu_s"] / u["job_cpu_s"])
     res["cpu_cost_pct_default"] = median(cost) if cost else None
     res["job_cpu_ratio_default"] = median(job) if job else None
