@@ -221,3 +221,14 @@ def test_map_names_come_outermost_first() -> None:
     e = np.zeros(1, dtype=events.MAP_DTYPE)[0]
     e["names"][:3] = [b"libcudart.so.12\0junk", b"lib", b"usr"]
     assert events.map_names(e["names"], 3) == ["usr", "lib", "libcudart.so.12"]
+
+
+def test_c_strings_end_at_their_first_nul_in_small_and_large_batches() -> None:
+    # BPF string reads leave a reused buffer's stale bytes after the NUL; a large batch decodes each distinct one once
+    raw = [b"python3\0xx", b"pt_data_worker", b"kworker/0:1\0ab", b"\0stale", b"", b"python3"]
+    want = ["python3", "pt_data_worker", "kworker/0:1", "", "", "python3"]
+    for n in (1, 7, events.CSTR_UNIQUE_FROM + 1, 5000):
+        idx = np.arange(n) * 7 % len(raw)
+        rec = np.zeros(n, dtype=[("pid", "<u4"), ("comm", "S16")])  # a field of a record array, as drained
+        rec["comm"] = [raw[i] for i in idx]
+        assert events.cstr(rec["comm"]) == [want[i] for i in idx]

@@ -6,13 +6,18 @@ import ctypes
 import os
 
 import numpy as np
+import pytest
 
 from probes.catalog import OP_IDS
+from tests.support import cxxfix
 from tracer.recorder import events
 from tracer.recorder.cpython.layouts import TABLE, BinaryInfo, PyTarget
 from tracer.recorder.procmaps import MapCache
 from tracer.recorder.pyruntime import PyRuntimeManager
 from tracer.recorder.stack_resolver import StackResolver, merge_stacks
+
+LAUNCH = "ns::Launcher<float>::launch(int)"
+DISPATCH = "ns::detail::dispatch(void (*)(float*, int), int)"
 
 
 def _n(fn: str) -> tuple:
@@ -198,3 +203,61 @@ def test_a_call_drained_before_its_stacks_code_objects_reads_them_once_more() ->
     # THEN the ring is read once more first, and both frames are named
     assert sid is not None and reads == [1]
     assert _names(written[0]) == ["outer", "inner"]
+
+
+# --- native frames shared by the processes of one image --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cxx(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    # without frame pointers: only the .eh_frame unwind of the copy gets past dispatch()
+    return cxxfix.load(cxxfix.build(tmp_path_factory.mktemp("cxxbuild")), "nofp")
+
+
+def _ustack(ref: int, pid: int, cap: cxxfix.Capture, data: bytes, sp: int) -> bytes:
+    h = np.zeros(1, dtype=events.USTACK_HEADER_DTYPE)
+    h["stack_ref"], h["pid"], h["tid"], h["native_id"] = ref, pid, pid, -1
+    h["ip"], h["sp"], h["bp"], h["len"] = cap.ip, sp, cap.bp, len(data)
+    return h.tobytes() + data
+
+
+def test_a_stack_a_forked_sibling_sent_again_is_unwound_once_per_image(cxx: ctypes.CDLL) -> None:
+    # GIVEN this process's stack copied inside the C++ fixture, and a map cache where two processes were forked
+    # from this one (one image: the same files at the same addresses) and a third exec'd the same files anew
+    cap = cxxfix.capture_own_stack(cxx)
+    data = cxxfix.stack_bytes(cap)
+    me, child, sibling, execd = os.getpid(), 2**22 + 1, 2**22 + 2, 2**22 + 3
+    maps = MapCache()
+    assert maps.attach(me) is not None
+    for p in (child, sibling, execd):
+        maps.on_fork(me, p)
+    maps.on_exec(execd)
+    for e in maps.get(me).entries:
+        maps.add(execd, e)
+    r = StackResolver(maps, None, native_walk=lambda _id: [], put_stack=lambda sid, f: None, parent_of=lambda p: None)
+
+    def resolve(ref: int, pid: int, sp: int = cap.sp) -> tuple:
+        # the kernel hashes stacks per process, so each process sends its own record and copy (cuda.bpf.c)
+        r.add_ustacks([_ustack(ref, pid, cap, data, sp)])
+        h = np.zeros(1, dtype=events.STACK_HEADER_DTYPE)
+        h["stack_ref"], h["pid"], h["tid"], h["native_id"] = ref, pid, pid, -1
+        r.add_stacks([h.tobytes()])
+        return r._frames[ref]
+
+    # WHEN each process sends the stack
+    first = resolve(1, me)
+    assert [f[2] for f in first][-4:] == [LAUNCH, DISPATCH, "cxxfix_leaf", "cxxfix_capture_stack"]
+    assert r.unwound == 1
+    # THEN the forked ones get its frames without unwinding their copies again
+    assert resolve(2, child) == first and resolve(3, sibling) == first
+    assert r.unwound == 1
+    # AND a process that exec'd is another image, unwound on its own, to the same frames here
+    assert resolve(4, execd) == first
+    assert r.unwound == 2
+    # AND a copy taken at another depth of the same image is unwound too
+    resolve(5, sibling, sp=cap.sp + 8)
+    assert r.unwound == 3
+    # AND a forgotten process's image is not reused by a new process with its pid
+    maps.forget(child)
+    maps.add(child, maps.get(me).entries[0])
+    assert maps.image_of(child) not in {maps.image_of(me), maps.image_of(execd)}

@@ -5,51 +5,30 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from tests.support.need import need
+from tests.support import cxxfix
 from tracer.recorder.procmaps import MapCache, ProcessMap, read_maps
 from tracer.recorder.symbolize import ElfSymbols, Symbolizer, demangle
 from tracer.recorder.unwind import EhFrameTable, Regs, _eval_expr, _Stack, unwind
 
-REPO = Path(__file__).resolve().parents[1]
 DISPATCH = "ns::detail::dispatch(void (*)(float*, int), int)"
 LAUNCH = "ns::Launcher<float>::launch(int)"
 VECTOR_ADD = "void kernels::vector_add<float>(float*, int)"
 SCALE = "void kernels::scale<double>(double*, double, int)"
 
 
-class Capture(ctypes.Structure):
-    """struct cxxfix_capture in fixtures/cxx/cxxfix.cpp."""
-
-    _fields_ = [
-        ("ip", ctypes.c_uint64),
-        ("sp", ctypes.c_uint64),
-        ("bp", ctypes.c_uint64),
-        ("limit", ctypes.c_uint64),
-        ("len", ctypes.c_uint64),
-        ("data", ctypes.c_ubyte * 16384),
-    ]
-
-
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    need(shutil.which("g++") and shutil.which("make"), "needs g++ and make to build fixtures/cxx")
-    out = tmp_path_factory.mktemp("cxxbuild")
-    subprocess.run(["make", "-s", "-C", str(REPO / "fixtures" / "cxx"), f"BUILD={out}"], check=True)
-    return out
+    return cxxfix.build(tmp_path_factory.mktemp("cxxbuild"))
 
 
 @pytest.fixture(scope="module", params=["fp", "nofp"])
 def lib(request: pytest.FixtureRequest, build: Path) -> ctypes.CDLL:
-    cdll = ctypes.CDLL(str(build / f"libcxxfix_{request.param}.so"))
-    cdll.cxxfix_kernel_ptr.restype = ctypes.c_void_p
-    return cdll
+    return cxxfix.load(build, request.param)
 
 
 def _addr(fn: object) -> int:
@@ -138,26 +117,10 @@ def test_a_heap_pointer_is_a_driver_handle_whose_name_was_not_seen() -> None:
     assert name is None and "cuModuleGetFunction" in (why or "")
 
 
-def _capture_own_stack(lib: ctypes.CDLL) -> Capture:
-    top = next(
-        int(line.split()[0].split("-")[1], 16)
-        for line in Path("/proc/self/maps").read_text().splitlines()
-        if line.endswith("[stack]")
-    )
-    cap = Capture()
-    cap.limit = top
-    lib.cxxfix_set_capture(ctypes.byref(cap))
-    try:
-        lib.cxxfix_run(3)
-    finally:
-        lib.cxxfix_set_capture(None)
-    return cap
-
-
 def test_unwind_recovers_cxx_chain_and_interpreter(lib: ctypes.CDLL) -> None:
     # GIVEN a stack copied inside cxxfix_leaf (the way probes/native_stack.h copies it)
-    cap = _capture_own_stack(lib)
-    data = ctypes.string_at(ctypes.addressof(cap) + Capture.data.offset, cap.len)
+    cap = cxxfix.capture_own_stack(lib)
+    data = cxxfix.stack_bytes(cap)
     maps = ProcessMap(read_maps(os.getpid()))
     # WHEN it is unwound with .eh_frame
     addrs = unwind(os.getpid(), Regs(cap.ip, cap.sp, cap.bp), data, maps)
@@ -171,8 +134,8 @@ def test_unwind_recovers_cxx_chain_and_interpreter(lib: ctypes.CDLL) -> None:
 
 
 def test_unwind_stops_at_the_end_of_a_short_copy(lib: ctypes.CDLL) -> None:
-    cap = _capture_own_stack(lib)
-    data = ctypes.string_at(ctypes.addressof(cap) + Capture.data.offset, 64)
+    cap = cxxfix.capture_own_stack(lib)
+    data = cxxfix.stack_bytes(cap)[:64]
     addrs = unwind(os.getpid(), Regs(cap.ip, cap.sp, cap.bp), data, ProcessMap(read_maps(os.getpid())))
     assert 1 <= len(addrs) < 5
 

@@ -13,6 +13,7 @@ mapping events were lost; then :meth:`MapCache.find` re-reads /proc at most once
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import os
 import time
@@ -214,6 +215,9 @@ class MapCache:
         self._refreshed: dict[int, float] = {}
         self._lost_seen = 0  # the LOST_MAPS count already acted on
         self.proc_reads = 0  # /proc/PID/maps reads, for the recorder's own accounting
+        # pid -> its image: processes forked from one another without an exec share one (see image_of)
+        self._image: dict[int, int] = {}
+        self._images = itertools.count(1)
 
     def attach(self, pid: int) -> ProcessMap | None:
         """Read the map of a process that runs already (at attach, or a child the events did not announce)."""
@@ -223,6 +227,7 @@ class MapCache:
         except (ProcessLookupError, PermissionError):
             return self._maps.get(pid)
         self.proc_reads += 1
+        self._image.setdefault(pid, next(self._images))
         for e in entries:
             if e.host_path:
                 self.resolver.remember(e.dev, e.ino, e.host_path)
@@ -238,6 +243,7 @@ class MapCache:
         m = self._maps.get(parent)
         if m is None:
             return
+        self._image[child] = self.image_of(parent)
         merged = m.copy()
         for e in self._maps[child].entries if child in self._maps else ():
             merged.add(e)
@@ -246,6 +252,16 @@ class MapCache:
     def on_exec(self, pid: int) -> None:
         """A new image: the old mappings are gone (the exec's map event adds the executable)."""
         self._maps[pid] = ProcessMap()
+        self._image[pid] = next(self._images)
+
+    def image_of(self, pid: int) -> int:
+        """The address-space image ``pid`` runs: a number shared by the processes forked from one another without
+        an exec since (a DataLoader's workers and their trainer), which hold the same code at the same addresses.
+        A process read from /proc at attach, or not seen before, gets its own. Never reused, unlike a pid."""
+        got = self._image.get(pid)
+        if got is None:
+            got = self._image[pid] = next(self._images)
+        return got
 
     def add(self, pid: int, m: Mapping) -> None:
         self._maps.setdefault(pid, ProcessMap()).add(m)
@@ -277,5 +293,6 @@ class MapCache:
 
     def forget(self, pid: int) -> None:
         self._maps.pop(pid, None)
+        self._image.pop(pid, None)
         self._stale.discard(pid)
         self._refreshed.pop(pid, None)
