@@ -110,7 +110,7 @@ def run_once(cmd: list[str], variant: str | None, db: Path) -> dict[str, Any]:
         with duckdb.connect(str(db), read_only=True) as con:
             row = con.execute(
                 "SELECT events_traced, events_stored, events_lost, overhead_pct, recorder_cpu_s, duration_s, "
-                "startup_s, recording_cpu_pct FROM session"
+                "startup_s, recording_cpu_pct, recording_s FROM session"
             ).fetchone()
             keys = (
                 "events_traced",
@@ -121,6 +121,7 @@ def run_once(cmd: list[str], variant: str | None, db: Path) -> dict[str, Any]:
                 "duration_s",
                 "startup_s",
                 "recording_cpu_pct",
+                "recording_s",
             )
             r.update(dict(zip(keys, row or (None,) * len(keys), strict=True)))
             ms = [v for (v,) in con.execute("SELECT tracer_cpu_ms FROM host_samples ORDER BY ts_ns").fetchall()]
@@ -132,9 +133,10 @@ def run_once(cmd: list[str], variant: str | None, db: Path) -> dict[str, Any]:
 
 
 def _recording_cpu_s(r: dict[str, Any]) -> float | None:
-    """The recorder's CPU seconds from its probes being live to its final flush (None: not recorded)."""
-    pct, dur, start = (r.get(k) for k in ("recording_cpu_pct", "duration_s", "startup_s"))
-    return pct / 100 * (dur - start) if pct is not None and dur is not None and start is not None else None
+    """The recorder's CPU seconds from its probes being live to its final flush (None: not recorded): the session's
+    recording_cpu_pct over its own span, recording_s."""
+    pct, span = r.get("recording_cpu_pct"), r.get("recording_s")
+    return pct / 100 * span if pct is not None and span is not None else None
 
 
 def _children_cpu_s() -> float:

@@ -61,7 +61,8 @@ def test_overhead_parse_and_summary() -> None:
             "job_cpu_s": 10.5,
             "recording_cpu_pct": 5.0,
             "duration_s": 11.0,
-            "startup_s": 1.0,
+            "startup_s": 3.0,  # from another origin than duration_s: the span is recording_s, never their difference
+            "recording_s": 10.0,
         },
         {"variant": "budget_1", "steps_per_s": 190.0, "overhead_pct": 1.0},
         {"variant": "no_python", "steps_per_s": 170.0},
@@ -73,7 +74,8 @@ def test_overhead_parse_and_summary() -> None:
             "job_cpu_s": 8.0,
             "recording_cpu_pct": 10.0,
             "duration_s": 11.0,
-            "startup_s": 1.0,
+            "startup_s": 3.0,  # from another origin than duration_s: the span is recording_s, never their difference
+            "recording_s": 10.0,
         },
         {"variant": "budget_1", "steps_per_s": 200.0, "overhead_pct": 1.2},
         {"variant": "no_python", "steps_per_s": 180.0},
@@ -94,7 +96,8 @@ def test_overhead_parse_and_summary() -> None:
     assert res["ratio_budget_1"] == pytest.approx(195.0 / 205.0)
     assert res["recorder_cpu_pct"] == pytest.approx(7.0)
     assert res["estimate_vs_measured"][0] == {"estimate_pct": 1.0, "measured_pct": pytest.approx(5.0)}
-    # the CPU tracing added, per pair: (10.5 + 5% of 10 s) / 10 and (8 + 10% of 10 s) / 8, less one; the job's own
+    # the CPU tracing added, per pair: (10.5 + 5% of 10 s) / 10 and (8 + 10% of 10 s) / 8, less one (the recorder's
+    # share over recording_s); the job's own
     assert res["cpu_cost_pct_default"] == pytest.approx((10.0 + 12.5) / 2)
     assert res["job_cpu_ratio_default"] == pytest.approx(1.025)
 
@@ -276,11 +279,13 @@ def test_fork_heavy_job_ends_with_its_mark() -> None:
 
 
 def test_overhead_cpu_per_1k_events_is_the_recording_cpu_over_the_traced_calls() -> None:
-    # 5% of a core for 20 s of recording (25 s in all, 5 s of start-up) = 1 s of CPU over 100,000 calls
-    r = {"recording_cpu_pct": 5.0, "duration_s": 25.0, "startup_s": 5.0, "events_traced": 100_000}
+    # 5% of a core for 20 s of recording = 1 s of CPU over 100,000 calls (the session's own span: duration_s and
+    # startup_s count from different origins, so their difference is not it)
+    r = {"recording_cpu_pct": 5.0, "recording_s": 20.0, "duration_s": 25.0, "startup_s": 8.0, "events_traced": 100_000}
     assert overhead.ms_per_1k_events(r) == pytest.approx(10.0)
     # an older session row without the figure, or a run that traced nothing: no figure, not a division by zero
     assert overhead.ms_per_1k_events({**r, "recording_cpu_pct": None}) is None
+    assert overhead.ms_per_1k_events({**r, "recording_s": None}) is None
     assert overhead.ms_per_1k_events({**r, "events_traced": 0}) is None
 
 

@@ -6,8 +6,9 @@ Bump :data:`SCHEMA_VERSION` on any incompatible change; readers refuse a DB from
 distributed-job columns of ``processes`` (rank, local_rank, node_rank, world_size, job_id, launcher): readers
 check for them (``RecordingInfo.has``), so v2 files stay readable. ``session.realtime_at_start_ns`` and
 ``clock_read_ns`` came later without a bump: a job of several recordings (tracer.analysis.job) falls back to
-``started_at`` where they are missing. So did ``process_placement``, ``cgroup_cpu`` and ``cpu_idle`` (issue 28):
-readers check for them (``RecordingInfo.has``) and an older recording gets no placement chain.
+``started_at`` where they are missing. ``session.recording_s`` too (issue 33: only bench/ reads it). So did
+``process_placement``, ``cgroup_cpu`` and ``cpu_idle`` (issue 28): readers check for them (``RecordingInfo.has``)
+and an older recording gets no placement chain.
 """
 
 from __future__ import annotations
@@ -124,6 +125,12 @@ TABLES: tuple[Table, ...] = (
             "DOUBLE",
             "the recorder's CPU from the probes being live to the job's end, % of one core: the steady cost, apart "
             "from start-up (startup_s) and finish (flush_s)",
+        ),
+        (
+            "recording_s",
+            "DOUBLE",
+            "seconds from the probes being live to the final flush: the span recording_cpu_pct is taken over (NULL in "
+            "recordings made before it was stored)",
         ),
         ("holds", "INTEGER", "times a target was stopped (SIGSTOP) to attach to a CUDA library it opened"),
         ("held_ms", "DOUBLE", "total milliseconds targets spent stopped by the tracer"),

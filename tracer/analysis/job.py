@@ -146,6 +146,7 @@ SESSION_RULES: dict[str, str] = {
     "first_event_s": _MAX,
     "flush_s": _MAX,
     "recording_cpu_pct": _MAX,
+    "recording_s": _MAX,  # the longest recording's
     "holds": _SUM,
     "held_ms": _SUM,
     "command_fate": _DISTINCT,

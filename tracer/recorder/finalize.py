@@ -375,6 +375,16 @@ class Ending:
             return None
         return round(100 * (cpu_s() - since[1]) / (now - since[0]), 2)
 
+    def _recording_span(self, live: bool) -> float | None:
+        """Seconds from the probes being live to now (a live snapshot) or to the final flush: recording_cpu_pct's
+        span, stored so that its CPU seconds are not re-derived from two other origins (duration_s counts from the
+        session's start, startup_s from the command's)."""
+        since = getattr(self, "_live_since", None)
+        if not live:
+            span = getattr(self, "_recording_s", None)
+            return round(span, 3) if span is not None else None
+        return round(time.monotonic() - since[0], 3) if since is not None else None
+
     def _drop_tracepoints(self) -> None:
         """Empty the target list, so the tracepoint programs do nothing more for the job, and close this process's
         fds of the tracepoints: the guardian holds them too, so their detach (0.8 s of grace periods, one after
@@ -528,6 +538,7 @@ class Ending:
             "recording_cpu_pct": (
                 self._cpu_pct_since_live(time.monotonic()) if live else getattr(self, "_recording_cpu_pct", None)
             ),
+            "recording_s": self._recording_span(live),
             "holds": self.attacher.holds.count if hasattr(self, "attacher") else 0,
             "held_ms": round(self.attacher.holds.held_ms, 3) if hasattr(self, "attacher") else 0.0,
             "command_fate": self.command_fate,
