@@ -90,3 +90,22 @@ def test_without_a_steady_op_time_over_the_active_span_is_used() -> None:
 def test_not_cycled_means_exact() -> None:
     act = {1: Activity(0, S, True, True)}
     assert launch_scales([], act, {(1, LAUNCH): 7}, HOT, cycled=False) == {1: (1.0, 0.0)}
+
+
+def test_a_cost_over_the_budget_says_what_it_is_made_of() -> None:
+    # GIVEN a VM's 12 us trap pair, a budget of 2%, and per second 2,000 hits of never-cycled probes (2.4% of a core
+    # alone) beside 15,000 launches/s seen while the launch probes were live 5% of the time
+    est = OverheadEstimator(TrapCost(10_000, 2_000), budget_pct=2.0)
+    for _ in range(3):
+        est.update(hot_hits=750, rare_hits=2_000, live_share=0.05, seconds=1.0)
+    # THEN the note says the estimate, the budget, the two parts and the machine's trap cost
+    note = est.over_budget_note()
+    assert note is not None
+    assert "estimated 3.3% of a core, over --overhead-budget 2%" in note  # 2.4 + 18% x 5% = 3.3
+    assert "2.4% for the probes that are never sampled" in note and "0.9% for the launch probes" in note
+    assert "12.0 µs" in note
+    # AND a recording whose probes stayed within the budget (or has no estimate yet) says nothing of it
+    under = OverheadEstimator(TrapCost(10_000, 2_000), budget_pct=2.0)
+    assert under.over_budget_note() is None
+    under.update(hot_hits=1_000, rare_hits=100, live_share=1.0, seconds=1.0)
+    assert under.over_budget_note() is None

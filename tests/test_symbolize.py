@@ -8,12 +8,24 @@ import os
 from pathlib import Path
 
 import pytest
+from elftools.dwarf.callframe import RegisterRule
 from elftools.elf.elffile import ELFFile
 
 from tests.support import cxxfix
+from tracer.recorder import elfcache
 from tracer.recorder.procmaps import MapCache, ProcessMap, read_maps
-from tracer.recorder.symbolize import ElfSymbols, Symbolizer, demangle
-from tracer.recorder.unwind import EhFrameTable, Regs, _eval_expr, _Stack, unwind
+from tracer.recorder.symbolize import ElfCache, ElfSymbols, Symbolizer, demangle
+from tracer.recorder.unwind import (
+    EhFrameTable,
+    Regs,
+    UnwindTables,
+    _eval_expr,
+    _Row,
+    _Stack,
+    rows_from_arrays,
+    rows_to_arrays,
+    unwind,
+)
 
 DISPATCH = "ns::detail::dispatch(void (*)(float*, int), int)"
 LAUNCH = "ns::Launcher<float>::launch(int)"
@@ -158,3 +170,81 @@ def test_plt_style_cfa_expression() -> None:
     assert _eval_expr(expr, {7: 0x1000, 16: 0x2000}, stack) == 0x1008
     assert _eval_expr(expr, {7: 0x1000, 16: 0x200B}, stack) == 0x1010
     assert _eval_expr(bytes([0x96]), {}, stack) is None  # DW_OP_nop alone leaves nothing
+
+
+def _row_facts(row: object) -> tuple | None:
+    """A CFI row as plain values: the decoded row and its copy from the ELF cache must agree on these."""
+    if row is None:
+        return None
+
+    def rule(r: RegisterRule | None) -> tuple | None:
+        if r is None:
+            return None
+        arg = bytes(r.arg) if r.type in (RegisterRule.EXPRESSION, RegisterRule.VAL_EXPRESSION) else r.arg
+        return (r.type, arg)
+
+    return (row.cfa_reg, row.cfa_off, row.cfa_expr, rule(row.ra), rule(row.rbp))
+
+
+@pytest.mark.parametrize("name", ["libcxxfix_nofp.so", "libc"])
+def test_decoded_fdes_are_kept_for_the_next_recording(build: Path, tmp_path: Path, name: str) -> None:
+    # GIVEN an unwind table whose FDEs a recording decoded (every one of a small library, the first 300 of libc, whose
+    # .plt FDE has a DWARF expression for its CFA), and a root-owned ELF cache directory
+    path = (
+        str(build / name)
+        if name.endswith(".so")
+        else next(m.host_path for m in read_maps(os.getpid()) if "/libc." in m.path)
+    )
+    disk = tmp_path / "elf"
+    disk.mkdir(mode=0o700)
+    first = UnwindTables(ElfCache(disk=disk))
+    table = first.table(path)
+    assert table is not None
+    probes = [int(p) + d for p in table._pcs[:400] for d in (0, 5, 8, 17)]
+    want = [_row_facts(table.row_for(v)) for v in probes]
+    assert sum(w is not None for w in want) > len(probes) // 2
+    assert name != "libc" or any(w is not None and w[2] is not None for w in want)  # a CFA expression among them
+    # WHEN the recording ends (the cache saved) and the next one meets the same file
+    assert first.save() == 2  # the .eh_frame index and the decoded FDEs
+    second = UnwindTables(ElfCache(disk=disk))
+    again = second.table(path)
+    assert again is not None and again.cached_rows == len(table.decoded())
+
+    def not_again(off: int) -> None:
+        raise AssertionError(f"FDE at {off:#x} decoded again")
+
+    again._cfi._parse_entry_at = not_again  # type: ignore[method-assign]
+    # THEN every row comes back from the cache, equal, without pyelftools decoding an FDE
+    assert [_row_facts(again.row_for(v)) for v in probes] == want
+    # AND nothing new was decoded, so the next save writes nothing
+    assert second.save() == 0
+
+
+def test_decoded_fdes_without_any_expression_round_trip() -> None:
+    # (an entry with no DWARF expression at all has empty expression arrays: every cache entry of the demo's libraries
+    # but libc's once failed to load for it)
+    rows = {
+        0x40: (0x1000, 0x20, [0x1000, 0x1004], [_Row.of(7, 8, None, RegisterRule(RegisterRule.OFFSET, -8), None)] * 2),
+        0x90: (0x2000, 0x10, [], []),  # an FDE that failed to decode: kept, so it is not decoded again
+    }
+    back = rows_from_arrays(rows_to_arrays(rows))
+    assert back.keys() == rows.keys() and back[0x90] == (0x2000, 0x10, [], [])
+    start, size, pcs, got = back[0x40]
+    assert (start, size, pcs) == (0x1000, 0x20, [0x1000, 0x1004])
+    assert [_row_facts(r) for r in got] == [(7, 8, None, ("OFFSET", -8), None)] * 2
+
+
+def test_a_corrupt_cfi_entry_is_decoded_again(build: Path, tmp_path: Path) -> None:
+    path = str(build / "libcxxfix_nofp.so")
+    disk = tmp_path / "elf"
+    disk.mkdir(mode=0o700)
+    first = UnwindTables(ElfCache(disk=disk))
+    table = first.table(path)
+    want = [_row_facts(table.row_for(int(p))) for p in table._pcs]
+    first.save()
+    bad = rows_to_arrays(table.decoded())
+    bad["rows"] = bad["rows"][:-1]  # a row short: the counts no longer add up
+    assert elfcache.store(disk, elfcache.file_key(path, "cfi"), bad)
+    again = UnwindTables(ElfCache(disk=disk)).table(path)
+    assert again.cached_rows == 0
+    assert [_row_facts(again.row_for(int(p))) for p in again._pcs] == want

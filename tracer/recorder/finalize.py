@@ -435,6 +435,9 @@ class Ending:
                 f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
                 "counts are scaled per process (op_stats.sampled_fraction, error_pct)"
             )
+        over = self.estimator.over_budget_note() if hasattr(self, "estimator") else None
+        if over:
+            self.notes.append(over)
         self.duration = (end_ns - self.start_mono) / 1e9
         self.flush_s = time.monotonic() - t_flush
         self._write_session_row(status, traced, stored, lost)

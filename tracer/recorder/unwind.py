@@ -71,6 +71,111 @@ class _Row:
         self.ra: RegisterRule | None = line.get(RIP)
         self.rbp: RegisterRule | None = line.get(RBP)
 
+    @classmethod
+    def of(
+        cls,
+        cfa_reg: int | None,
+        cfa_off: int,
+        cfa_expr: bytes | None,
+        ra: RegisterRule | None,
+        rbp: RegisterRule | None,
+    ) -> _Row:
+        """A row from its fields (read back from the ELF cache)."""
+        row = cls.__new__(cls)
+        row.cfa_reg, row.cfa_off, row.cfa_expr, row.ra, row.rbp = cfa_reg, cfa_off, cfa_expr, ra, rbp
+        return row
+
+
+Decoded = tuple[int, int, list[int], list[_Row]]  # one FDE: (start, size, each row's first pc, the rows)
+
+# RegisterRule types by code, for the ELF cache; -1 codes an absent rule
+_RULE_TYPES = (
+    RegisterRule.UNDEFINED,
+    RegisterRule.SAME_VALUE,
+    RegisterRule.OFFSET,
+    RegisterRule.VAL_OFFSET,
+    RegisterRule.REGISTER,
+    RegisterRule.EXPRESSION,
+    RegisterRule.VAL_EXPRESSION,
+    RegisterRule.ARCHITECTURAL,
+)
+_RULE_CODE = {t: i for i, t in enumerate(_RULE_TYPES)}
+_EXPR_RULES = {RegisterRule.EXPRESSION, RegisterRule.VAL_EXPRESSION}
+_ROW_COLS = 10  # pc, cfa_reg, cfa_off, cfa_expr, ra type/arg/expr, rbp type/arg/expr (expr: index, -1 none)
+
+
+def rows_to_arrays(decoded: dict[int, Decoded]) -> dict[str, np.ndarray]:
+    """Decoded FDEs (by their offset in .eh_frame) as arrays for the ELF cache; an FDE that failed to decode (no
+    rows) is kept too, so that it is not decoded again."""
+    fdes, ints, exprs = [], [], []
+
+    def expr(b: Any) -> int:
+        exprs.append(bytes(b))
+        return len(exprs) - 1
+
+    def rule(r: RegisterRule | None) -> tuple[int, int, int]:
+        if r is None:
+            return (-1, 0, -1)
+        if r.type in _EXPR_RULES:
+            return (_RULE_CODE[r.type], 0, expr(r.arg))
+        return (_RULE_CODE[r.type], int(r.arg or 0), -1)
+
+    for off, (start, size, pcs, rows) in sorted(decoded.items()):
+        fdes.append((off, start, size, len(rows)))
+        for pc, row in zip(pcs, rows, strict=True):
+            cfa_reg = -1 if row.cfa_reg is None else row.cfa_reg
+            cfa_expr = -1 if row.cfa_expr is None else expr(row.cfa_expr)
+            ints.append((pc, cfa_reg, row.cfa_off, cfa_expr, *rule(row.ra), *rule(row.rbp)))
+    enc = [np.frombuffer(b, dtype=np.uint8) for b in exprs]
+    return {
+        "fdes": np.array(fdes, dtype=np.int64).reshape(-1, 4),
+        "rows": np.array(ints, dtype=np.int64).reshape(-1, _ROW_COLS),
+        "exprs": np.concatenate(enc) if enc else np.zeros(0, dtype=np.uint8),
+        "expr_ends": np.cumsum([len(b) for b in exprs], dtype=np.int64),
+    }
+
+
+def rows_from_arrays(a: dict[str, np.ndarray]) -> dict[int, Decoded]:
+    """What :func:`rows_to_arrays` wrote.
+
+    Raises:
+        ValueError, KeyError, IndexError: an entry of the wrong shape (a corrupt or foreign cache file).
+    """
+    fdes, ints, blob, ends = a["fdes"], a["rows"], a["exprs"], a["expr_ends"]
+    if fdes.ndim != 2 or fdes.shape[1] != 4 or ints.ndim != 2 or ints.shape[1] != _ROW_COLS:
+        raise ValueError("ELF cache CFI entry of the wrong shape")
+    if int(fdes[:, 3].sum()) != len(ints) or (fdes[:, 3] < 0).any():
+        raise ValueError("ELF cache CFI entry: row counts do not add up")
+    if blob.dtype != np.uint8 or (len(ends) and (int(ends[-1]) != len(blob) or (np.diff(ends) < 0).any())):
+        raise ValueError("ELF cache CFI entry: expressions out of range")
+    raw, ends_l = blob.tobytes(), ends.tolist()
+    exprs = [raw[b:e] for b, e in zip([0, *ends_l[:-1]] if ends_l else [], ends_l, strict=True)]
+
+    def rule(code: int, arg: int, ex: int) -> RegisterRule | None:
+        if code < 0:
+            return None
+        kind = _RULE_TYPES[code]
+        return RegisterRule(kind, exprs[ex] if kind in _EXPR_RULES else arg)
+
+    out: dict[int, Decoded] = {}
+    at = 0
+    for off, start, size, n in fdes.tolist():
+        pcs, rows = [], []
+        for pc, cfa_reg, cfa_off, cfa_ex, rt, ra_arg, ra_ex, bt, bp_arg, bp_ex in ints[at : at + n].tolist():
+            pcs.append(pc)
+            rows.append(
+                _Row.of(
+                    None if cfa_reg < 0 else cfa_reg,
+                    cfa_off,
+                    exprs[cfa_ex] if cfa_ex >= 0 else None,
+                    rule(rt, ra_arg, ra_ex),
+                    rule(bt, bp_arg, bp_ex),
+                )
+            )
+        out[off] = (start, size, pcs, rows)
+        at += n
+    return out
+
 
 class EhFrameTable:
     """The .eh_frame of one ELF file, indexed through .eh_frame_hdr and decoded one FDE at a time."""
@@ -99,7 +204,8 @@ class EhFrameTable:
             hdr_data = hdr.data() if hdr is not None else None
             hdr_addr = hdr["sh_addr"] if hdr is not None else 0
         self._set_cfi(eh_data)
-        self._rows: dict[int, tuple[int, int, list[int], list[_Row]]] = {}  # fde offset -> decoded
+        self._rows: dict[int, Decoded] = {}  # fde offset -> decoded
+        self.cached_rows = 0  # of them, read from the ELF cache (the rest were decoded here)
         self._pcs: np.ndarray
         self._offsets: np.ndarray
         if hdr_data is not None and len(hdr_data) >= 12 and hdr_data[3] == _DW_EH_PE_datarel_sdata4:
@@ -133,7 +239,18 @@ class EhFrameTable:
             raise ValueError("ELF cache entry: .eh_frame past the file's end")
         self._set_cfi(eh_data)
         self._rows = {}
+        self.cached_rows = 0
         self._pcs, self._offsets = pcs.astype(np.int64), offsets.astype(np.int64)
+
+    def add_rows(self, decoded: dict[int, Decoded]) -> None:
+        """FDEs decoded by an earlier recording (rows_from_arrays): pyelftools decodes one in ~0.25 ms, and a
+        recording's first stacks meet a hundred or more (~35 ms of `tracer demo`'s recorder CPU, issue 33)."""
+        self._rows.update(decoded)
+        self.cached_rows = len(self._rows)
+
+    def decoded(self) -> dict[int, Decoded]:
+        """Every FDE decoded so far, by offset, for the ELF cache."""
+        return self._rows
 
     def _set_cfi(self, eh_data: bytes) -> None:
         self._cfi = CallFrameInfo(
@@ -191,6 +308,7 @@ class UnwindTables:
         self._tables: dict[Any, EhFrameTable | None] = {}
         self.elves = elves or ElfCache()
         self._unsaved: list[tuple[EhFrameTable, str]] = []  # parsed here, not read from the ELF cache (elves.disk)
+        self._decoded: list[tuple[EhFrameTable, str]] = []  # every table, with the cache entry of its decoded FDEs
 
     def _key(self, path: str) -> Any:
         key = self.elves.file_key(path)
@@ -203,6 +321,20 @@ class UnwindTables:
         return self._tables[key]
 
     def _parse(self, path: str) -> EhFrameTable | None:
+        table = self._index(path)
+        disk = self.elves.disk
+        entry = elfcache.file_key(path, "cfi") if table is not None and disk is not None else None
+        if table is not None and entry is not None:
+            self._decoded.append((table, entry))
+            arrays = elfcache.load(disk, entry)
+            if arrays is not None:
+                try:
+                    table.add_rows(rows_from_arrays(arrays))
+                except (ValueError, KeyError, IndexError, TypeError) as e:
+                    log.warning("elf cache: entry %s for %s is corrupt (%s): decoded again", entry, path, e)
+        return table
+
+    def _index(self, path: str) -> EhFrameTable | None:
         disk = self.elves.disk
         entry = elfcache.file_key(path, "eh") if disk is not None else None
         arrays = elfcache.load(disk, entry)
@@ -221,9 +353,15 @@ class UnwindTables:
         return table
 
     def save(self) -> int:
-        """Write the ELF cache entries of the tables parsed since the last save; return how many were written."""
+        """Write the ELF cache entries of the tables parsed, and of the FDEs decoded, since the last save; return
+        how many were written."""
         done = sum(elfcache.store(self.elves.disk, entry, t.to_arrays()) for t, entry in self._unsaved)
         self._unsaved = []
+        for table, entry in self._decoded:
+            rows = table.decoded()
+            if len(rows) > table.cached_rows:
+                done += elfcache.store(self.elves.disk, entry, rows_to_arrays(rows))
+                table.cached_rows = len(rows)
         return done
 
     def vaddr(self, entry: Mapping, addr: int) -> int | None:
