@@ -4,6 +4,7 @@ into the thread_breakdown fields and seconds, and op_stats with duty-cycled laun
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from probes.catalog import CATALOG, OP_IDS, OpClass
 from tracer.recorder import columns, events
 from tracer.recorder.budget import Window
-from tracer.recorder.finalize import S, Span, by_second, open_spans, scaled_op_stats
+from tracer.recorder.finalize import RecordSummary, S, Span, by_second, open_spans, scaled_op_stats
 
 T0 = 1_000 * S  # monotonic ns of the session's start
 
@@ -112,3 +113,19 @@ def test_duty_cycled_launches_are_scaled_by_the_live_share_of_their_process():
     # THEN pid 10's launches are scaled by 1 / 0.5, its syncs (always probed) and pid 20's stay exact
     assert frac[(10, launch)] == pytest.approx(0.5, abs=0.01) and got[(10, launch)] == pytest.approx(5000, rel=0.02)
     assert got[(10, sync)] == 100 and frac[(10, sync)] == 1.0 and got[(20, sync)] == 50
+
+
+def test_the_cost_per_process_is_said_only_of_a_job_that_churned() -> None:
+    def summary(processes: int, pct: float | None = 4.0, span: float | None = 12.0) -> RecordSummary:
+        return RecordSummary(
+            Path("x.duckdb"), "complete", 13.0, 0, 0, 0, processes, [], [], [], recording_cpu_pct=pct, recording_s=span
+        )
+
+    # the demo's churn: 4% of a core over 12 s is 480 ms of CPU, over 300 processes
+    assert summary(300).ms_per_process == pytest.approx(1.6)
+    # a short job's few workers re-forked faster than one a second still churn
+    assert summary(6, span=2.0).ms_per_process == pytest.approx(4.0 * 10 * 2.0 / 6)
+    # a trainer and its persistent workers: the whole recording's CPU split three ways says nothing of them
+    assert summary(3).ms_per_process is None
+    assert summary(10, span=60.0).ms_per_process is None  # fewer than one a second
+    assert summary(300, pct=None).ms_per_process is None and summary(300, span=None).ms_per_process is None

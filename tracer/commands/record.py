@@ -27,11 +27,8 @@ def print_summary(s: RecordSummary, *, ops_table: bool = True) -> None:
         "interrupted": "stopped by Ctrl-C",
         "target_exited": "target exited",
     }
-    each = ""
-    if s.processes > 1 and s.recording_cpu_pct is not None and s.recording_s:
-        # what process churn costs (issue 33): each process traced brings new stacks, maps and ELF files to read
-        ms = s.recording_cpu_pct * 10 * s.recording_s / s.processes
-        each = f" ({ms:,.1f} ms of the recorder's CPU each)"
+    ms = s.ms_per_process  # what process churn costs (issue 33); None for a job that did not churn
+    each = f" ({ms:,.1f} ms of the recorder's CPU each)" if ms is not None else ""
     err.print(
         f"[bold]recorded {s.duration_s:.1f} s[/] ({how.get(s.status, s.status)}): {s.events_traced:,} CUDA calls "
         f"traced, {s.events_stored:,} stored, {s.events_lost:,} lost, {s.processes} processes{each}"

@@ -245,6 +245,9 @@ def write_totals(
 # --- the end of a recording ------------------------------------------------------------------------------------
 
 
+CHURN_PROCESSES = 5  # fewer processes than this are a job's own, not churn (RecordSummary.ms_per_process)
+
+
 @dataclass
 class RecordSummary:
     db: Path
@@ -267,6 +270,18 @@ class RecordSummary:
     holds: int = 0
     held_ms: float = 0.0
     command_fate: str | None = None
+
+    @property
+    def ms_per_process(self) -> float | None:
+        """The recorder's CPU while recording over the processes it traced, in ms: what process churn costs (each new
+        process brings stacks, maps and ELF files to read; issue 33). None unless the job churned, forking at least
+        CHURN_PROCESSES and more than one a second: over a few long-lived processes the figure is the whole
+        recording's cost, split, and says nothing of them."""
+        if self.recording_cpu_pct is None or not self.recording_s:
+            return None
+        if self.processes < CHURN_PROCESSES or self.processes <= self.recording_s:
+            return None
+        return self.recording_cpu_pct * 10 * self.recording_s / self.processes
 
 
 def cpu_s() -> float:
@@ -430,12 +445,13 @@ class Ending:
                 )
         if self.store.thinner is not None and (thinned := self.store.thinner.note()):
             self.notes.append(thinned)
+        over = self.estimator.over_budget_note() if hasattr(self, "estimator") else None
         if self.cycler.cycled:
+            aim = "for" if over else "to stay under"  # over it, the next note says why
             self.notes.append(
-                f"launch probes were duty-cycled to stay under --overhead-budget {self.opts.overhead_budget}%: launch "
+                f"launch probes were duty-cycled {aim} --overhead-budget {self.opts.overhead_budget}%: launch "
                 "counts are scaled per process (op_stats.sampled_fraction, error_pct)"
             )
-        over = self.estimator.over_budget_note() if hasattr(self, "estimator") else None
         if over:
             self.notes.append(over)
         self.duration = (end_ns - self.start_mono) / 1e9
