@@ -239,9 +239,7 @@ def test_a_stack_a_forked_sibling_sent_again_is_unwound_once_per_image(cxx: ctyp
     def resolve(ref: int, pid: int, sp: int = cap.sp) -> tuple:
         # the kernel hashes stacks per process, so each process sends its own record and copy (cuda.bpf.c)
         r.add_ustacks([_ustack(ref, pid, cap, data, sp)])
-        h = np.zeros(1, dtype=events.STACK_HEADER_DTYPE)
-        h["stack_ref"], h["pid"], h["tid"], h["native_id"] = ref, pid, pid, -1
-        r.add_stacks([h.tobytes()])
+        r.add_stacks([_pystack(ref, pid, [])])  # no Python frames: the native part alone
         return r._frames[ref]
 
     # WHEN each process sends the stack

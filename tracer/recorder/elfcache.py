@@ -106,15 +106,14 @@ def prune(d: Path | None, keep: int = KEEP) -> None:
 # --- strings as arrays: a blob of UTF-8 and the offsets of each string's end -------------------------------------
 
 
-def pack_strings(items: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(blob, ends): the strings' UTF-8 bytes one after another and where each ends."""
-    enc = [s.encode("utf-8", "surrogatepass") for s in items]
-    ends = np.cumsum([len(b) for b in enc], dtype=np.int64) if enc else np.zeros(0, dtype=np.int64)
-    return np.frombuffer(b"".join(enc), dtype=np.uint8).copy(), ends
+def pack_bytes(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(blob, ends): the byte strings one after another and where each ends."""
+    ends = np.cumsum([len(b) for b in items], dtype=np.int64) if items else np.zeros(0, dtype=np.int64)
+    return np.frombuffer(b"".join(items), dtype=np.uint8).copy(), ends
 
 
-def unpack_strings(blob: np.ndarray, ends: np.ndarray) -> list[str]:
-    """The strings :func:`pack_strings` packed.
+def unpack_bytes(blob: np.ndarray, ends: np.ndarray) -> list[bytes]:
+    """The byte strings :func:`pack_bytes` packed.
 
     Raises:
         ValueError: ends not increasing or past the blob (a corrupt entry).
@@ -125,4 +124,18 @@ def unpack_strings(blob: np.ndarray, ends: np.ndarray) -> list[str]:
         raise ValueError("string offsets out of range")
     raw, ends_l = blob.tobytes(), ends.tolist()
     starts = [0, *ends_l[:-1]] if ends_l else []
-    return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip(starts, ends_l, strict=True)]
+    return [raw[a:b] for a, b in zip(starts, ends_l, strict=True)]
+
+
+def pack_strings(items: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(blob, ends): the strings' UTF-8 bytes one after another and where each ends."""
+    return pack_bytes([s.encode("utf-8", "surrogatepass") for s in items])
+
+
+def unpack_strings(blob: np.ndarray, ends: np.ndarray) -> list[str]:
+    """The strings :func:`pack_strings` packed.
+
+    Raises:
+        ValueError: ends not increasing or past the blob (a corrupt entry).
+    """
+    return [b.decode("utf-8", "surrogatepass") for b in unpack_bytes(blob, ends)]

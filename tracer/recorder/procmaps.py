@@ -227,7 +227,7 @@ class MapCache:
         except (ProcessLookupError, PermissionError):
             return self._maps.get(pid)
         self.proc_reads += 1
-        self._image.setdefault(pid, next(self._images))
+        self.image_of(pid)  # a process read from /proc has an image of its own, unless it had one already
         for e in entries:
             if e.host_path:
                 self.resolver.remember(e.dev, e.ino, e.host_path)

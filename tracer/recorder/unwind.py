@@ -126,12 +126,12 @@ def rows_to_arrays(decoded: dict[int, Decoded]) -> dict[str, np.ndarray]:
             cfa_reg = -1 if row.cfa_reg is None else row.cfa_reg
             cfa_expr = -1 if row.cfa_expr is None else expr(row.cfa_expr)
             ints.append((pc, cfa_reg, row.cfa_off, cfa_expr, *rule(row.ra), *rule(row.rbp)))
-    enc = [np.frombuffer(b, dtype=np.uint8) for b in exprs]
+    blob, ends = elfcache.pack_bytes(exprs)
     return {
         "fdes": np.array(fdes, dtype=np.int64).reshape(-1, 4),
         "rows": np.array(ints, dtype=np.int64).reshape(-1, _ROW_COLS),
-        "exprs": np.concatenate(enc) if enc else np.zeros(0, dtype=np.uint8),
-        "expr_ends": np.cumsum([len(b) for b in exprs], dtype=np.int64),
+        "exprs": blob,
+        "expr_ends": ends,
     }
 
 
@@ -141,15 +141,12 @@ def rows_from_arrays(a: dict[str, np.ndarray]) -> dict[int, Decoded]:
     Raises:
         ValueError, KeyError, IndexError: an entry of the wrong shape (a corrupt or foreign cache file).
     """
-    fdes, ints, blob, ends = a["fdes"], a["rows"], a["exprs"], a["expr_ends"]
+    fdes, ints = a["fdes"], a["rows"]
     if fdes.ndim != 2 or fdes.shape[1] != 4 or ints.ndim != 2 or ints.shape[1] != _ROW_COLS:
         raise ValueError("ELF cache CFI entry of the wrong shape")
     if int(fdes[:, 3].sum()) != len(ints) or (fdes[:, 3] < 0).any():
         raise ValueError("ELF cache CFI entry: row counts do not add up")
-    if blob.dtype != np.uint8 or (len(ends) and (int(ends[-1]) != len(blob) or (np.diff(ends) < 0).any())):
-        raise ValueError("ELF cache CFI entry: expressions out of range")
-    raw, ends_l = blob.tobytes(), ends.tolist()
-    exprs = [raw[b:e] for b, e in zip([0, *ends_l[:-1]] if ends_l else [], ends_l, strict=True)]
+    exprs = elfcache.unpack_bytes(a["exprs"], a["expr_ends"])
 
     def rule(code: int, arg: int, ex: int) -> RegisterRule | None:
         if code < 0:
