@@ -188,6 +188,14 @@ struct sched_event {
                          * wait and a write() on one Python line apart (each is a different native path) */
 #define STACK_SAMPLE 2  /* an on-CPU sample: the Python frames alone (the native part changes every sample and is
                          * not captured), else the frame-pointer walk */
+/* The per-CPU scratch of a stack capture (stack_scratch, code_pending, code_scratch) has one slot per kind of
+ * program that captures, indexed by its STACK_* mode: a uprobe's (STACK_AT_CALL: a call's, a collection's), a
+ * sched_switch's (STACK_OFF_CPU) and a cpu-clock sample's (STACK_SAMPLE). A uprobe's program runs preemptible
+ * with interrupts on, and the kernel does not keep a perf_event program out of it: a sample of the same thread,
+ * taken mid-capture, rewrote the capture's queue of new code objects with its own (empty: the capture had marked
+ * them), and a frame of a process gone before the next drain stayed <unresolved> (CI, test_record's nested.py).
+ * A sample's and a sched_switch's programs run with interrupts or preemption off and do not nest. */
+#define SCRATCH_SLOTS 3
 
 /* Blocked time per (thread, second, stack, sleep state, waker): the offcpu_stacks table (offcpu.bpf.c). 24 bytes. */
 struct offcpu_key {

@@ -92,8 +92,9 @@ BPF_PERCPU_ARRAY(stack_cnt, u32, OP_COUNT);
 /* index: probe op id; value: per-CPU entry-probe hits by target threads (nested ones too): hits/s x the trap
  * cost is the overhead estimate that drives duty-cycling (tracer/recorder/budget.py). */
 BPF_PERCPU_ARRAY(op_hits, u64, OP_COUNT);
-/* one slot per CPU: stack_event is ~1 KiB, too big for the 512-byte BPF stack. */
-BPF_PERCPU_ARRAY(stack_scratch, struct stack_event, 1);
+/* per CPU, one slot per capturing context (SCRATCH_SLOTS, common.h): stack_event is ~1 KiB, too big for the
+ * 512-byte BPF stack. */
+BPF_PERCPU_ARRAY(stack_scratch, struct stack_event, SCRATCH_SLOTS);
 BPF_STACK_TRACE(native_stacks, NATIVE_STACKS);
 /* index 0: call events sent since user space last drained (it writes 0 after each drain). The calls ring is
  * drained on a timer without a wakeup per event; when a burst has filled a third of it, one forced wakeup makes
@@ -296,8 +297,8 @@ static __always_inline u64 capture_stack(void *ctx, struct user_regs *ur, u32 mo
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
-    u32 zero = 0;
-    struct stack_event *se = stack_scratch.lookup(&zero);
+    u32 slot = mode; /* SCRATCH_SLOTS */
+    struct stack_event *se = stack_scratch.lookup(&slot);
     if (!se)
         return 0;
     se->pid = tgid;
@@ -332,11 +333,16 @@ static __always_inline u64 capture_stack(void *ctx, struct user_regs *ur, u32 mo
         return 0;
     }
     bpf_probe_read_kernel(r, sizeof(*r), se);
+    if (r->tid != tid || r->stack_ref != h) {
+        /* preempted, and another thread's capture on this CPU wrote the slot: no stack rather than its frames */
+        stacks_rb.ringbuf_discard(r, BPF_RB_NO_WAKEUP);
+        return 0;
+    }
     stacks_rb.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
     u8 one = 1;
     seen_stacks.update(&h, &one);
 #ifdef WITH_PYFRAMES
-    *new_codes = queue_new_codes(se, tgid);
+    *new_codes = queue_new_codes(se, tgid, tid, slot);
 #endif
     if (!native)
         return h;
@@ -445,6 +451,11 @@ int call_with_stack(struct pt_regs *ctx)
     struct call_event *ev = call_scratch.lookup(&zero);
     if (!ev)
         return 0;
+    if (ev->tid != (u32)bpf_get_current_pid_tgid()) {
+        /* preempted since cuda_return, and another thread's return on this CPU wrote the scratch (and sends it) */
+        count_lost(LOST_CALLS);
+        return 0;
+    }
     u32 new_codes = 0;
     struct user_regs ur;
     user_regs_of_ctx(ctx, &ur);

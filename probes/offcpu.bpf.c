@@ -56,7 +56,7 @@ int offcpu_stack(void *ctx)
 /* Stage OFFCPU_STAGE_CODES: pycode.h's py_read_codes for tracepoint programs. */
 int py_read_codes_tp(void *ctx)
 {
-    if (read_queued_codes())
+    if (read_queued_codes(STACK_OFF_CPU))
         offcpu_stage.call(ctx, OFFCPU_STAGE_CODES);
     return 0;
 }

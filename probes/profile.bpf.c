@@ -70,7 +70,7 @@ int cpu_sample(struct bpf_perf_event_data *ctx)
 /* Stage SAMPLE_STAGE_CODES: pycode.h's py_read_codes for perf_event programs. */
 int py_read_codes_pe(struct bpf_perf_event_data *ctx)
 {
-    if (read_queued_codes())
+    if (read_queued_codes(STACK_SAMPLE))
         sample_stage.call(ctx, SAMPLE_STAGE_CODES);
     return 0;
 }

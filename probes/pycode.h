@@ -23,26 +23,45 @@
 #define CODE_READS_PER_CALL 8            /* read per py_read_codes run, which tail-calls itself for the rest */
 
 BPF_RINGBUF_OUTPUT(codes_rb, CODES_RB_PAGES);
+/* index 0: bytes of code events sent since user space last drained (it writes 0 after each drain, with
+ * calls_pending). The ring is drained on the recorder's timer; a burst of new code objects (a job forking workers
+ * that each show their stacks' code objects, fresh code compiled in a loop) that fills a third of it forces one
+ * wakeup, so the recorder drains before the ring overflows: a code object lost there is read again only at a new
+ * stack that shows it, and a process that exits first keeps its frames <unresolved>. */
+BPF_ARRAY(codes_pending, u64, 1);
+#define CODES_WAKE_AT (CODES_RB_PAGES * 4096 / 3)
+
+static __always_inline u64 codes_wakeup(u32 size)
+{
+    u32 zero = 0;
+    u64 *n = codes_pending.lookup(&zero);
+    if (!n)
+        return BPF_RB_NO_WAKEUP;
+    u64 before = __sync_fetch_and_add(n, size);
+    return before < CODES_WAKE_AT && before + size >= CODES_WAKE_AT ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
 
 struct code_key {
     u32 pid;
     u32 gen; /* the process's exec_gen (pyframes.h): its image */
     u64 code;
 };
-/* key: (tgid, its image, code object address) read for that process; value: the object's fingerprint when read
- * (code_fingerprint). LRU: 65536 code objects is far more than a training job runs; an evicted one is read
- * again. */
+/* key: (tgid, its image, code object address) sent for that process; value: the object's fingerprint when read
+ * (code_fingerprint). Marked once the event is in the ring, not when queued: a queue a preempting capture
+ * overwrote (see SCRATCH_SLOTS) leaves its code objects unmarked, so the next stack showing them reads them.
+ * LRU: 65536 code objects is far more than a training job runs; an evicted one is read again. */
 BPF_TABLE("lru_hash", struct code_key, u64, seen_code, 65536);
 
-/* New code objects of the stack just captured, read by py_read_codes (tail call) on the same CPU. */
+/* New code objects of the stack just captured, read by py_read_codes (tail call) on the same CPU; one per
+ * SCRATCH_SLOTS slot (common.h), the capture's context. */
 struct code_pending {
     u32 pid;
+    u32 tid;  /* whose queue: a uprobe's chain that was preempted finds another thread's there, and leaves it */
     u32 n;    /* queued */
     u32 done; /* read so far */
-    u32 _pad;
     u64 codes[CODE_PENDING_MAX];
 };
-BPF_PERCPU_ARRAY(code_pending, struct code_pending, 1);
+BPF_PERCPU_ARRAY(code_pending, struct code_pending, SCRATCH_SLOTS);
 
 /* What tells two code objects at one address apart: its file name object and first line. A code object dies and
  * its address is reused (the "<string>" code site.py execs for a .pth line, then the main script's functions):
@@ -57,16 +76,16 @@ static __always_inline u64 code_fingerprint(struct py_cfg *cfg, u64 code)
     return (fn ^ ((u64)(u32)first << 48)) | 1;
 }
 
-/* Queue the stack's code objects this process has not shown before (up to CODE_PENDING_MAX); return how many.
- * The count lives in the map value, not in a register: a register count makes the verifier track every (frame,
- * count) pair and exceed its complexity limit. */
-static __always_inline u32 queue_new_codes(struct stack_event *se, u32 tgid)
+/* Queue the stack's code objects this process has not sent before (up to CODE_PENDING_MAX; a recursion's frames
+ * once); return how many. The count lives in the map value, not in a register: a register count makes the
+ * verifier track every (frame, count) pair and exceed its complexity limit. */
+static __always_inline u32 queue_new_codes(struct stack_event *se, u32 tgid, u32 tid, u32 slot)
 {
-    u32 zero = 0;
-    struct code_pending *p = code_pending.lookup(&zero);
+    struct code_pending *p = code_pending.lookup(&slot);
     if (!p)
         return 0;
     p->pid = tgid;
+    p->tid = tid;
     p->n = 0;
     p->done = 0;
     struct py_cfg *cfg = pycfg.lookup(&tgid);
@@ -74,11 +93,12 @@ static __always_inline u32 queue_new_codes(struct stack_event *se, u32 tgid)
         return 0;
     u32 *g = exec_gen.lookup(&tgid);
     u32 gen = g ? *g : 0;
+    u64 last = 0;
     for (int i = 0; i < MAX_PY_FRAMES; i++) {
         if (i >= se->n_py)
             break;
         struct code_key k = {.pid = tgid, .gen = gen, .code = se->frames[i].code};
-        if (!k.code)
+        if (!k.code || k.code == last)
             continue;
         u64 fp = code_fingerprint(cfg, k.code);
         u64 *seen = seen_code.lookup(&k);
@@ -87,11 +107,11 @@ static __always_inline u32 queue_new_codes(struct stack_event *se, u32 tgid)
         u32 n = p->n;
         if (n >= CODE_PENDING_MAX)
             break;
-        seen_code.update(&k, &fp);
         p->codes[n & (CODE_PENDING_MAX - 1)] = k.code;
         p->n = n + 1;
+        last = k.code;
     }
-    return p->n;
+    return se->tid == tid ? p->n : 0; /* else preempted by another thread's capture: its frames, not ours */
 }
 
 /* Copy a str object's characters into out (NUL-terminated); 0 on success. Only compact ASCII is read here;
@@ -106,13 +126,13 @@ static __always_inline int read_pystr(char *out, u32 size, u64 str, struct py_cf
     return read_user_str(out, size, (void *)(str + cfg->str_data)) > 0 ? 0 : -1;
 }
 
-/* The code event being read: one per CPU, sent with only the bytes of its line table that were read. */
-BPF_PERCPU_ARRAY(code_scratch, struct code_event, 1);
+/* The code event being read: one per CPU and SCRATCH_SLOTS slot, sent with only the bytes of its line table that
+ * were read. */
+BPF_PERCPU_ARRAY(code_scratch, struct code_event, SCRATCH_SLOTS);
 
-static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
+static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code, u32 slot)
 {
-    u32 zero = 0;
-    struct code_event *e = code_scratch.lookup(&zero);
+    struct code_event *e = code_scratch.lookup(&slot);
     if (!e)
         return;
     e->code = code;
@@ -150,21 +170,28 @@ static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code)
      * to hundreds of bytes, so the ring holds ~5x the code objects it would at the full 4.5 KiB. A fork's child
      * shows its new code objects once, at its first stacks: one lost to a full ring is never read again there
      * (suite runs: a forked child's frames <unresolved> after two interpreters started in one drain). */
-    if (codes_rb.ringbuf_output(e, CODE_EVENT_HEAD + (n & (CODE_LT_MAX - 1)), 0)) {
-        u32 *g = exec_gen.lookup(&tgid);
-        struct code_key k = {.pid = tgid, .gen = g ? *g : 0, .code = code};
-        seen_code.delete(&k); /* read it at the next capture instead */
-        count_lost(LOST_CODES);
+    if (e->code != code || e->pid != tgid)
+        return; /* a preempting capture on this CPU read into this slot meanwhile: read at the next stack instead */
+    u32 size = CODE_EVENT_HEAD + (n & (CODE_LT_MAX - 1));
+    if (codes_rb.ringbuf_output(e, size, codes_wakeup(size))) {
+        count_lost(LOST_CODES); /* unmarked: read at the next stack that shows it */
+        return;
     }
+    u32 *g = exec_gen.lookup(&tgid);
+    struct code_key k = {.pid = tgid, .gen = g ? *g : 0, .code = code};
+    u64 fp = (fn ^ ((u64)(u32)e->firstlineno << 48)) | 1; /* code_fingerprint, from what was read above */
+    seen_code.update(&k, &fp);
 }
 
-/* Read CODE_READS_PER_CALL of the queued code objects; return 1 when more are left for another run. */
-static __always_inline int read_queued_codes(void)
+/* Read CODE_READS_PER_CALL of the queued code objects of `slot` (the caller's context: SCRATCH_SLOTS); return 1
+ * when more are left for another run. */
+static __always_inline int read_queued_codes(u32 slot)
 {
-    u32 zero = 0;
-    struct code_pending *p = code_pending.lookup(&zero);
+    struct code_pending *p = code_pending.lookup(&slot);
     if (!p)
         return 0;
+    if (p->tid != (u32)bpf_get_current_pid_tgid())
+        return 0; /* preempted since the capture, and another thread's capture queued here: its chain reads it */
     u32 tgid = p->pid;
     struct py_cfg *cfg = pycfg.lookup(&tgid);
     if (!cfg) {
@@ -177,7 +204,7 @@ static __always_inline int read_queued_codes(void)
             break;
         /* the mask is the verifier's bound: with a `k < CODE_PENDING_MAX` test instead, clang drops the mask and
          * indexes with a register the verifier does not know is bounded */
-        read_code(cfg, tgid, p->codes[k & (CODE_PENDING_MAX - 1)]);
+        read_code(cfg, tgid, p->codes[k & (CODE_PENDING_MAX - 1)], slot);
         p->done = k + 1;
     }
     if (p->done < p->n)
@@ -192,7 +219,7 @@ static __always_inline int read_queued_codes(void)
  * type: offcpu.bpf.c and profile.bpf.c have copies of this for tracepoints and perf events. */
 int py_read_codes(struct pt_regs *ctx)
 {
-    if (read_queued_codes())
+    if (read_queued_codes(STACK_AT_CALL))
         stage_prog.call(ctx, STAGE_CODES);
     return 0;
 }

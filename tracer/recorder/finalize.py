@@ -432,7 +432,7 @@ class Ending:
             (events.C.LOST_STACKS, "stacks"),
             (events.C.LOST_SCHED, "off-CPU intervals"),
             (events.C.LOST_PROC, "lifecycle events"),
-            (events.C.LOST_CODES, "Python code objects (read again at their next stack)"),
+            (events.C.LOST_CODES, "Python code objects (read again at the next new stack that shows them)"),
             (events.C.LOST_MAPS, "file mappings"),
             (events.C.LOST_AGGS, "per-second aggregate entries (a map was full)"),
             (events.C.LOST_GC, "garbage collections"),

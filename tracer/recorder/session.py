@@ -411,9 +411,12 @@ class Recorder(Ending):
         b["ustack_rb"].open_ring_buffer(lambda _c, d, n: self.rb_ustacks.append(ct.string_at(d, n)))
         if self.pyrt is not None:
             b["codes_rb"].open_ring_buffer(self.rb_codes.callback)
-        # woken only by a forced wakeup: a hold (maps_rb) or a burst filling a ring (calls); else DRAIN_S passes
+        # woken only by a forced wakeup: a hold (maps_rb) or a burst filling a ring (calls, codes); else DRAIN_S passes
         self._wake = select.epoll()
-        for fd in (b["maps_rb"].map_fd, self.rb_calls.fileno(), self.rb_sched.fileno()):
+        fds = [b["maps_rb"].map_fd, self.rb_calls.fileno(), self.rb_sched.fileno()]
+        if self.pyrt is not None:
+            fds.append(b["codes_rb"].map_fd)  # a burst of new code objects (pycode.h codes_wakeup)
+        for fd in fds:
             self._wake.register(fd, select.EPOLLIN | select.EPOLLET)
 
     def _attach_targets(self) -> None:
@@ -460,12 +463,13 @@ class Recorder(Ending):
         self.cycler.start()
         deadline = time.monotonic() + self.opts.duration if self.opts.duration else None
         next_tick = time.monotonic() + 1.0
-        pending = self.bpf["calls_pending"]
+        pending = [self.bpf["calls_pending"]] + ([self.bpf["codes_pending"]] if self.pyrt is not None else [])
         while not self._interrupted:
             # returns early only on a forced wakeup: a hold, or a burst filling the calls ring
             idle = self.all_cuda and not self.tree.alive()  # the agent, tracing nothing: wake for the tick only
             self._wake.poll(max(0.0, min(IDLE_DRAIN_S, next_tick - time.monotonic())) if idle else DRAIN_S)
-            pending[ct.c_int(0)] = ct.c_uint64(0)
+            for table in pending:
+                table[ct.c_int(0)] = ct.c_uint64(0)
             self._drain()
             self._apply_sampling_budget()
             now = time.monotonic()
