@@ -87,6 +87,28 @@ def test_an_entry_grows_with_what_a_later_recording_parsed(lib: Path, disk: Path
     assert third is not None and third.cached_state() == (True, True)
 
 
+def test_names_read_from_an_entry_are_written_back_whole_when_lines_are_added(lib: Path, disk: Path) -> None:
+    # GIVEN an entry with the library's symbols and no line table, read back by a later recording
+    c = ElfCache(disk=disk)
+    parsed = c.get(str(lib))
+    assert parsed is not None
+    addrs = _probe_addrs(parsed)
+    want = [parsed.lookup(a) for a in addrs]
+    assert c.save() == 1
+    elf = ElfCache(disk=disk).get(str(lib))
+    assert elf is not None and elf.cached_state() == (True, False)
+    # WHEN that recording decodes the line table too and saves the entry again (names never decoded one by one)
+    c2 = ElfCache(disk=disk)
+    elf = c2.get(str(lib))
+    assert elf is not None
+    elf.line_for(int(elf.text[1]) + 16)  # type: ignore[index]
+    assert c2.save() == 1
+    # THEN the next reads every symbol as the parse named it
+    third = ElfCache(disk=disk).get(str(lib))
+    assert third is not None and third.cached_state() == (True, True)
+    assert [third.lookup(a) for a in addrs] == want
+
+
 def test_eh_frame_index_read_back_gives_the_same_rows(lib: Path, disk: Path) -> None:
     ut = UnwindTables(ElfCache(disk=disk))
     table = ut.table(str(lib))
@@ -168,6 +190,27 @@ def test_strings_round_trip_and_bad_offsets_raise() -> None:
         elfcache.unpack_strings(blob, ends + 1)
     with pytest.raises(ValueError):
         elfcache.unpack_strings(blob, ends[::-1].copy())
+
+
+def test_packed_strings_decode_each_name_as_asked_and_write_back_their_own_arrays() -> None:
+    items = ["", "labs", "ns::f<int>(int)", "naïve", "", "_Z3fooi"]
+    blob, ends = elfcache.pack_strings(items)
+    names = elfcache.PackedStrings(blob, ends)
+    assert len(names) == len(items)
+    assert [names[i] for i in range(len(items))] == items
+    assert (names[-1], names[-6], names[1:4], list(names)) == (items[-1], items[0], items[1:4], items)
+    with pytest.raises(IndexError):
+        names[len(items)]
+    with pytest.raises(IndexError):
+        names[-len(items) - 1]
+    got = elfcache.pack_names(names)
+    assert got[0] is blob and got[1] is ends
+    assert [a.tolist() for a in elfcache.pack_names(items)] == [blob.tolist(), ends.tolist()]
+    assert len(elfcache.PackedStrings(*elfcache.pack_strings([]))) == 0
+    with pytest.raises(ValueError):
+        elfcache.PackedStrings(blob, ends + 1)
+    with pytest.raises(ValueError):
+        elfcache.PackedStrings(blob, ends[::-1].copy())
 
 
 def test_an_entry_too_large_is_not_written(disk: Path, monkeypatch: pytest.MonkeyPatch) -> None:

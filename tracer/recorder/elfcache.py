@@ -21,7 +21,9 @@ import logging
 import os
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -112,16 +114,22 @@ def pack_bytes(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(items), dtype=np.uint8).copy(), ends
 
 
+def _check_packed(blob: np.ndarray, ends: np.ndarray) -> None:
+    """Raise ValueError unless (blob, ends) is what :func:`pack_bytes` makes: ends increasing, the last the blob's
+    length (a corrupt entry otherwise)."""
+    if blob.dtype != np.uint8 or blob.ndim != 1 or ends.ndim != 1:
+        raise ValueError("string arrays of the wrong type")
+    if len(ends) and (int(ends[-1]) != len(blob) or (np.diff(ends) < 0).any() or int(ends[0]) < 0):
+        raise ValueError("string offsets out of range")
+
+
 def unpack_bytes(blob: np.ndarray, ends: np.ndarray) -> list[bytes]:
     """The byte strings :func:`pack_bytes` packed.
 
     Raises:
         ValueError: ends not increasing or past the blob (a corrupt entry).
     """
-    if blob.dtype != np.uint8 or blob.ndim != 1 or ends.ndim != 1:
-        raise ValueError("string arrays of the wrong type")
-    if len(ends) and (int(ends[-1]) != len(blob) or (np.diff(ends) < 0).any() or int(ends[0]) < 0):
-        raise ValueError("string offsets out of range")
+    _check_packed(blob, ends)
     raw, ends_l = blob.tobytes(), ends.tolist()
     starts = [0, *ends_l[:-1]] if ends_l else []
     return [raw[a:b] for a, b in zip(starts, ends_l, strict=True)]
@@ -139,3 +147,46 @@ def unpack_strings(blob: np.ndarray, ends: np.ndarray) -> list[str]:
         ValueError: ends not increasing or past the blob (a corrupt entry).
     """
     return [b.decode("utf-8", "surrogatepass") for b in unpack_bytes(blob, ends)]
+
+
+class PackedStrings(Sequence[str]):
+    """The strings :func:`pack_strings` packed, each decoded when it is asked for.
+
+    A library's symbol names run to tens of thousands (libtorch_cpu's to 342 K, 55 MB of mangled names) and a
+    recording names a few dozen of them. Decoding them all as an entry was read took 16-27 ms for a library of
+    35-65 K names, and 190-256 ms of the 300 that reading libtorch_cpu's entry took in a torch_loader.py recording's
+    first drains (2026-11-29); now ~110 ms, nearly all of it reading the entry's 63 MB."""
+
+    def __init__(self, blob: np.ndarray, ends: np.ndarray) -> None:
+        """Raises:
+        ValueError: ends not increasing or past the blob (a corrupt entry)."""
+        _check_packed(blob, ends)
+        self._blob, self._ends = blob, ends
+        self._raw = memoryview(blob)  # not a copy: libtorch_cpu's names are 55 MB
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self._ends)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        start = int(self._ends[i - 1]) if i else 0
+        return str(self._raw[start : int(self._ends[i])], "utf-8", "surrogatepass")
+
+    def packed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(blob, ends), as :func:`pack_strings` made them: written back without decoding a name."""
+        return self._blob, self._ends
+
+
+def pack_names(items: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pack_strings` of a list, or a :class:`PackedStrings`' own arrays."""
+    return items.packed() if isinstance(items, PackedStrings) else pack_strings(list(items))
