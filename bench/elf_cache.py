@@ -9,7 +9,10 @@ and times in this process (thread CPU, so other tenants of a shared machine bare
 - first: the same with an empty cache directory, and the cache's save (what the first recording pays);
 - warm: the same files through the filled cache (what every later recording pays).
 
-    sudo .venv/bin/python -m bench.elf_cache [--runs N]
+``--job torch`` reads the files of fixtures/workloads/torch_loader.py (real PyTorch: libtorch_cpu's 342 K symbols)
+instead, into ``elf_cache_torch.json``.
+
+    sudo .venv/bin/python -m bench.elf_cache [--runs N] [--job torch]
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import WORKLOADS, base_parser, build_fixtures, median, need_root, print_table, write_result
+from bench.common import REPO, WORKLOADS, base_parser, build_fixtures, median, need_root, print_table, write_result
 from tracer.recorder.symbolize import ElfCache
 from tracer.recorder.unwind import UnwindTables
 
@@ -36,6 +39,37 @@ def mapped_files(pid: int) -> list[str]:
             if len(parts) >= 6 and "x" in parts[1] and parts[5].startswith("/"):
                 out.add(parts[5])
     return sorted(out)
+
+
+JOBS = {
+    "train": [
+        "/usr/bin/python3",
+        str(WORKLOADS / "train.py"),
+        "--workers",
+        "2",
+        "--persistent-workers",
+        "--epochs",
+        "1000",
+    ],
+    "torch": [str(REPO / ".venv" / "bin" / "python"), str(WORKLOADS / "torch_loader.py"), "--epochs", "1000"],
+}
+
+
+def job_files(cmd: list[str], timeout: float = 60.0) -> list[str]:
+    """The executable files ``cmd`` maps once its CUDA library is loaded (its imports done)."""
+    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and job.poll() is None:
+            files = mapped_files(job.pid)
+            if any("libcudart" in os.path.basename(f) for f in files):
+                time.sleep(1.0)  # the rest of its start-up
+                return mapped_files(job.pid)
+            time.sleep(0.2)
+        raise SystemExit(f"bench.elf_cache: {cmd[1]} did not load its CUDA library within {timeout:.0f} s")
+    finally:
+        job.kill()
+        job.wait()
 
 
 def parse_all(files: list[str], disk: Path | None) -> tuple[float, float]:
@@ -60,21 +94,12 @@ def parse_all(files: list[str], disk: Path | None) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__)
     p.add_argument("--runs", type=int, default=None, help="rounds (default 5, --quick 2)")
+    p.add_argument("--job", choices=sorted(JOBS), default="train", help="whose files: train.py (default) or torch")
     args = p.parse_args(argv)
     need_root("bench.elf_cache (the cache trusts root's entries only)")
     build_fixtures()
     runs = args.runs or (2 if args.quick else 5)
-    job = subprocess.Popen(
-        ["/usr/bin/python3", str(WORKLOADS / "train.py"), "--workers", "2", "--persistent-workers", "--epochs", "1000"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        time.sleep(2.0)  # its libraries loaded
-        files = mapped_files(job.pid)
-    finally:
-        job.kill()
-        job.wait()
+    files = job_files(JOBS[args.job])
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-elf-cache-") as t:  # 0700, root's: a usable cache parent
         for i in range(runs):
@@ -97,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         [[len(files), res["cold_ms"], res["first_ms"], res["save_ms"], res["warm_ms"]]],
         ["files", "cold ms", "first ms", "save ms", "warm ms"],
     )
-    print(f"wrote {write_result('elf_cache', res, args.out)}")
+    name = "elf_cache" if args.job == "train" else f"elf_cache_{args.job}"
+    print(f"wrote {write_result(name, {'job': args.job, **res}, args.out)}")
     return 0
 
 
