@@ -105,8 +105,7 @@ BPF_ARRAY(calls_pending, u64, 1);
 static __always_inline u64 calls_wakeup(void)
 {
     u32 zero = 0;
-    u64 *n = calls_pending.lookup(&zero);
-    return n && __sync_fetch_and_add(n, 1) == CALLS_WAKE_AFTER ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+    return wakeup_past(calls_pending.lookup(&zero), 1, CALLS_WAKE_AFTER + 1); /* the call after CALLS_WAKE_AFTER */
 }
 
 /* key: stack hash already sent; value: 1. LRU: an evicted stack is sent again, which user space dedups. */

@@ -63,6 +63,18 @@ static __always_inline void count_lost(int idx)
         __sync_fetch_and_add(v, 1);
 }
 
+/* The wakeup flag for a ring record that adds `add` to *n, the ring's count of what was sent since user space last
+ * drained it (user space writes 0 after each drain): BPF_RB_FORCE_WAKEUP for the record that takes the count across
+ * `at`, else BPF_RB_NO_WAKEUP. A ring drained on the recorder's timer is so woken once by a burst that has filled
+ * part of it, before it overflows (cuda.bpf.c calls_wakeup, pycode.h codes_wakeup). */
+static __always_inline u64 wakeup_past(u64 *n, u64 add, u64 at)
+{
+    if (!n)
+        return BPF_RB_NO_WAKEUP;
+    u64 before = __sync_fetch_and_add(n, add);
+    return before < at && before + add >= at ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
 static __always_inline int is_target(u32 tgid)
 {
     return targets.lookup(&tgid) != 0;

@@ -34,11 +34,7 @@ BPF_ARRAY(codes_pending, u64, 1);
 static __always_inline u64 codes_wakeup(u32 size)
 {
     u32 zero = 0;
-    u64 *n = codes_pending.lookup(&zero);
-    if (!n)
-        return BPF_RB_NO_WAKEUP;
-    u64 before = __sync_fetch_and_add(n, size);
-    return before < CODES_WAKE_AT && before + size >= CODES_WAKE_AT ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+    return wakeup_past(codes_pending.lookup(&zero), size, CODES_WAKE_AT);
 }
 
 struct code_key {
@@ -66,14 +62,19 @@ BPF_PERCPU_ARRAY(code_pending, struct code_pending, SCRATCH_SLOTS);
 /* What tells two code objects at one address apart: its file name object and first line. A code object dies and
  * its address is reused (the "<string>" code site.py execs for a .pth line, then the main script's functions):
  * with stacks captured from the first instruction on (off CPU, samples), a frame would otherwise keep the name
- * of the dead object read at that address. Never 0. */
+ * of the dead object read at that address. Never 0. fingerprint_of: from the two as read_code read them. */
+static __always_inline u64 fingerprint_of(u64 filename, s32 first)
+{
+    return (filename ^ ((u64)(u32)first << 48)) | 1;
+}
+
 static __always_inline u64 code_fingerprint(struct py_cfg *cfg, u64 code)
 {
     u64 fn = 0;
     s32 first = 0;
     read_user(&fn, sizeof(fn), (void *)(code + cfg->co_filename));
     read_user(&first, sizeof(first), (void *)(code + cfg->co_firstlineno));
-    return (fn ^ ((u64)(u32)first << 48)) | 1;
+    return fingerprint_of(fn, first);
 }
 
 /* Queue the stack's code objects this process has not sent before (up to CODE_PENDING_MAX; a recursion's frames
@@ -179,7 +180,7 @@ static __always_inline void read_code(struct py_cfg *cfg, u32 tgid, u64 code, u3
     }
     u32 *g = exec_gen.lookup(&tgid);
     struct code_key k = {.pid = tgid, .gen = g ? *g : 0, .code = code};
-    u64 fp = (fn ^ ((u64)(u32)e->firstlineno << 48)) | 1; /* code_fingerprint, from what was read above */
+    u64 fp = fingerprint_of(fn, e->firstlineno);
     seen_code.update(&k, &fp);
 }
 
